@@ -1,0 +1,1 @@
+//! sov-spec: parse -> validate -> IR -> codegen for scheduler specs (work in progress).

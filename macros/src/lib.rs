@@ -1,0 +1,1 @@
+//! sov-macros: thin proc-macro shell over sov-spec (work in progress).

@@ -1,0 +1,1 @@
+//! Compute backends (CPU, CUDA) behind one trait the model is written against.

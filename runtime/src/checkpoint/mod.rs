@@ -1,0 +1,1 @@
+//! WORM checkpoints: content-addressed KV blocks, rkyv snapshots, signed receipts.

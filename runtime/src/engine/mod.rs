@@ -1,0 +1,1 @@
+//! The engine: continuous batching driven by the generated scheduler.

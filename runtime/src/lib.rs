@@ -1,0 +1,13 @@
+//! sov: a Llama-family serving runtime whose engine loop is generated from a TOML state machine.
+//!
+//! Data path: request -> [`engine`] waiting queue -> generated [`scheduler`] step -> actions bound to
+//! the [`model`] on a [`backend`] over a paged KV cache -> sampler -> per-request output stream.
+//! Side paths: [`checkpoint`] (WORM snapshots with signed receipts) and KV swapping.
+
+pub mod backend;
+pub mod checkpoint;
+pub mod cli;
+pub mod engine;
+pub mod loader;
+pub mod model;
+pub mod scheduler;

@@ -1,0 +1,41 @@
+//! Host-side tensors as the loaders hand them to the model.
+//!
+//! Contract between `crate::loader` (safetensors, GGUF) and `crate::model`. Tensors are named with
+//! Hugging Face names (`model.layers.{i}.self_attn.q_proj.weight`, ...) whatever the source format;
+//! GGUF names are mapped and llama.cpp's Q/K row permutation is undone by the loader. Shapes are
+//! row-major, outermost first, as PyTorch prints them (a linear weight is `[out_features, in_features]`).
+
+use half::{bf16, f16};
+
+/// Element storage of a host tensor. Quantized GGUF types are dequantized by the loader into
+/// `F16`/`BF16` (or `F32`), so the model never sees block formats.
+#[derive(Debug, Clone)]
+pub enum HostData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+/// A named, shaped tensor in host memory.
+#[derive(Debug, Clone)]
+pub struct HostTensor {
+    /// Row-major shape, outermost first.
+    pub shape: Vec<usize>,
+    pub data: HostData,
+}
+
+impl HostTensor {
+    /// Number of elements the shape describes.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The data as f32 (copies and widens 16-bit data).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match &self.data {
+            HostData::F32(v) => v.clone(),
+            HostData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HostData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+}

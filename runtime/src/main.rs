@@ -1,0 +1,5 @@
+//! The `sov` command-line tool.
+
+fn main() {
+    println!("sov: work in progress");
+}
