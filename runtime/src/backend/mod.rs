@@ -1,1 +1,345 @@
 //! Compute backends (CPU, CUDA) behind one trait the model is written against.
+//!
+//! Design: the model ([`crate::model::LlamaModel`]) is generic over `B: Backend` (no `dyn`), owns
+//! its weights as `B::Buffer`s and calls one backend op per step of the Llama forward pass. A
+//! backend owns device memory and kernels; it knows nothing about Llama beyond these ops.
+//!
+//! Conventions every implementation follows:
+//! - Buffers are flat, row-major and typed ([`DType`]); shapes are passed to each op explicitly as
+//!   element counts, so a buffer may be larger than what one call uses (workspaces are reused
+//!   across batch sizes). Every shape below is written `[outer, ..., inner]`.
+//! - Activations are f32. Weights are stored as the backend chooses in [`Backend::upload_weight`]
+//!   (the CPU keeps the source dtype: f32 stays f32, f16/bf16 stay 16-bit; CUDA stores bf16).
+//!   Small parameters that ops take as `f32` (norm weights, biases, RoPE tables) are uploaded with
+//!   [`Backend::upload_f32`].
+//! - Fused projections (the vLLM layout): the model concatenates q/k/v weights into one
+//!   `[(H + 2*KVH) * D, hidden]` matrix and gate/up into one `[2 * F, hidden]` matrix, so one matmul
+//!   yields `qkv: [n, (H + 2*KVH) * D]` (q heads, then k heads, then v heads, each head `D`
+//!   contiguous) and `gate_up: [n, 2 * F]` (gate then up). The ops below read those layouts.
+//! - Paged KV cache: per layer, one K and one V buffer, each `[num_blocks, block_size, KVH, D]`
+//!   in [`Backend::kv_dtype`]. A token at position `p` of a sequence with block table `bt` lives in
+//!   slot `bt[p / block_size] * block_size + p % block_size`.
+//! - Ops take `&self` (a backend with mutable state, e.g. a CUDA stream, uses interior
+//!   mutability) and `&mut` output buffers; inputs and outputs never alias.
+//! - Errors are [`BackendError`]; an op called with a buffer too small or of the wrong dtype
+//!   returns [`BackendError::Shape`] rather than panicking.
+
+use crate::loader::tensor::HostTensor;
+
+/// Element type of a device buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    U32,
+    I32,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::U32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+}
+
+/// Failures of a backend operation.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// A buffer is too small, has the wrong dtype, or dimensions are inconsistent.
+    #[error("{op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    /// Device allocation failed.
+    #[error("out of device memory allocating {bytes} bytes")]
+    OutOfMemory { bytes: usize },
+    /// The operation or dtype is not supported by this backend.
+    #[error("{0} is not supported by this backend")]
+    Unsupported(String),
+    /// A driver, compiler or library error from the device runtime.
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+/// A typed, flat buffer in backend memory.
+pub trait DeviceBuffer {
+    /// Element type.
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// True when the buffer holds no element.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Per-step batch metadata in backend memory, built once per forward pass by the model from the
+/// engine's [`crate::model::batch::SeqChunk`]s and shared by every layer.
+///
+/// Tokens of the step are laid out sequence after sequence: sequence `s` owns token rows
+/// `q_starts[s] .. q_starts[s + 1]`. Its new tokens sit at positions
+/// `ctx_lens[s] - n_new_s .. ctx_lens[s]` and attend causally to every cached position `<=` their
+/// own (the cache holds the earlier positions; `kv_write` adds the new ones first).
+pub struct BatchMeta<B: Backend> {
+    /// Total new tokens in the step (rows of every activation).
+    pub n_tokens: usize,
+    /// Number of sequences.
+    pub n_seqs: usize,
+    /// Longest run of new tokens of one sequence (1 for a pure decode step).
+    pub max_q_len: usize,
+    /// Longest context (cached + new) of one sequence.
+    pub max_ctx_len: usize,
+    /// Row stride of `block_tables`.
+    pub max_blocks_per_seq: usize,
+    /// `[n_tokens]` u32: position of each token in its sequence (RoPE).
+    pub positions: B::Buffer,
+    /// `[n_tokens]` u32: KV slot each token's K/V is written to.
+    pub slot_mapping: B::Buffer,
+    /// `[n_seqs + 1]` u32: first token row of each sequence; the last entry is `n_tokens`.
+    pub q_starts: B::Buffer,
+    /// `[n_seqs]` u32: context length of each sequence after this step (cached + new).
+    pub ctx_lens: B::Buffer,
+    /// `[n_seqs, max_blocks_per_seq]` u32: block table of each sequence, padded with 0.
+    pub block_tables: B::Buffer,
+}
+
+/// Shape of the attention heads, shared by the RoPE, KV-write and attention ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadShape {
+    /// Query heads `H`.
+    pub n_heads: usize,
+    /// Key/value heads `KVH` (`H % KVH == 0`; query head `h` reads kv head `h / (H / KVH)`).
+    pub n_kv_heads: usize,
+    /// Per-head dimension `D` (even).
+    pub head_dim: usize,
+}
+
+impl HeadShape {
+    /// Width of one row of the fused qkv activation: `(H + 2*KVH) * D`.
+    pub fn qkv_width(&self) -> usize {
+        (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+    }
+    /// Width of one row of the attention output: `H * D`.
+    pub fn q_width(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    /// Elements of one token in one layer's K (or V) cache: `KVH * D`.
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}
+
+/// A compute backend: memory plus the ops of a Llama forward pass.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A buffer in this backend's memory.
+    type Buffer: DeviceBuffer + Send + Sync;
+
+    /// Human-readable name (`"cpu"`, `"cuda:0"`).
+    fn name(&self) -> String;
+
+    // ----- memory -----
+
+    /// Uploads a weight matrix or embedding table, keeping or converting its dtype as the backend
+    /// prefers (see the module doc). The result is `[numel]` in the tensor's row-major order.
+    fn upload_weight(&self, tensor: &HostTensor) -> Result<Self::Buffer, BackendError>;
+    /// Uploads f32 data as an f32 buffer `[data.len()]`.
+    fn upload_f32(&self, data: &[f32]) -> Result<Self::Buffer, BackendError>;
+    /// Uploads u32 data as a u32 buffer `[data.len()]` (token ids, positions, block tables, ...).
+    fn upload_u32(&self, data: &[u32]) -> Result<Self::Buffer, BackendError>;
+    /// Uploads i32 data as an i32 buffer `[data.len()]`.
+    fn upload_i32(&self, data: &[i32]) -> Result<Self::Buffer, BackendError>;
+    /// Allocates a zero-filled buffer of `len` elements of `dtype`.
+    fn alloc(&self, dtype: DType, len: usize) -> Result<Self::Buffer, BackendError>;
+    /// Copies the first `out.len()` elements of an f32 buffer to the host.
+    fn download_f32(&self, buf: &Self::Buffer, out: &mut [f32]) -> Result<(), BackendError>;
+    /// Copies the first `out.len()` elements of a u32 buffer to the host.
+    fn download_u32(&self, buf: &Self::Buffer, out: &mut [u32]) -> Result<(), BackendError>;
+    /// Raw bytes of elements `elem_offset .. elem_offset + n_elems` of any buffer, in the buffer's
+    /// dtype, little-endian (KV block swap-out and checkpoints).
+    fn read_bytes(
+        &self,
+        buf: &Self::Buffer,
+        elem_offset: usize,
+        n_elems: usize,
+    ) -> Result<Vec<u8>, BackendError>;
+    /// Overwrites elements from `elem_offset` with `bytes` (whose length is a multiple of the
+    /// dtype size), the inverse of [`Backend::read_bytes`] (KV block swap-in and restore).
+    fn write_bytes(
+        &self,
+        buf: &mut Self::Buffer,
+        elem_offset: usize,
+        bytes: &[u8],
+    ) -> Result<(), BackendError>;
+    /// Copies `n_elems` elements inside one buffer from `src_offset` to `dst_offset` (the ranges
+    /// do not overlap); used to copy a KV block (copy-on-write of a shared prefix).
+    fn copy_within(
+        &self,
+        buf: &mut Self::Buffer,
+        src_offset: usize,
+        dst_offset: usize,
+        n_elems: usize,
+    ) -> Result<(), BackendError>;
+    /// Element type of the KV cache buffers (f32 on CPU, bf16 on CUDA).
+    fn kv_dtype(&self) -> DType;
+    /// Waits until all queued work has finished (a no-op on synchronous backends).
+    fn synchronize(&self) -> Result<(), BackendError>;
+
+    // ----- ops -----
+
+    /// `out[i, :] = table[ids[i], :]` as f32.
+    /// `table: [vocab, hidden]` (weight dtype), `ids: [n]` u32, `out: [n, hidden]` f32.
+    /// An id `>= vocab` is an error (CPU) or clamped (device backends may not check).
+    fn embedding(
+        &self,
+        table: &Self::Buffer,
+        ids: &Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        hidden: usize,
+    ) -> Result<(), BackendError>;
+
+    /// RMSNorm as Hugging Face Llama: `out = x / sqrt(mean(x^2) + eps) * weight`, per row.
+    /// `x: [n, d]` f32, `weight: [d]` f32, `out: [n, d]` f32.
+    fn rms_norm(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+
+    /// Fused residual add and RMSNorm: `residual += x; out = rms_norm(residual) * weight`.
+    /// `residual: [n, d]` f32 (updated in place), `x: [n, d]` f32, `weight: [d]` f32,
+    /// `out: [n, d]` f32.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        weight: &Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+
+    /// `out = x @ w^T`: `x: [n, k]` f32, `w: [m, k]` (weight dtype, HF `[out, in]` layout),
+    /// `out: [n, m]` f32 (overwritten).
+    fn matmul(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError>;
+
+    /// `x[i, :] += bias` per row: `x: [n, m]` f32, `bias: [m]` f32.
+    fn add_bias(
+        &self,
+        x: &mut Self::Buffer,
+        bias: &Self::Buffer,
+        n: usize,
+        m: usize,
+    ) -> Result<(), BackendError>;
+
+    /// Rotary embedding, Hugging Face `rotate_half` (NeoX) style, in place on the q and k heads of
+    /// a fused qkv activation (v untouched). For a head vector `x` of token `i` at position
+    /// `p = positions[i]` and `j < D/2`:
+    /// `x'[j] = x[j]*cos[p,j] - x[j+D/2]*sin[p,j]`, `x'[j+D/2] = x[j+D/2]*cos[p,j] + x[j]*sin[p,j]`.
+    /// `qkv: [n, (H + 2*KVH) * D]` f32, `positions: [n]` u32,
+    /// `cos`, `sin`: `[max_pos, D/2]` f32 (the model bakes Llama-3.1 `rope_scaling` into them).
+    fn rope(
+        &self,
+        qkv: &mut Self::Buffer,
+        positions: &Self::Buffer,
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError>;
+
+    /// Writes the k and v heads of each token into the paged cache at `slot_mapping[i]`:
+    /// `k_cache[slot, :, :] = qkv[i, H*D .. (H+KVH)*D]`, `v_cache[slot, :, :] = qkv[i, (H+KVH)*D ..]`.
+    /// `qkv: [n, (H + 2*KVH) * D]` f32, `slot_mapping: [n]` u32,
+    /// `k_cache`, `v_cache`: `[num_blocks, block_size, KVH, D]` in [`Backend::kv_dtype`].
+    fn kv_write(
+        &self,
+        qkv: &Self::Buffer,
+        slot_mapping: &Self::Buffer,
+        k_cache: &mut Self::Buffer,
+        v_cache: &mut Self::Buffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError>;
+
+    /// Causal paged attention over several sequences (prefill chunks and decode tokens mixed):
+    /// for token row `i` of sequence `s` at position `p`, query head `h`, kv head
+    /// `g = h / (H / KVH)`: `out[i, h] = softmax_j(scale * q[i,h] . K[s, j, g]) @ V[s, j, g]`
+    /// over `j = 0 ..= p`, where `K[s, j]` is read from slot
+    /// `block_tables[s, j / block_size] * block_size + j % block_size`.
+    /// `qkv: [n_tokens, (H + 2*KVH) * D]` f32 (q heads read, already rotated),
+    /// `k_cache`, `v_cache`: `[num_blocks, block_size, KVH, D]` (already holding this step's
+    /// tokens), `out: [n_tokens, H * D]` f32.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention(
+        &self,
+        qkv: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        meta: &BatchMeta<Self>,
+        out: &mut Self::Buffer,
+        heads: HeadShape,
+        block_size: usize,
+        scale: f32,
+    ) -> Result<(), BackendError>;
+
+    /// SwiGLU activation: `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]`,
+    /// `silu(x) = x / (1 + exp(-x))`. `gate_up: [n, 2 * f]` f32, `out: [n, f]` f32.
+    fn silu_mul(
+        &self,
+        gate_up: &Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        f: usize,
+    ) -> Result<(), BackendError>;
+
+    /// Row gather: `out[r, :] = x[rows[r], :]`.
+    /// `x: [n, d]` f32, `rows: [r]` u32 (each `< n`), `out: [r, d]` f32.
+    fn gather_rows(
+        &self,
+        x: &Self::Buffer,
+        rows: &Self::Buffer,
+        out: &mut Self::Buffer,
+        r: usize,
+        d: usize,
+    ) -> Result<(), BackendError>;
+}
+
+/// Returns a [`BackendError::Shape`] unless `buf` holds at least `need` elements of `dtype`.
+pub fn check_buffer<B: DeviceBuffer>(
+    op: &'static str,
+    what: &str,
+    buf: &B,
+    dtype: DType,
+    need: usize,
+) -> Result<(), BackendError> {
+    if buf.dtype() != dtype {
+        return Err(BackendError::Shape {
+            op,
+            detail: format!("{what} has dtype {:?}, expected {dtype:?}", buf.dtype()),
+        });
+    }
+    if buf.len() < need {
+        return Err(BackendError::Shape {
+            op,
+            detail: format!("{what} holds {} elements, needs {need}", buf.len()),
+        });
+    }
+    Ok(())
+}
