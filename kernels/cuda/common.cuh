@@ -1,0 +1,75 @@
+// common.cuh: helpers shared by every sov kernel (prepended to each .cu by sov-kernels, since NVRTC
+// compiles one string and the programs must not depend on CUDA's own headers being found).
+//
+// Storage types: bf16 values travel as `unsigned short` (raw bits) and are widened to f32 for all
+// arithmetic; results are rounded back to bf16 with round-to-nearest-even. Accumulation is f32.
+#pragma once
+
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define SOV_INF __int_as_float(0x7f800000)
+
+// bf16 bits -> f32 (exact).
+__device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
+
+// f32 -> bf16 bits, round to nearest even; NaN stays NaN.
+__device__ __forceinline__ bf16_t f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+// Unpack 8 bf16 values held in a uint4 (16 bytes) into f32.
+__device__ __forceinline__ void unpack8(const uint4 v, float* out) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+// Pack 8 f32 values into 8 bf16 (uint4).
+__device__ __forceinline__ uint4 pack8(const float* in) {
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = (u32)f2bf(in[2 * i]) | ((u32)f2bf(in[2 * i + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over all threads of a block (blockDim.x a multiple of 32, <= 1024). `scratch` holds 32 floats.
+// Every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : -SOV_INF;
+    return warp_max(v);
+}

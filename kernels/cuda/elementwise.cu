@@ -1,0 +1,73 @@
+// elementwise.cu: RMSNorm (optionally fused with the residual add), SiLU-mul, embedding gather, bias
+// add, row gather and the f32 -> bf16 cast that feeds the matrix products.
+//
+// Activations are f32 (the Backend contract); weights and the KV cache are bf16. Row reductions use
+// one block per row; element-wise kernels use grid-stride loops.
+#include "common.cuh"
+
+// If delta != null: residual[t] += delta[t] (stored). Then
+// out[t] = residual[t] * rsqrt(mean(residual[t]^2) + eps) * weight.
+// residual: [n, d] f32, delta: [n, d] f32 or null (plain RMSNorm of `residual`), weight: [d] f32,
+// out: [n, d] f32. Grid: n, block: 256..1024 threads (multiple of 32).
+extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __restrict__ residual,
+                                            const float* __restrict__ delta,
+                                            const float* __restrict__ weight, int d, float eps) {
+    __shared__ float scratch[32];
+    const size_t row = blockIdx.x;
+    float* r = residual + row * d;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = r[i];
+        if (delta != nullptr) {
+            v += delta[row * d + i];
+            r[i] = v;
+        }
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[row * d + i] = r[i] * inv * weight[i];
+}
+
+// out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]; gate_up: [n, 2f] f32, out: [n, f] f32.
+extern "C" __global__ void silu_mul(float* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
+    const size_t total = (size_t)n * f;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = idx / f, j = idx % f;
+        const float g = gate_up[t * 2 * f + j];
+        const float u = gate_up[t * 2 * f + f + j];
+        out[idx] = g / (1.f + expf(-g)) * u;
+    }
+}
+
+// out[t, :] = f32(table[min(ids[t], vocab - 1), :]). table: [vocab, d] bf16, ids: [n] u32,
+// out: [n, d] f32. Grid: n.
+extern "C" __global__ void embedding_gather(float* __restrict__ out, const bf16_t* __restrict__ table,
+                                            const u32* __restrict__ ids, int d, int vocab) {
+    const size_t row = blockIdx.x;
+    const size_t id = min(ids[row], (u32)(vocab - 1));
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[row * d + i] = bf2f(table[id * d + i]);
+}
+
+// out[r, :] = x[rows[r], :]. x: [*, d] f32, rows: [n_rows] u32, out: [n_rows, d] f32. Grid: n_rows.
+extern "C" __global__ void gather_rows(float* __restrict__ out, const float* __restrict__ x,
+                                       const u32* __restrict__ rows, int d) {
+    const size_t r = blockIdx.x;
+    const size_t src = rows[r];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[r * d + i] = x[src * d + i];
+}
+
+// x[t, j] += bias[j]; x: [n, m] f32, bias: [m] f32.
+extern "C" __global__ void add_bias(float* __restrict__ x, const float* __restrict__ bias, int n, int m) {
+    const size_t total = (size_t)n * m;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x)
+        x[idx] += bias[idx % m];
+}
+
+// out[i] = bf16(in[i]) for n elements (round to nearest even).
+extern "C" __global__ void cast_f32_bf16(bf16_t* __restrict__ out, const float* __restrict__ in, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = f2bf(in[i]);
+}

@@ -1,0 +1,57 @@
+// rope_kv.cu: rotary position embedding (Hugging Face rotate_half convention) on the q and k heads of
+// a fused qkv activation, and the write of new K/V rows into the paged bf16 cache.
+//
+// qkv rows: [(H + 2*KVH) * D] f32, q heads then k heads then v heads. cos/sin tables are
+// [max_pos, D/2] f32 computed by the model (Llama-3.1 rope_scaling baked in).
+// Paged cache layout, per layer: [num_blocks, block_size, KVH, D] bf16; a token's slot is
+// physical_block * block_size + offset_in_block.
+#include "common.cuh"
+
+// In place on the first n_rot_heads (= H + KVH) heads of each row: for j < D/2,
+// x'[j] = x[j] cos - x[j + D/2] sin, x'[j + D/2] = x[j + D/2] cos + x[j] sin at p = positions[t].
+// Grid-stride over n * n_rot_heads * D/2 pairs.
+extern "C" __global__ void rope_inplace(float* __restrict__ qkv, const u32* __restrict__ positions,
+                                        const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                        int n, int n_rot_heads, int head_dim, int row_stride) {
+    const int half = head_dim / 2;
+    const size_t total = (size_t)n * n_rot_heads * half;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const int j = idx % half;
+        const size_t th = idx / half;
+        const int h = th % n_rot_heads;
+        const size_t t = th / n_rot_heads;
+        const size_t p = positions[t];
+        const float c = cos_t[p * half + j], s = sin_t[p * half + j];
+        float* x = qkv + t * row_stride + (size_t)h * head_dim;
+        const float a = x[j], b = x[j + half];
+        x[j] = a * c - b * s;
+        x[j + half] = b * c + a * s;
+    }
+}
+
+// k_cache[slots[t]] = bf16(qkv[t, H*D .. (H+KVH)*D]), v_cache[slots[t]] = bf16(qkv[t, (H+KVH)*D ..]).
+// slots: [n] u32 (0xffffffff skips the token). kv_width = KVH * D, a multiple of 8.
+// Grid-stride over 8-element chunks.
+extern "C" __global__ void kv_write(bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                                    const float* __restrict__ qkv, const u32* __restrict__ slots, int n,
+                                    int q_width, int kv_width, int row_stride) {
+    const int chunks = kv_width / 8;
+    const size_t total = (size_t)n * chunks;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = idx / chunks;
+        const int c = idx % chunks;
+        const u32 slot = slots[t];
+        if (slot == 0xffffffffu) continue;
+        const float* k = qkv + t * row_stride + q_width + c * 8;
+        const float* v = k + kv_width;
+        const float4 k0 = *(const float4*)k, k1 = *(const float4*)(k + 4);
+        const float4 v0 = *(const float4*)v, v1 = *(const float4*)(v + 4);
+        const float kf[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+        const float vf[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        const size_t dst = (size_t)slot * kv_width + (size_t)c * 8;
+        *(uint4*)(k_cache + dst) = pack8(kf);
+        *(uint4*)(v_cache + dst) = pack8(vf);
+    }
+}

@@ -1,0 +1,39 @@
+//! Compiles every kernel unit with NVRTC for sm_90 (and every head configuration the attention
+//! units support), so a syntax or type error in a `.cu` file fails here rather than on the GPU
+//! machine. Needs only the NVRTC library, not a GPU; skips with a printed reason when it is absent.
+
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use sov_kernels::{HeadConfig, KernelId};
+
+fn nvrtc_present() -> bool {
+    // SAFETY: only probes whether the shared library can be opened; no symbol is called.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+fn compile(id: KernelId, heads: Option<HeadConfig>) {
+    let mut options = vec!["--gpu-architecture=compute_90".to_string()];
+    options.extend(id.defines(heads));
+    let opts = CompileOptions { options, ..Default::default() };
+    if let Err(e) = compile_ptx_with_opts(id.source(), opts) {
+        panic!("{} ({heads:?}) failed to compile: {e:?}", id.file_name());
+    }
+}
+
+#[test]
+fn every_unit_compiles_for_sm90() {
+    if !nvrtc_present() {
+        println!("skipping: libnvrtc not found (set LD_LIBRARY_PATH to a CUDA 13 NVRTC)");
+        return;
+    }
+    for id in KernelId::ALL {
+        if id.needs_heads() {
+            for head_dim in [16, 32, 64, 128, 256] {
+                for group in [1, 2, 3, 4, 8] {
+                    compile(id, Some(HeadConfig { head_dim, group }));
+                }
+            }
+        } else {
+            compile(id, None);
+        }
+    }
+}
