@@ -1,1 +1,65 @@
-//! WORM checkpoints: content-addressed KV blocks, rkyv snapshots, signed receipts.
+//! WORM checkpoints: content-addressed KV blocks, rkyv snapshots, Ed25519-signed receipts in a
+//! hash chain, a durable request journal, and the verifier behind `sov verify`.
+//!
+//! # Directory format (one run directory)
+//! ```text
+//! blocks.seg              append-only raw KV block bytes, each block once (content addressed)
+//! blocks.idx              append-only 56-byte entries: hash, offset, len, checksum
+//! snapshot-00000001.snap  rkyv snapshot + commit point (index entries, segment and journal length)
+//! receipt-00000001.note   C2SP signed note: height, prev digest, spec, model, snapshot, KV root, time
+//! journal.log             append-only checksummed records: accepted requests, checkpoint markers
+//! ```
+//! Heights start at 1; receipt N's `prev` is the digest of receipt N-1's body (zeros at 1).
+//!
+//! # API for the engine
+//! ```ignore
+//! use sov::checkpoint::*;
+//! // Open (creates the directory; audits it; discards a torn tail; refuses tampering).
+//! let (key, pub_path, created) = keys::load_or_create_default()?;      // or keys::load_private(path)
+//! let mut store = CheckpointStore::open_with(&dir, key, SPEC_DIGEST, model_digest,
+//!                                            Anchor::from_slots(&persisted_slots))?;
+//! // On accept, before admitting a request:
+//! store.accept(&RequestRecord { request_id, prompt, sampling, accepted_ms, extra: vec![] })?;
+//! // On the checkpoint action: hash each full block once when it fills (block_hash), pass bytes only
+//! // for blocks the store lacks (store.contains_block), partial tails go inside the snapshot.
+//! let info = store.write(&snapshot, &new_block_bytes)?;
+//! info.mirror_into(&mut slots);          // slot 7 height, 8..15 receipt digest, 16..31 signature
+//! // On resume:
+//! match store.latest_valid()? {
+//!     Some(r) => { /* restore r.snapshot, copy r.blocks[hash] into KV, re-admit r.pending */ }
+//!     None => { /* re-admit store.pending_without_checkpoint()? */ }
+//! }
+//! ```
+//! Anyone holding the public key checks a directory with [`audit::audit`] (what `sov verify` runs).
+//!
+//! # Design
+//! Full KV blocks never change, so they are hashed (BLAKE3) and stored once; a checkpoint costs
+//! only blocks filled since the previous one plus the snapshot (tokens, RNG state, partial tails).
+//! Snapshots are rkyv archives validated with bytecheck on every load; receipts are canonical text
+//! so the signed bytes are unambiguous and readable by transparency-log tooling. Durability: data,
+//! fsync, receipt (temp + fsync + rename + directory fsync); the receipt is the commit point.
+//! [`KvMode::Recompute`] stores tokens only and rebuilds KV by prefill on restore.
+
+pub mod audit;
+pub mod blockstore;
+pub mod digest;
+pub mod error;
+mod fsutil;
+pub mod journal;
+pub mod keys;
+pub mod note;
+pub mod policy;
+pub mod receipt;
+pub mod snapshot;
+pub mod store;
+
+#[cfg(test)]
+mod tests;
+
+pub use audit::{Anchor, Audit, AuditOptions, audit};
+pub use digest::{Digest, block_hash, kv_root};
+pub use error::{CheckpointError, Result};
+pub use journal::{Journal, JournalRecord, RequestRecord};
+pub use policy::Policy;
+pub use snapshot::{FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot, Snapshot, StoreCommit};
+pub use store::{CheckpointStore, ReceiptInfo, Restored};

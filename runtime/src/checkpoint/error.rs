@@ -1,0 +1,61 @@
+//! Errors of the checkpoint subsystem: every problem names the file, the chain height when one is
+//! known, and what is wrong, so `sov verify` can print the first problem as-is.
+
+use std::path::PathBuf;
+
+/// Where a problem was found: a file in the checkpoint directory and, when known, a chain height.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// File the problem is in (relative to the checkpoint directory when possible).
+    pub file: PathBuf,
+    /// Receipt-chain height the file belongs to, when it belongs to one.
+    pub height: Option<u64>,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.height {
+            Some(h) => write!(f, "{} (height {h})", self.file.display()),
+            None => write!(f, "{}", self.file.display()),
+        }
+    }
+}
+
+/// Everything that can go wrong reading, writing or verifying a checkpoint directory.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// An operating-system I/O error on a named path.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Stored data is damaged, missing, reordered or inconsistent (tampering or corruption).
+    #[error("{at}: {what}")]
+    Corrupt { at: Location, what: String },
+    /// A byte string that should decode (snapshot, receipt, record, key) does not.
+    #[error("decode error: {0}")]
+    Decode(String),
+    /// A key file is missing, malformed or has unsafe permissions.
+    #[error("key {path}: {what}")]
+    Key { path: PathBuf, what: String },
+    /// The caller asked for something the store cannot do (e.g. a snapshot naming an absent block).
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl CheckpointError {
+    /// Wrap an I/O error with the path it happened on.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { path: path.into(), source }
+    }
+
+    /// A corruption/tampering problem in `file` (at `height`, when known).
+    pub fn corrupt(file: impl Into<PathBuf>, height: Option<u64>, what: impl Into<String>) -> Self {
+        Self::Corrupt { at: Location { file: file.into(), height }, what: what.into() }
+    }
+}
+
+/// Result alias of the checkpoint subsystem.
+pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;

@@ -1,0 +1,266 @@
+//! The snapshot: the engine's plain-data state at a checkpoint, serialized with rkyv 0.8.
+//!
+//! Design: the engine converts its live state into [`Snapshot`] (no engine types leak in here), the
+//! store serializes it with `rkyv::to_bytes`, and loading always goes through `rkyv::from_bytes`,
+//! which validates the archive with bytecheck before anything is read — disk bytes are never
+//! accessed unchecked. A leading magic + format version guards against feeding another file.
+
+use rkyv::{Archive, Deserialize, Serialize, rancor};
+
+use super::digest::Digest;
+use super::error::{CheckpointError, Result};
+
+/// Format version of the snapshot encoding (bumped on any layout change).
+pub const SNAPSHOT_FORMAT: u32 = 1;
+/// Magic prefix of a snapshot file (8 bytes).
+const MAGIC: &[u8; 8] = b"SOVSNAP\0";
+/// File header: magic, u64 format, the three u64 [`StoreCommit`] fields, 8 zero bytes (all
+/// little-endian); 48 bytes keeps the rkyv body 16-byte aligned in the file.
+const HEADER_LEN: usize = 48;
+
+/// How KV state is carried by a checkpoint.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvMode {
+    /// Full blocks go to the content-addressed store, partial tails into the snapshot; restore copies
+    /// them back. Pays when KV is cheap to write compared with re-running prefill (long contexts,
+    /// slow compute, e.g. CPU).
+    Blocks,
+    /// Tokens only; restore rebuilds KV by prefilling prompt + output. Pays when storage or I/O
+    /// bandwidth is scarce and compute is fast (GPU, short sequences).
+    Recompute,
+}
+
+/// Shape of the KV bytes the blocks hold, so a restore refuses an incompatible model/backend.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct KvLayout {
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Element type name as the engine spells it, e.g. "f32", "bf16".
+    pub dtype: String,
+}
+
+/// Sampling parameters of one request.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0.0 means greedy.
+    pub temperature: f32,
+    /// 0 means disabled.
+    pub top_k: u32,
+    /// 1.0 means disabled.
+    pub top_p: f32,
+    pub seed: u64,
+    pub max_tokens: u32,
+    pub stop_tokens: Vec<u32>,
+}
+
+/// Where a sequence stands.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum FinishState {
+    /// Accepted, not yet prefilled.
+    Waiting,
+    /// Generating (possibly preempted / swapped out).
+    Running,
+    /// Stopped on a stop token.
+    Stopped,
+    /// Hit its max_tokens or the context limit.
+    Length,
+    /// Cancelled by the client.
+    Cancelled,
+}
+
+/// One sequence (request) at the checkpoint.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SequenceSnapshot {
+    pub request_id: u64,
+    pub prompt: Vec<u32>,
+    pub output: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// The sampler RNG state exactly as the engine exports it (opaque to the store).
+    pub rng_state: Vec<u64>,
+    pub finish: FinishState,
+    /// Content addresses of the sequence's full KV blocks, in order (empty in `Recompute` mode).
+    pub blocks: Vec<Digest>,
+    /// Bytes of the partially filled tail block (empty in `Recompute` mode or when none).
+    pub tail: Vec<u8>,
+    /// Tokens held by `tail`.
+    pub tail_tokens: u32,
+}
+
+/// Where the append-only files stood when the snapshot was taken; written by the store into the
+/// snapshot file's header (so the snapshot digest covers it), checked by verification so truncating
+/// committed data is detected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreCommit {
+    /// Index entries (blocks) committed.
+    pub index_entries: u64,
+    /// Bytes of the block segment committed.
+    pub segment_len: u64,
+    /// Bytes of the request journal at capture; records after it are requests to re-admit.
+    pub journal_len: u64,
+}
+
+/// The engine's complete state at a checkpoint.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Name of the state machine (spec) running.
+    pub machine: String,
+    /// Name of the scheduler state at the checkpoint.
+    pub state: String,
+    /// The 32 raw control slots.
+    pub slots: [u32; 32],
+    /// Engine decode-step counter (monotonic).
+    pub step: u64,
+    pub kv_mode: KvMode,
+    pub kv_layout: KvLayout,
+    pub sequences: Vec<SequenceSnapshot>,
+    /// Extra engine state the store does not interpret (e.g. next request id); may be empty.
+    pub engine_extra: Vec<u8>,
+}
+
+impl Snapshot {
+    /// Every block hash the snapshot references, per sequence (the KV-root input).
+    pub fn block_lists(&self) -> impl Iterator<Item = &[Digest]> {
+        self.sequences.iter().map(|s| s.blocks.as_slice())
+    }
+}
+
+/// Serialize a snapshot and the store's commit point to snapshot file bytes (header + rkyv archive).
+pub fn encode(snapshot: &Snapshot, commit: &StoreCommit) -> Result<Vec<u8>> {
+    let body = rkyv::to_bytes::<rancor::Error>(snapshot)
+        .map_err(|e| CheckpointError::Usage(format!("snapshot serialization failed: {e}")))?;
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(MAGIC);
+    for word in [
+        u64::from(SNAPSHOT_FORMAT),
+        commit.index_entries,
+        commit.segment_len,
+        commit.journal_len,
+        0,
+    ] {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+fn header_word(bytes: &[u8], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[8 + 8 * i..16 + 8 * i]);
+    u64::from_le_bytes(w)
+}
+
+/// Decode snapshot file bytes, validating header and archive (bytecheck). Never panics.
+pub fn decode(bytes: &[u8]) -> Result<(Snapshot, StoreCommit)> {
+    if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC {
+        return Err(CheckpointError::Decode("not a sov snapshot (bad magic or short)".into()));
+    }
+    let version = header_word(bytes, 0);
+    if version != u64::from(SNAPSHOT_FORMAT) {
+        return Err(CheckpointError::Decode(format!("unsupported snapshot format {version}")));
+    }
+    if header_word(bytes, 4) != 0 {
+        return Err(CheckpointError::Decode("snapshot header padding is not zero".into()));
+    }
+    let commit = StoreCommit {
+        index_entries: header_word(bytes, 1),
+        segment_len: header_word(bytes, 2),
+        journal_len: header_word(bytes, 3),
+    };
+    // Copy into 16-byte-aligned memory: rkyv's validator requires the archive's alignment.
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len() - HEADER_LEN);
+    aligned.extend_from_slice(&bytes[HEADER_LEN..]);
+    let snapshot = rkyv::from_bytes::<Snapshot, rancor::Error>(&aligned)
+        .map_err(|e| CheckpointError::Decode(format!("invalid snapshot archive: {e}")))?;
+    Ok((snapshot, commit))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A small, fully populated snapshot for tests across the checkpoint module.
+    pub(crate) fn sample(blocks: Vec<Digest>) -> Snapshot {
+        Snapshot {
+            machine: "scheduler".into(),
+            state: "Generate".into(),
+            slots: std::array::from_fn(|i| i as u32 * 3),
+            step: 128,
+            kv_mode: KvMode::Blocks,
+            kv_layout: KvLayout {
+                layers: 2,
+                kv_heads: 1,
+                head_dim: 4,
+                block_size: 16,
+                dtype: "f32".into(),
+            },
+            sequences: vec![SequenceSnapshot {
+                request_id: 7,
+                prompt: vec![1, 2, 3],
+                output: vec![9, 8],
+                sampling: SamplingParams {
+                    temperature: 0.7,
+                    top_k: 40,
+                    top_p: 0.9,
+                    seed: 42,
+                    max_tokens: 64,
+                    stop_tokens: vec![2],
+                },
+                rng_state: vec![0xdead_beef, 17],
+                finish: FinishState::Running,
+                blocks,
+                tail: vec![1, 2, 3, 4],
+                tail_tokens: 1,
+            }],
+            engine_extra: vec![5, 6],
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let s = sample(vec![[7u8; 32]]);
+        let commit = StoreCommit { index_entries: 3, segment_len: 99, journal_len: 12 };
+        let bytes = encode(&s, &commit).unwrap();
+        assert_eq!(decode(&bytes).unwrap(), (s, commit));
+    }
+
+    #[test]
+    fn rejects_wrong_magic_version_and_truncation() {
+        let bytes = encode(&sample(vec![]), &StoreCommit::default()).unwrap();
+        let mut bad = bytes.clone();
+        bad[0] ^= 1;
+        assert!(decode(&bad).is_err());
+        let mut bad = bytes.clone();
+        bad[8] = 2;
+        assert!(decode(&bad).is_err());
+        for cut in [0, 5, 16, 47, 48, 49, bytes.len() / 2, bytes.len() - 1] {
+            assert!(decode(&bytes[..cut]).is_err(), "truncated to {cut} accepted");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn decoder_never_panics_on_arbitrary_bytes(body in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let mut bytes = MAGIC.to_vec();
+            bytes.extend_from_slice(&1u64.to_le_bytes());
+            bytes.extend_from_slice(&[0u8; 32]);
+            bytes.extend_from_slice(&body);
+            let _ = decode(&bytes);
+            let _ = decode(&body);
+        }
+
+        #[test]
+        fn decoder_never_panics_on_mutated_snapshots(flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8)) {
+            let mut bytes = encode(&sample(vec![[1u8; 32], [2u8; 32]]), &StoreCommit::default()).unwrap();
+            for (i, v) in flips {
+                let at = i.index(bytes.len());
+                bytes[at] ^= v;
+            }
+            let _ = decode(&bytes);
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! The checkpoint store the engine writes through: one directory, one signing key, one chain.
+//!
+//! Write order per checkpoint (nothing earlier is ever rewritten):
+//! 1. new KV blocks appended to `blocks.seg`, fsync; their entries appended to `blocks.idx`, fsync;
+//! 2. `snapshot-N.snap` written to a temp name, fsync, renamed, directory fsync (the payload);
+//! 3. `receipt-N.note` (signed) the same way — the checkpoint exists from this moment;
+//! 4. a checkpoint marker appended to `journal.log`, fsync.
+//!
+//! Opening audits the whole directory (see [`super::audit`]) and refuses anything tampered with;
+//! a torn write (crash during 1–4) leaves only uncommitted leftovers, which opening discards.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ed25519_dalek::SigningKey;
+
+use super::audit::{self, Anchor, Audit, AuditOptions, receipt_name, snapshot_name};
+use super::blockstore::{BlockStore, ENTRY_LEN, INDEX_FILE, SEGMENT_FILE};
+use super::digest::{Digest, kv_root, snapshot_digest, to_hex};
+use super::error::{CheckpointError, Result};
+use super::fsutil;
+use super::journal::{self, JOURNAL_FILE, Journal, JournalRecord, RequestRecord};
+use super::receipt::{self, ReceiptBody};
+use super::snapshot::{self, KvMode, Snapshot, StoreCommit};
+
+/// What the engine mirrors after a checkpoint: slot 7 the height, 8..15 the digest, 16..31 the
+/// signature (see [`ReceiptInfo::slot_words`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiptInfo {
+    pub height: u64,
+    pub digest: Digest,
+    pub signature: [u8; 64],
+    pub time_ms: u64,
+    /// Blocks newly stored by this checkpoint.
+    pub new_blocks: u64,
+    /// Bytes written by this checkpoint (blocks, index, snapshot, receipt, journal marker).
+    pub bytes_written: u64,
+    /// The receipt file.
+    pub receipt_path: PathBuf,
+}
+
+impl ReceiptInfo {
+    /// Words for slots 7..=31.
+    pub fn slot_words(&self) -> [u32; 25] {
+        receipt::slot_words(self.height, &self.digest, &self.signature)
+    }
+
+    /// Write them into a 32-slot array.
+    pub fn mirror_into(&self, slots: &mut [u32; 32]) {
+        slots[7..32].copy_from_slice(&self.slot_words());
+    }
+}
+
+/// A checkpoint read back for resuming.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    pub receipt: ReceiptInfo,
+    pub snapshot: Snapshot,
+    pub commit: StoreCommit,
+    /// Bytes of every block the snapshot references, by hash (each re-hashed on read).
+    pub blocks: HashMap<Digest, Vec<u8>>,
+    /// Requests journaled after the snapshot was taken, to re-admit in order.
+    pub pending: Vec<RequestRecord>,
+}
+
+/// The chain head the store continues from.
+#[derive(Debug, Clone)]
+struct Head {
+    height: u64,
+    digest: Digest,
+}
+
+/// An open checkpoint directory.
+pub struct CheckpointStore {
+    dir: PathBuf,
+    key: SigningKey,
+    spec_digest: Digest,
+    model_digest: Digest,
+    blocks: BlockStore,
+    journal: Journal,
+    head: Option<Head>,
+    recovered: Vec<String>,
+    poisoned: bool,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl CheckpointStore {
+    /// Open (creating if absent) `dir`, audit it and discard a torn tail. See [`Self::open_with`].
+    pub fn open(dir: &Path, key: SigningKey, spec_digest: Digest, model_digest: Digest) -> Result<Self> {
+        Self::open_with(dir, key, spec_digest, model_digest, None)
+    }
+
+    /// Like [`Self::open`], also checking the chain against an `anchor` (e.g.
+    /// [`Anchor::from_slots`] on the persisted slots) so a rolled-back directory is refused.
+    pub fn open_with(
+        dir: &Path,
+        key: SigningKey,
+        spec_digest: Digest,
+        model_digest: Digest,
+        anchor: Option<Anchor>,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
+        let vk = key.verifying_key();
+        let audit = audit::audit(dir, AuditOptions { key: &vk, policy: None, anchor })?;
+        let recovered = audit.torn.describe();
+        Self::discard_torn(dir, &audit)?;
+        let head = audit.head().map(|l| Head { height: l.receipt.body.height, digest: l.receipt.digest });
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            key,
+            spec_digest,
+            model_digest,
+            blocks: BlockStore::new(dir, &audit.entries),
+            journal: Journal::new(dir, audit.journal.valid_len),
+            head,
+            recovered,
+            poisoned: false,
+        })
+    }
+
+    /// Remove what an interrupted checkpoint left behind: only bytes past the newest commit and
+    /// files no receipt covers.
+    fn discard_torn(dir: &Path, audit: &Audit) -> Result<()> {
+        if audit.torn.is_clean() {
+            return Ok(());
+        }
+        for path in audit::torn_paths(dir, &audit.torn) {
+            std::fs::remove_file(&path).map_err(|e| CheckpointError::io(&path, e))?;
+        }
+        fsutil::truncate_tail(&dir.join(INDEX_FILE), audit.entries.len() as u64 * ENTRY_LEN as u64)?;
+        fsutil::truncate_tail(&dir.join(SEGMENT_FILE), audit.segment_len())?;
+        fsutil::truncate_tail(&dir.join(JOURNAL_FILE), audit.journal.valid_len)?;
+        fsutil::sync_dir(dir)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Descriptions of torn leftovers discarded at open (empty after a clean shutdown).
+    pub fn recovered(&self) -> &[String] {
+        &self.recovered
+    }
+
+    /// Height of the newest checkpoint (0 when none).
+    pub fn height(&self) -> u64 {
+        self.head.as_ref().map_or(0, |h| h.height)
+    }
+
+    /// Whether a block is already stored (the engine then need not pass its bytes).
+    pub fn contains_block(&self, hash: &Digest) -> bool {
+        self.blocks.contains(hash)
+    }
+
+    /// Journal an accepted request durably (fsync) before the engine admits it.
+    pub fn accept(&mut self, request: &RequestRecord) -> Result<()> {
+        self.journal.append(&JournalRecord::Accepted(request.clone())).map(|_| ())
+    }
+
+    /// Write a checkpoint: store the blocks among `new_blocks` not stored yet, then the snapshot and
+    /// its signed receipt. Every block hash the snapshot names must be stored or supplied.
+    /// After an I/O error the store refuses further writes; reopen it (that recovers).
+    pub fn write(&mut self, snapshot: &Snapshot, new_blocks: &[&[u8]]) -> Result<ReceiptInfo> {
+        if self.poisoned {
+            return Err(CheckpointError::Usage("a previous checkpoint write failed; reopen the store".into()));
+        }
+        if snapshot.kv_mode == KvMode::Recompute
+            && snapshot.sequences.iter().any(|s| !s.blocks.is_empty() || !s.tail.is_empty())
+        {
+            return Err(CheckpointError::Usage("recompute-mode snapshots carry tokens only (no blocks or tails)".into()));
+        }
+        self.poisoned = true;
+        let (new, block_bytes) = self.blocks.append(new_blocks)?;
+        for seq in &snapshot.sequences {
+            for h in &seq.blocks {
+                if !self.blocks.contains(h) {
+                    self.poisoned = false; // nothing committed yet; appended blocks are harmless
+                    return Err(CheckpointError::Usage(format!(
+                        "request {}: block {} is neither stored nor supplied",
+                        seq.request_id,
+                        to_hex(h)
+                    )));
+                }
+            }
+        }
+        let height = self.height() + 1;
+        let commit = StoreCommit {
+            index_entries: self.blocks.entries(),
+            segment_len: self.blocks.segment_len(),
+            journal_len: self.journal.len(),
+        };
+        let bytes = snapshot::encode(snapshot, &commit)?;
+        fsutil::write_once(&self.dir, &snapshot_name(height), &bytes)?;
+        let body = ReceiptBody {
+            height,
+            prev: self.head.as_ref().map_or([0; 32], |h| h.digest),
+            spec: self.spec_digest,
+            model: self.model_digest,
+            snapshot: snapshot_digest(&bytes),
+            kv_root: kv_root(snapshot.block_lists()),
+            time_ms: now_ms(),
+        };
+        let text = receipt::sign(&body, &self.key)?;
+        fsutil::write_once(&self.dir, &receipt_name(height), text.as_bytes())?;
+        let signed = receipt::open(&text, &self.key.verifying_key())?;
+        let marker_at = self.journal.len();
+        self.journal.append(&JournalRecord::Checkpoint { height, receipt: signed.digest })?;
+        self.head = Some(Head { height, digest: signed.digest });
+        self.poisoned = false;
+        Ok(ReceiptInfo {
+            height,
+            digest: signed.digest,
+            signature: signed.signature,
+            time_ms: body.time_ms,
+            new_blocks: new,
+            bytes_written: block_bytes + bytes.len() as u64 + text.len() as u64 + (self.journal.len() - marker_at),
+            receipt_path: self.dir.join(receipt_name(height)),
+        })
+    }
+
+    /// The newest checkpoint, verified (receipt, snapshot digest, block hashes), with the requests
+    /// journaled after it; None when no checkpoint exists (see [`Self::pending_without_checkpoint`]).
+    /// Refuses a checkpoint made by another spec or model.
+    pub fn latest_valid(&self) -> Result<Option<Restored>> {
+        let Some(head) = &self.head else { return Ok(None) };
+        let rname = receipt_name(head.height);
+        let rpath = self.dir.join(&rname);
+        let text = std::fs::read_to_string(&rpath).map_err(|e| CheckpointError::io(&rpath, e))?;
+        let signed = receipt::open(&text, &self.key.verifying_key())
+            .map_err(|e| CheckpointError::corrupt(&rname, Some(head.height), e.to_string()))?;
+        if signed.digest != head.digest {
+            return Err(CheckpointError::corrupt(&rname, Some(head.height), "receipt changed since the store was opened"));
+        }
+        if signed.body.model != self.model_digest {
+            return Err(CheckpointError::Usage(format!(
+                "checkpoint {} was made with model {}, this engine runs {}",
+                head.height,
+                to_hex(&signed.body.model),
+                to_hex(&self.model_digest)
+            )));
+        }
+        if signed.body.spec != self.spec_digest {
+            return Err(CheckpointError::Usage(format!(
+                "checkpoint {} was made by spec {}, this engine runs {}",
+                head.height,
+                to_hex(&signed.body.spec),
+                to_hex(&self.spec_digest)
+            )));
+        }
+        let sname = snapshot_name(head.height);
+        let spath = self.dir.join(&sname);
+        let bytes = std::fs::read(&spath).map_err(|e| CheckpointError::io(&spath, e))?;
+        if snapshot_digest(&bytes) != signed.body.snapshot {
+            return Err(CheckpointError::corrupt(&sname, Some(head.height), "snapshot does not match its receipt"));
+        }
+        let (snapshot, commit) =
+            snapshot::decode(&bytes).map_err(|e| CheckpointError::corrupt(&sname, Some(head.height), e.to_string()))?;
+        let mut blocks = HashMap::new();
+        for h in snapshot.sequences.iter().flat_map(|s| s.blocks.iter()) {
+            if !blocks.contains_key(h) {
+                blocks.insert(*h, self.blocks.read(h)?);
+            }
+        }
+        let pending = journal::scan(&self.dir)?.accepted_since(commit.journal_len);
+        Ok(Some(Restored {
+            receipt: ReceiptInfo {
+                height: head.height,
+                digest: signed.digest,
+                signature: signed.signature,
+                time_ms: signed.body.time_ms,
+                new_blocks: 0,
+                bytes_written: 0,
+                receipt_path: rpath,
+            },
+            snapshot,
+            commit,
+            blocks,
+            pending,
+        }))
+    }
+
+    /// Requests journaled when no checkpoint exists yet (a crash before the first checkpoint).
+    pub fn pending_without_checkpoint(&self) -> Result<Vec<RequestRecord>> {
+        if self.head.is_some() {
+            return Ok(Vec::new());
+        }
+        Ok(journal::scan(&self.dir)?.accepted_since(0))
+    }
+}

@@ -1,0 +1,93 @@
+//! A small real checkpoint directory for the whole-directory tests: three checkpoints over two
+//! sequences with shared and new blocks, journaled requests before and after the last checkpoint.
+
+use std::path::Path;
+
+use ed25519_dalek::SigningKey;
+
+use crate::checkpoint::snapshot::tests::sample;
+use crate::checkpoint::{
+    CheckpointStore, Digest, ReceiptInfo, RequestRecord, SamplingParams, Snapshot, block_hash,
+};
+
+pub const SPEC: Digest = [0x51; 32];
+pub const MODEL: Digest = [0x4d; 32];
+
+pub fn key() -> SigningKey {
+    SigningKey::from_bytes(&[0x11; 32])
+}
+
+pub fn other_key() -> SigningKey {
+    SigningKey::from_bytes(&[0x22; 32])
+}
+
+/// Deterministic block bytes: [64] u8.
+pub fn block(i: u8) -> Vec<u8> {
+    (0..64u8).map(|j| j.wrapping_mul(31).wrapping_add(i)).collect()
+}
+
+pub fn request(id: u64) -> RequestRecord {
+    RequestRecord {
+        request_id: id,
+        prompt: vec![1, 2, 3, id as u32],
+        sampling: SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, seed: id, max_tokens: 32, stop_tokens: vec![] },
+        accepted_ms: 1000 + id,
+        extra: vec![],
+    }
+}
+
+/// Snapshot at checkpoint `k` (1-based): sequence 7 holds blocks 0..k, sequence 8 shares block 0.
+pub fn snapshot_at(k: u8) -> Snapshot {
+    let mut s = sample((0..k).map(|i| block_hash(&block(i))).collect());
+    s.step = u64::from(k) * 64;
+    s.slots[2] = u32::from(k);
+    let mut second = s.sequences[0].clone();
+    second.request_id = 8;
+    second.blocks = vec![block_hash(&block(0))];
+    second.output = vec![4; k as usize];
+    s.sequences.push(second);
+    s
+}
+
+/// Write checkpoint `k` to `store`, supplying all its blocks (the store dedups).
+pub fn checkpoint(store: &mut CheckpointStore, k: u8) -> ReceiptInfo {
+    let blocks: Vec<Vec<u8>> = (0..k).map(block).collect();
+    let refs: Vec<&[u8]> = blocks.iter().map(Vec::as_slice).collect();
+    store.write(&snapshot_at(k), &refs).unwrap()
+}
+
+/// The standard directory: request 7, 8 accepted; checkpoints 1..=3; request 9 accepted after.
+pub fn build(dir: &Path) -> Vec<ReceiptInfo> {
+    let mut store = CheckpointStore::open(dir, key(), SPEC, MODEL).unwrap();
+    store.accept(&request(7)).unwrap();
+    store.accept(&request(8)).unwrap();
+    let mut infos = Vec::new();
+    for k in 1..=3 {
+        infos.push(checkpoint(&mut store, k));
+    }
+    store.accept(&request(9)).unwrap();
+    infos
+}
+
+/// All regular files of a directory with their bytes, sorted by name.
+pub fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Replace a directory's contents with `files`.
+pub fn restore(dir: &Path, files: &[(String, Vec<u8>)]) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    for (name, bytes) in files {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+}
