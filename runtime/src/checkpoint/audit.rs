@@ -56,7 +56,10 @@ pub struct Anchor {
 impl Anchor {
     /// The anchor the slots mirror (slot 7 height, 8..15 digest); None at height 0.
     pub fn from_slots(slots: &[u32; 32]) -> Option<Self> {
-        (slots[7] > 0).then(|| Self { height: u64::from(slots[7]), digest: receipt::digest_from_slots(slots) })
+        (slots[7] > 0).then(|| Self {
+            height: u64::from(slots[7]),
+            digest: receipt::digest_from_slots(slots),
+        })
     }
 }
 
@@ -98,16 +101,24 @@ impl Torn {
     /// Human-readable lines describing what is uncommitted.
     pub fn describe(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for (file, n) in [(INDEX_FILE, self.index_bytes), (SEGMENT_FILE, self.segment_bytes), (JOURNAL_FILE, self.journal_bytes)] {
+        for (file, n) in [
+            (INDEX_FILE, self.index_bytes),
+            (SEGMENT_FILE, self.segment_bytes),
+            (JOURNAL_FILE, self.journal_bytes),
+        ] {
             if n > 0 {
-                out.push(format!("{file}: {n} uncommitted bytes after the newest checkpoint (torn write)"));
+                out.push(format!(
+                    "{file}: {n} uncommitted bytes after the newest checkpoint (torn write)"
+                ));
             }
         }
         for f in &self.tmp_files {
             out.push(format!("{f}: leftover temporary file (torn write)"));
         }
         if let Some(f) = &self.orphan_snapshot {
-            out.push(format!("{f}: snapshot without a receipt (crash before the receipt was written)"));
+            out.push(format!(
+                "{f}: snapshot without a receipt (crash before the receipt was written)"
+            ));
         }
         out
     }
@@ -132,7 +143,9 @@ impl Audit {
 
     /// Committed segment bytes (sum of committed block lengths).
     pub fn segment_len(&self) -> u64 {
-        self.entries.last().map_or(0, |e| e.offset + u64::from(e.len))
+        self.entries
+            .last()
+            .map_or(0, |e| e.offset + u64::from(e.len))
     }
 }
 
@@ -155,9 +168,15 @@ fn list(dir: &Path, key: &VerifyingKey) -> Result<Listing> {
     for entry in rd {
         let entry = entry.map_err(|e| CheckpointError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let ft = entry.file_type().map_err(|e| CheckpointError::io(entry.path(), e))?;
+        let ft = entry
+            .file_type()
+            .map_err(|e| CheckpointError::io(entry.path(), e))?;
         if !ft.is_file() {
-            return Err(corrupt(&name, None, "unexpected non-file entry in checkpoint directory"));
+            return Err(corrupt(
+                &name,
+                None,
+                "unexpected non-file entry in checkpoint directory",
+            ));
         }
         names.push(name);
     }
@@ -174,14 +193,25 @@ fn list(dir: &Path, key: &VerifyingKey) -> Result<Listing> {
             // A stray receipt under another name is a fork candidate: say so when it parses.
             let text = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
             if let Ok((body, _)) = receipt::parse_unverified(&text) {
-                let who = if receipt::open(&text, key).is_ok() { "signed by this key" } else { "not signed by this key" };
+                let who = if receipt::open(&text, key).is_ok() {
+                    "signed by this key"
+                } else {
+                    "not signed by this key"
+                };
                 return Err(corrupt(
                     &name,
                     Some(body.height),
-                    format!("fork: a second receipt for height {} ({who}) under a non-canonical name", body.height),
+                    format!(
+                        "fork: a second receipt for height {} ({who}) under a non-canonical name",
+                        body.height
+                    ),
                 ));
             }
-            return Err(corrupt(&name, None, "unexpected file in checkpoint directory"));
+            return Err(corrupt(
+                &name,
+                None,
+                "unexpected file in checkpoint directory",
+            ));
         }
     }
     Ok(listing)
@@ -193,7 +223,11 @@ pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
     let n = listing.receipts.keys().next_back().copied().unwrap_or(0);
     for h in 1..=n {
         if !listing.receipts.contains_key(&h) {
-            return Err(corrupt(&receipt_name(h), Some(h), format!("receipt missing (deleted?) while receipts up to height {n} exist")));
+            return Err(corrupt(
+                &receipt_name(h),
+                Some(h),
+                format!("receipt missing (deleted?) while receipts up to height {n} exist"),
+            ));
         }
     }
 
@@ -203,34 +237,60 @@ pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
     let mut referenced: Vec<(u64, Vec<Digest>)> = Vec::new(); // per height, its block hashes
     for h in 1..=n {
         let rname = receipt_name(h);
-        let text = std::fs::read(dir.join(&rname)).map_err(|e| CheckpointError::io(dir.join(&rname), e))?;
-        let text = String::from_utf8(text).map_err(|_| corrupt(&rname, Some(h), "receipt is not UTF-8"))?;
+        let text = std::fs::read(dir.join(&rname))
+            .map_err(|e| CheckpointError::io(dir.join(&rname), e))?;
+        let text = String::from_utf8(text)
+            .map_err(|_| corrupt(&rname, Some(h), "receipt is not UTF-8"))?;
         let receipt = match receipt::open(&text, opts.key) {
             Ok(r) => r,
             Err(e) => {
+                let detail = match e {
+                    CheckpointError::Decode(d) => d,
+                    other => other.to_string(),
+                };
                 let what = match receipt::parse_unverified(&text) {
-                    Ok(_) => format!("signature check failed: {e} (signed by another key or altered)"),
-                    Err(_) => format!("malformed receipt: {e}"),
+                    Ok(_) => format!("signature check failed: {detail}"),
+                    Err(_) => format!("malformed receipt: {detail}"),
                 };
                 return Err(corrupt(&rname, Some(h), what));
             }
         };
         if receipt.body.height != h {
-            return Err(corrupt(&rname, Some(h), format!("receipt claims height {} (reordered or renamed)", receipt.body.height)));
+            return Err(corrupt(
+                &rname,
+                Some(h),
+                format!(
+                    "receipt claims height {} (reordered or renamed)",
+                    receipt.body.height
+                ),
+            ));
         }
         if receipt.body.prev != prev {
             return Err(corrupt(
                 &rname,
                 Some(h),
-                format!("chain link broken: prev {} is not the digest of receipt {} (removed, reordered or forked)", to_hex(&receipt.body.prev), h - 1),
+                format!(
+                    "chain link broken: prev {} is not the digest of receipt {} (removed, reordered or forked)",
+                    to_hex(&receipt.body.prev),
+                    h - 1
+                ),
             ));
         }
         let cosignatures = match opts.policy {
             None => 0,
             Some(p) => {
-                let k = p.count_cosignatures(&receipt.note).map_err(|e| corrupt(&rname, Some(h), e.to_string()))?;
+                let k = p
+                    .count_cosignatures(&receipt.note)
+                    .map_err(|e| corrupt(&rname, Some(h), e.to_string()))?;
                 if k < p.quorum {
-                    return Err(corrupt(&rname, Some(h), format!("not quorate: {k} valid witness cosignatures, policy needs {}", p.quorum)));
+                    return Err(corrupt(
+                        &rname,
+                        Some(h),
+                        format!(
+                            "not quorate: {k} valid witness cosignatures, policy needs {}",
+                            p.quorum
+                        ),
+                    ));
                 }
                 k
             }
@@ -240,16 +300,29 @@ pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
         let sbytes = match std::fs::read(dir.join(&sname)) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(corrupt(&sname, Some(h), "snapshot missing for a committed receipt"));
+                return Err(corrupt(
+                    &sname,
+                    Some(h),
+                    "snapshot missing for a committed receipt",
+                ));
             }
             Err(e) => return Err(CheckpointError::io(dir.join(&sname), e)),
         };
         if snapshot_digest(&sbytes) != receipt.body.snapshot {
-            return Err(corrupt(&sname, Some(h), "snapshot bytes do not match the receipt's snapshot digest"));
+            return Err(corrupt(
+                &sname,
+                Some(h),
+                "snapshot bytes do not match the receipt's snapshot digest",
+            ));
         }
-        let (snap, commit) = snapshot::decode(&sbytes).map_err(|e| corrupt(&sname, Some(h), e.to_string()))?;
+        let (snap, commit) =
+            snapshot::decode(&sbytes).map_err(|e| corrupt(&sname, Some(h), e.to_string()))?;
         if kv_root(snap.block_lists()) != receipt.body.kv_root {
-            return Err(corrupt(&sname, Some(h), "snapshot block lists do not match the receipt's KV root"));
+            return Err(corrupt(
+                &sname,
+                Some(h),
+                "snapshot block lists do not match the receipt's KV root",
+            ));
         }
         if commit.index_entries < prev_commit.index_entries
             || commit.segment_len < prev_commit.segment_len
@@ -257,7 +330,13 @@ pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
         {
             return Err(corrupt(&sname, Some(h), "commit point goes backwards"));
         }
-        referenced.push((h, snap.sequences.iter().flat_map(|s| s.blocks.iter().copied()).collect()));
+        referenced.push((
+            h,
+            snap.sequences
+                .iter()
+                .flat_map(|s| s.blocks.iter().copied())
+                .collect(),
+        ));
         prev = receipt.digest;
         prev_commit = commit;
         chain.push(ChainLink {
@@ -270,12 +349,22 @@ pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
     }
 
     // Snapshots without receipts: only the next height may exist (written before a crash).
-    let mut torn = Torn { tmp_files: listing.tmp_files.clone(), ..Torn::default() };
+    let mut torn = Torn {
+        tmp_files: listing.tmp_files.clone(),
+        ..Torn::default()
+    };
     for (&h, name) in listing.snapshots.range(n + 1..) {
         if h == n + 1 {
             torn.orphan_snapshot = Some(name.clone());
         } else {
-            return Err(corrupt(name, Some(h), format!("snapshot without a receipt beyond height {} (receipts deleted: rollback?)", n + 1)));
+            return Err(corrupt(
+                name,
+                Some(h),
+                format!(
+                    "snapshot without a receipt beyond height {} (receipts deleted: rollback?)",
+                    n + 1
+                ),
+            ));
         }
     }
 
@@ -283,53 +372,106 @@ pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
     let commit = prev_commit;
     let entries = blockstore::read_index(dir, commit.index_entries)?;
     blockstore::verify_segment(dir, &entries, commit.segment_len, |_, _| {})?;
-    let position: HashMap<Digest, u64> = entries.iter().enumerate().map(|(i, e)| (e.hash, i as u64)).collect();
+    let position: HashMap<Digest, u64> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.hash, i as u64))
+        .collect();
     for (link, (h, hashes)) in chain.iter().zip(&referenced) {
         let end = link.commit.index_entries;
-        let covered = if end == 0 { 0 } else { entries[end as usize - 1].offset + u64::from(entries[end as usize - 1].len) };
+        let covered = if end == 0 {
+            0
+        } else {
+            entries[end as usize - 1].offset + u64::from(entries[end as usize - 1].len)
+        };
         if covered != link.commit.segment_len {
-            return Err(corrupt(&snapshot_name(*h), Some(*h), "commit point does not match the index layout"));
+            return Err(corrupt(
+                &snapshot_name(*h),
+                Some(*h),
+                "commit point does not match the index layout",
+            ));
         }
         for hash in hashes {
-            if !position.get(hash).is_some_and(|&p| p < end) {
-                return Err(corrupt(&snapshot_name(*h), Some(*h), format!("references block {} not committed at this height", to_hex(hash))));
+            if position.get(hash).is_none_or(|&p| p >= end) {
+                return Err(corrupt(
+                    &snapshot_name(*h),
+                    Some(*h),
+                    format!(
+                        "references block {} not committed at this height",
+                        to_hex(hash)
+                    ),
+                ));
             }
         }
     }
-    torn.index_bytes = fsutil::len_or_zero(&dir.join(INDEX_FILE))? - commit.index_entries * ENTRY_LEN as u64;
+    torn.index_bytes =
+        fsutil::len_or_zero(&dir.join(INDEX_FILE))? - commit.index_entries * ENTRY_LEN as u64;
     torn.segment_bytes = fsutil::len_or_zero(&dir.join(SEGMENT_FILE))? - commit.segment_len;
 
     // Journal: intact records, enough of them, markers agree with the chain.
     let journal = journal::scan(dir)?;
     if journal.valid_len < commit.journal_len {
-        return Err(corrupt(JOURNAL_FILE, Some(n), format!("truncated: {} intact bytes, {} committed", journal.valid_len, commit.journal_len)));
+        return Err(corrupt(
+            JOURNAL_FILE,
+            Some(n),
+            format!(
+                "truncated: {} intact bytes, {} committed",
+                journal.valid_len, commit.journal_len
+            ),
+        ));
     }
     for (mh, digest) in journal.markers() {
         if mh == 0 || mh > n {
             return Err(corrupt(
                 JOURNAL_FILE,
                 Some(mh),
-                format!("journal records checkpoint {mh} but the newest receipt is {n} (receipts rolled back or deleted)"),
+                format!(
+                    "journal records checkpoint {mh} but the newest receipt is {n} (receipts rolled back or deleted)"
+                ),
             ));
         }
         if chain[mh as usize - 1].receipt.digest != *digest {
-            return Err(corrupt(&receipt_name(mh), Some(mh), "fork: receipt differs from the one the journal recorded at this height"));
+            return Err(corrupt(
+                &receipt_name(mh),
+                Some(mh),
+                "fork: receipt differs from the one the journal recorded at this height",
+            ));
         }
     }
     torn.journal_bytes = journal.torn_bytes;
 
     if let Some(a) = opts.anchor {
         if a.height > n {
-            return Err(corrupt(&receipt_name(a.height), Some(a.height), format!("rollback: anchor is at height {} but the chain ends at {n}", a.height)));
+            return Err(corrupt(
+                &receipt_name(a.height),
+                Some(a.height),
+                format!(
+                    "rollback: anchor is at height {} but the chain ends at {n}",
+                    a.height
+                ),
+            ));
         }
         if a.height > 0 && chain[a.height as usize - 1].receipt.digest != a.digest {
-            return Err(corrupt(&receipt_name(a.height), Some(a.height), "fork: receipt differs from the anchored digest"));
+            return Err(corrupt(
+                &receipt_name(a.height),
+                Some(a.height),
+                "fork: receipt differs from the anchored digest",
+            ));
         }
     }
-    Ok(Audit { chain, entries, journal, torn })
+    Ok(Audit {
+        chain,
+        entries,
+        journal,
+        torn,
+    })
 }
 
 /// The paths a recovery may touch: everything else in the directory is committed.
 pub fn torn_paths(dir: &Path, torn: &Torn) -> Vec<PathBuf> {
-    torn.tmp_files.iter().chain(torn.orphan_snapshot.iter()).map(|f| dir.join(f)).collect()
+    torn.tmp_files
+        .iter()
+        .chain(torn.orphan_snapshot.iter())
+        .map(|f| dir.join(f))
+        .collect()
 }

@@ -55,7 +55,11 @@ impl IndexEntry {
         off.copy_from_slice(&bytes[32..40]);
         let mut len = [0u8; 4];
         len.copy_from_slice(&bytes[40..44]);
-        Some(Self { hash, offset: u64::from_le_bytes(off), len: u32::from_le_bytes(len) })
+        Some(Self {
+            hash,
+            offset: u64::from_le_bytes(off),
+            len: u32::from_le_bytes(len),
+        })
     }
 }
 
@@ -91,11 +95,18 @@ pub fn read_index(dir: &Path, count: u64) -> Result<Vec<IndexEntry>> {
             return Err(CheckpointError::corrupt(
                 INDEX_FILE,
                 None,
-                format!("entry {i} at offset {} breaks the contiguous layout (expected {next_offset})", e.offset),
+                format!(
+                    "entry {i} at offset {} breaks the contiguous layout (expected {next_offset})",
+                    e.offset
+                ),
             ));
         }
         if seen.insert(e.hash, i).is_some() {
-            return Err(CheckpointError::corrupt(INDEX_FILE, None, format!("entry {i} duplicates a block")));
+            return Err(CheckpointError::corrupt(
+                INDEX_FILE,
+                None,
+                format!("entry {i} duplicates a block"),
+            ));
         }
         next_offset += u64::from(e.len);
         entries.push(e);
@@ -131,16 +142,24 @@ pub fn verify_segment(
     if entries.is_empty() {
         return Ok(());
     }
-    let mut f = std::io::BufReader::with_capacity(1 << 20, File::open(&path).map_err(|e| CheckpointError::io(&path, e))?);
+    let mut f = std::io::BufReader::with_capacity(
+        1 << 20,
+        File::open(&path).map_err(|e| CheckpointError::io(&path, e))?,
+    );
     let mut buf = Vec::new(); // [len] one block's bytes
     for (i, e) in entries.iter().enumerate() {
         buf.resize(e.len as usize, 0);
-        f.read_exact(&mut buf).map_err(|err| CheckpointError::io(&path, err))?;
+        f.read_exact(&mut buf)
+            .map_err(|err| CheckpointError::io(&path, err))?;
         if block_hash(&buf) != e.hash {
             return Err(CheckpointError::corrupt(
                 SEGMENT_FILE,
                 None,
-                format!("block {i} (bytes {}..{}) does not match its hash", e.offset, e.offset + u64::from(e.len)),
+                format!(
+                    "block {i} (bytes {}..{}) does not match its hash",
+                    e.offset,
+                    e.offset + u64::from(e.len)
+                ),
             ));
         }
         on_block(e, &buf);
@@ -237,7 +256,11 @@ impl BlockStore {
     /// Read one block and check its hash.
     pub fn read(&self, hash: &Digest) -> Result<Vec<u8>> {
         let e = self.map.get(hash).ok_or_else(|| {
-            CheckpointError::corrupt(SEGMENT_FILE, None, format!("block {} is not stored", super::digest::to_hex(hash)))
+            CheckpointError::corrupt(
+                SEGMENT_FILE,
+                None,
+                format!("block {} is not stored", super::digest::to_hex(hash)),
+            )
         })?;
         let path = self.dir.join(SEGMENT_FILE);
         let mut buf = vec![0u8; e.len as usize]; // [len] block bytes
@@ -280,7 +303,11 @@ mod tests {
 
     #[test]
     fn index_entry_detects_every_flipped_bit() {
-        let e = IndexEntry { hash: [3; 32], offset: 77, len: 9 };
+        let e = IndexEntry {
+            hash: [3; 32],
+            offset: 77,
+            len: 9,
+        };
         let bytes = e.encode();
         assert_eq!(IndexEntry::decode(&bytes), Some(e));
         for i in 0..ENTRY_LEN {

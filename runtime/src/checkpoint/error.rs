@@ -48,12 +48,21 @@ pub enum CheckpointError {
 impl CheckpointError {
     /// Wrap an I/O error with the path it happened on.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// A corruption/tampering problem in `file` (at `height`, when known).
     pub fn corrupt(file: impl Into<PathBuf>, height: Option<u64>, what: impl Into<String>) -> Self {
-        Self::Corrupt { at: Location { file: file.into(), height }, what: what.into() }
+        Self::Corrupt {
+            at: Location {
+                file: file.into(),
+                height,
+            },
+            what: what.into(),
+        }
     }
 }
 

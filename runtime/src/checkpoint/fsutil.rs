@@ -34,7 +34,9 @@ pub fn write_once(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
         .truncate(true)
         .open(&tmp)
         .map_err(|e| CheckpointError::io(&tmp, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| CheckpointError::io(&tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| CheckpointError::io(&tmp, e))?;
     drop(f);
     fs::rename(&tmp, &path).map_err(|e| CheckpointError::io(&path, e))?;
     sync_dir(dir)
@@ -70,6 +72,11 @@ pub fn truncate_tail(path: &Path, committed_len: u64) -> Result<()> {
     if len_or_zero(path)? <= committed_len {
         return Ok(());
     }
-    let f = OpenOptions::new().write(true).open(path).map_err(|e| CheckpointError::io(path, e))?;
-    f.set_len(committed_len).and_then(|_| f.sync_all()).map_err(|e| CheckpointError::io(path, e))
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| CheckpointError::io(path, e))?;
+    f.set_len(committed_len)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| CheckpointError::io(path, e))
 }

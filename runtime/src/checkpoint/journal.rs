@@ -168,7 +168,11 @@ pub struct Journal {
 impl Journal {
     /// Open for appending at `valid_len` (the caller has cut any torn tail).
     pub fn new(dir: &Path, valid_len: u64) -> Self {
-        Self { path: dir.join(JOURNAL_FILE), file: None, len: valid_len }
+        Self {
+            path: dir.join(JOURNAL_FILE),
+            file: None,
+            len: valid_len,
+        }
     }
 
     /// Current length in bytes (the position a snapshot records).
@@ -220,7 +224,13 @@ mod tests {
 
     fn journal_bytes() -> Vec<u8> {
         let mut b = encode_record(&req(1)).unwrap();
-        b.extend(encode_record(&JournalRecord::Checkpoint { height: 1, receipt: [4; 32] }).unwrap());
+        b.extend(
+            encode_record(&JournalRecord::Checkpoint {
+                height: 1,
+                receipt: [4; 32],
+            })
+            .unwrap(),
+        );
         b.extend(encode_record(&req(2)).unwrap());
         b
     }
@@ -240,10 +250,20 @@ mod tests {
     #[test]
     fn every_truncation_is_a_torn_tail_and_every_flip_is_caught() {
         let b = journal_bytes();
-        let boundaries: Vec<usize> = scan_bytes(&b).unwrap().records.iter().map(|r| r.0 as usize).collect();
+        let boundaries: Vec<usize> = scan_bytes(&b)
+            .unwrap()
+            .records
+            .iter()
+            .map(|r| r.0 as usize)
+            .collect();
         for cut in 0..b.len() {
             let s = scan_bytes(&b[..cut]).unwrap();
-            let last_start = boundaries.iter().copied().filter(|&x| x <= cut).max().unwrap_or(0);
+            let last_start = boundaries
+                .iter()
+                .copied()
+                .filter(|&x| x <= cut)
+                .max()
+                .unwrap_or(0);
             assert_eq!(s.valid_len as usize, last_start, "cut {cut}");
         }
         for i in 0..b.len() {

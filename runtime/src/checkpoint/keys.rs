@@ -5,16 +5,17 @@
 //! a C2SP verifier key line (`*.pub`, readable by note/transparency-log tools) and as SPKI PEM
 //! (`*.pub.pem`). Key material is never logged: errors name paths, not contents.
 //!
-//! Directories: config `$SOV_CONFIG_DIR`, else `$XDG_CONFIG_HOME/sov`, else `~/.config/sov`;
-//! state `$SOV_STATE_DIR`, else `$XDG_STATE_HOME/sov`, else `~/.local/state/sov`.
+//! The default key lives in sov's config directory: `$SOV_CONFIG_DIR`, else
+//! `$XDG_CONFIG_HOME/sov`, else `~/.config/sov` (run directories live in the state directory, see
+//! `engine::run_dir`).
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
 use ed25519_dalek::{SigningKey, VerifyingKey};
 
 use super::error::{CheckpointError, Result};
@@ -29,15 +30,21 @@ pub const PUBLIC_KEY_FILE: &str = "checkpoint.pub";
 pub const PUBLIC_PEM_FILE: &str = "checkpoint.pub.pem";
 
 fn key_err(path: &Path, what: impl Into<String>) -> CheckpointError {
-    CheckpointError::Key { path: path.to_path_buf(), what: what.into() }
+    CheckpointError::Key {
+        path: path.to_path_buf(),
+        what: what.into(),
+    }
 }
 
 fn env_dir(var: &str) -> Option<PathBuf> {
-    std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 fn home() -> Result<PathBuf> {
-    env_dir("HOME").ok_or_else(|| CheckpointError::Usage("HOME is not set; set SOV_CONFIG_DIR / SOV_STATE_DIR".into()))
+    env_dir("HOME")
+        .ok_or_else(|| CheckpointError::Usage("HOME is not set; set SOV_CONFIG_DIR".into()))
 }
 
 /// sov's configuration directory (holds the default key).
@@ -51,29 +58,13 @@ pub fn config_dir() -> Result<PathBuf> {
     Ok(home()?.join(".config").join("sov"))
 }
 
-/// sov's state directory (holds run directories with checkpoints).
-pub fn state_dir() -> Result<PathBuf> {
-    if let Some(d) = env_dir("SOV_STATE_DIR") {
-        return Ok(d);
-    }
-    if let Some(d) = env_dir("XDG_STATE_HOME") {
-        return Ok(d.join("sov"));
-    }
-    Ok(home()?.join(".local").join("state").join("sov"))
-}
-
-/// A fresh run directory under the state directory: `runs/<unix seconds>-<pid>`.
-pub fn new_run_dir() -> Result<PathBuf> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    Ok(state_dir()?.join("runs").join(format!("{secs}-{}", std::process::id())))
-}
-
 /// The verifier key (C2SP form) of a signing key.
 pub fn verifier_key(key: &VerifyingKey) -> VerifierKey {
-    VerifierKey { name: SIGNER_NAME.to_string(), kind: TYPE_ED25519, key: *key }
+    VerifierKey {
+        name: SIGNER_NAME.to_string(),
+        kind: TYPE_ED25519,
+        key: *key,
+    }
 }
 
 /// Paths written by [`generate`].
@@ -103,15 +94,21 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
         .open(path)
         .map_err(|e| CheckpointError::io(path, e))?;
     // The umask may have narrowed the mode; make it exact.
-    f.set_permissions(fs::Permissions::from_mode(mode)).map_err(|e| CheckpointError::io(path, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| CheckpointError::io(path, e))
+    f.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(|e| CheckpointError::io(path, e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| CheckpointError::io(path, e))
 }
 
 /// Generate a key into `dir` (created 0700 if absent). Refuses to overwrite an existing key.
 pub fn generate(dir: &Path) -> Result<KeyFiles> {
     let files = KeyFiles::in_dir(dir);
     if files.private.exists() {
-        return Err(key_err(&files.private, "already exists; refusing to overwrite a key"));
+        return Err(key_err(
+            &files.private,
+            "already exists; refusing to overwrite a key",
+        ));
     }
     fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
     let key = SigningKey::generate(&mut rand_core::OsRng);
@@ -124,7 +121,10 @@ pub fn generate(dir: &Path) -> Result<KeyFiles> {
     let pub_pem = vk
         .to_public_key_pem(LineEnding::LF)
         .map_err(|e| key_err(&files.public_pem, format!("SPKI encoding failed: {e}")))?;
-    for (path, bytes) in [(&files.public, public.as_bytes()), (&files.public_pem, pub_pem.as_bytes())] {
+    for (path, bytes) in [
+        (&files.public, public.as_bytes()),
+        (&files.public_pem, pub_pem.as_bytes()),
+    ] {
         if path.exists() {
             fs::remove_file(path).map_err(|e| CheckpointError::io(path, e))?;
         }
@@ -139,17 +139,25 @@ pub fn load_private(path: &Path) -> Result<SigningKey> {
     let meta = fs::metadata(path).map_err(|e| CheckpointError::io(path, e))?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(key_err(path, format!("permissions {mode:o} are too open; run: chmod 600 {}", path.display())));
+        return Err(key_err(
+            path,
+            format!(
+                "permissions {mode:o} are too open; run: chmod 600 {}",
+                path.display()
+            ),
+        ));
     }
     let text = fs::read_to_string(path).map_err(|e| CheckpointError::io(path, e))?;
-    SigningKey::from_pkcs8_pem(&text).map_err(|_| key_err(path, "not a PKCS#8 PEM Ed25519 private key"))
+    SigningKey::from_pkcs8_pem(&text)
+        .map_err(|_| key_err(path, "not a PKCS#8 PEM Ed25519 private key"))
 }
 
 /// Load a public key from a C2SP verifier-key line or an SPKI PEM file.
 pub fn load_public(path: &Path) -> Result<VerifyingKey> {
     let text = fs::read_to_string(path).map_err(|e| CheckpointError::io(path, e))?;
     if text.contains("-----BEGIN") {
-        return VerifyingKey::from_public_key_pem(&text).map_err(|_| key_err(path, "not an SPKI PEM Ed25519 public key"));
+        return VerifyingKey::from_public_key_pem(&text)
+            .map_err(|_| key_err(path, "not an SPKI PEM Ed25519 public key"));
     }
     VerifierKey::parse(text.trim())
         .map(|vk| vk.key)
@@ -184,7 +192,11 @@ mod tests {
         let sk = load_private(&files.private).unwrap();
         assert_eq!(load_public(&files.public).unwrap(), sk.verifying_key());
         assert_eq!(load_public(&files.public_pem).unwrap(), sk.verifying_key());
-        assert!(fs::read_to_string(&files.private).unwrap().starts_with("-----BEGIN PRIVATE KEY-----"));
+        assert!(
+            fs::read_to_string(&files.private)
+                .unwrap()
+                .starts_with("-----BEGIN PRIVATE KEY-----")
+        );
         assert!(generate(dir.path()).is_err(), "overwrote an existing key");
     }
 
@@ -206,7 +218,12 @@ mod tests {
     fn garbage_key_files_are_errors_not_panics() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("k");
-        write_new(&p, b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n", 0o600).unwrap();
+        write_new(
+            &p,
+            b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+            0o600,
+        )
+        .unwrap();
         assert!(load_private(&p).is_err());
         assert!(load_public(&p).is_err());
         let q = dir.path().join("q");

@@ -54,12 +54,14 @@ pub mod snapshot;
 pub mod store;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use audit::{Anchor, Audit, AuditOptions, audit};
 pub use digest::{Digest, block_hash, kv_root};
 pub use error::{CheckpointError, Result};
 pub use journal::{Journal, JournalRecord, RequestRecord};
 pub use policy::Policy;
-pub use snapshot::{FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot, Snapshot, StoreCommit};
+pub use snapshot::{
+    FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot, Snapshot, StoreCommit,
+};
 pub use store::{CheckpointStore, ReceiptInfo, Restored};

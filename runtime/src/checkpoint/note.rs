@@ -71,7 +71,11 @@ impl VerifierKey {
         let mut bytes = [0u8; 32];
         bytes.copy_from_slice(key);
         let key = VerifyingKey::from_bytes(&bytes).map_err(|_| bad("not an Ed25519 point"))?;
-        let vk = Self { name: name.to_string(), kind, key };
+        let vk = Self {
+            name: name.to_string(),
+            kind,
+            key,
+        };
         let id = vk.key_id();
         let want = format!("{:02x}{:02x}{:02x}{:02x}", id[0], id[1], id[2], id[3]);
         if id_hex != want {
@@ -94,7 +98,9 @@ pub fn key_id(name: &str, kind: u8, key: &VerifyingKey) -> [u8; 4] {
 /// Key names: non-empty, no whitespace, no '+'.
 pub fn check_name(name: &str) -> Result<()> {
     if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c == '+') {
-        return Err(CheckpointError::Decode(format!("invalid note key name {name:?}")));
+        return Err(CheckpointError::Decode(format!(
+            "invalid note key name {name:?}"
+        )));
     }
     Ok(())
 }
@@ -123,7 +129,10 @@ pub fn sign(body: &str, name: &str, key: &SigningKey) -> Result<String> {
     let id = key_id(name, TYPE_ED25519, &key.verifying_key());
     let mut raw = id.to_vec();
     raw.extend_from_slice(&sig.to_bytes());
-    Ok(format!("{body}\n{SIG_PREFIX}{name} {}\n", Base64::encode_string(&raw)))
+    Ok(format!(
+        "{body}\n{SIG_PREFIX}{name} {}\n",
+        Base64::encode_string(&raw)
+    ))
 }
 
 /// The message a cosigner signs: `cosignature/v1\ntime <t>\n` followed by the note body.
@@ -139,11 +148,16 @@ pub fn cosign_line(body: &str, name: &str, key: &SigningKey, timestamp: u64) -> 
     let mut raw = key_id(name, TYPE_COSIGNATURE, &key.verifying_key()).to_vec();
     raw.extend_from_slice(&timestamp.to_be_bytes());
     raw.extend_from_slice(&sig.to_bytes());
-    Ok(format!("{SIG_PREFIX}{name} {}\n", Base64::encode_string(&raw)))
+    Ok(format!(
+        "{SIG_PREFIX}{name} {}\n",
+        Base64::encode_string(&raw)
+    ))
 }
 
 fn check_body(body: &str) -> Result<()> {
-    if !body.ends_with('\n') || body.contains("\n\n") || body.chars().any(|c| c.is_control() && c != '\n')
+    if !body.ends_with('\n')
+        || body.contains("\n\n")
+        || body.chars().any(|c| c.is_control() && c != '\n')
     {
         return Err(CheckpointError::Decode(
             "note body must end in a newline, have no blank lines and no control characters".into(),
@@ -156,7 +170,9 @@ fn check_body(body: &str) -> Result<()> {
 /// be a well-formed signature line, and the text must end in a newline.
 pub fn parse(text: &str) -> Result<Note> {
     let bad = |what: &str| CheckpointError::Decode(format!("signed note: {what}"));
-    let split = text.rfind("\n\n").ok_or_else(|| bad("no blank line before signatures"))?;
+    let split = text
+        .rfind("\n\n")
+        .ok_or_else(|| bad("no blank line before signatures"))?;
     let body = &text[..=split];
     check_body(body)?;
     let sigs = &text[split + 2..];
@@ -165,8 +181,12 @@ pub fn parse(text: &str) -> Result<Note> {
     }
     let mut signatures = Vec::new();
     for line in sigs[..sigs.len() - 1].split('\n') {
-        let rest = line.strip_prefix(SIG_PREFIX).ok_or_else(|| bad("signature line without em dash"))?;
-        let (name, b64) = rest.split_once(' ').ok_or_else(|| bad("signature line without key"))?;
+        let rest = line
+            .strip_prefix(SIG_PREFIX)
+            .ok_or_else(|| bad("signature line without em dash"))?;
+        let (name, b64) = rest
+            .split_once(' ')
+            .ok_or_else(|| bad("signature line without key"))?;
         check_name(name)?;
         let raw = Base64::decode_vec(b64).map_err(|_| bad("signature is not base64"))?;
         if Base64::encode_string(&raw) != b64 {
@@ -177,9 +197,16 @@ pub fn parse(text: &str) -> Result<Note> {
         }
         let mut key_id = [0u8; 4];
         key_id.copy_from_slice(&raw[..4]);
-        signatures.push(SignatureLine { name: name.to_string(), key_id, payload: raw[4..].to_vec() });
+        signatures.push(SignatureLine {
+            name: name.to_string(),
+            key_id,
+            payload: raw[4..].to_vec(),
+        });
     }
-    Ok(Note { body: body.to_string(), signatures })
+    Ok(Note {
+        body: body.to_string(),
+        signatures,
+    })
 }
 
 impl Note {
@@ -194,13 +221,14 @@ impl Note {
             CheckpointError::Decode("no signature by the given key (signed by another key?)".into())
         })?;
         if ours.next().is_some() {
-            return Err(CheckpointError::Decode("two signatures by the same key".into()));
+            return Err(CheckpointError::Decode(
+                "two signatures by the same key".into(),
+            ));
         }
-        let bytes: [u8; 64] = line
-            .payload
-            .as_slice()
-            .try_into()
-            .map_err(|_| CheckpointError::Decode("Ed25519 signature must be 64 bytes".into()))?;
+        let bytes: [u8; 64] =
+            line.payload.as_slice().try_into().map_err(|_| {
+                CheckpointError::Decode("Ed25519 signature must be 64 bytes".into())
+            })?;
         key.verify_strict(self.body.as_bytes(), &Signature::from_bytes(&bytes))
             .map_err(|_| CheckpointError::Decode("signature does not verify".into()))?;
         Ok(bytes)
@@ -210,7 +238,10 @@ impl Note {
     /// Ok(Some(timestamp)) when a valid one is present, Err when a line for it does not verify.
     pub fn verify_cosignature(&self, witness: &VerifierKey) -> Result<Option<u64>> {
         let id = key_id(&witness.name, TYPE_COSIGNATURE, &witness.key);
-        let Some(line) = self.signatures.iter().find(|s| s.name == witness.name && s.key_id == id)
+        let Some(line) = self
+            .signatures
+            .iter()
+            .find(|s| s.name == witness.name && s.key_id == id)
         else {
             return Ok(None);
         };
@@ -227,7 +258,10 @@ impl Note {
         sig.copy_from_slice(&line.payload[8..]);
         witness
             .key
-            .verify_strict(&cosigned_message(&self.body, timestamp), &Signature::from_bytes(&sig))
+            .verify_strict(
+                &cosigned_message(&self.body, timestamp),
+                &Signature::from_bytes(&sig),
+            )
             .map_err(|_| {
                 CheckpointError::Decode(format!("cosignature by {} does not verify", witness.name))
             })?;
@@ -251,14 +285,19 @@ mod tests {
         let mut msg = b"example.com/log\n\x01".to_vec();
         msg.extend_from_slice(k.as_bytes());
         let h = Sha256::digest(&msg);
-        assert_eq!(key_id("example.com/log", TYPE_ED25519, &k), [h[0], h[1], h[2], h[3]]);
+        assert_eq!(
+            key_id("example.com/log", TYPE_ED25519, &k),
+            [h[0], h[1], h[2], h[3]]
+        );
     }
 
     #[test]
     fn golang_note_vkey_example_parses() {
         // Verifier key from the Go note package documentation (golang.org/x/mod/sumdb/note).
-        let vk = VerifierKey::parse("PeterNeumann+c74f20a3+ARpc2QcUPDhMQegwxbzhKqiBfsVkmqq/LDE4izWy10TW")
-            .unwrap();
+        let vk = VerifierKey::parse(
+            "PeterNeumann+c74f20a3+ARpc2QcUPDhMQegwxbzhKqiBfsVkmqq/LDE4izWy10TW",
+        )
+        .unwrap();
         assert_eq!(vk.name, "PeterNeumann");
         assert_eq!(vk.kind, TYPE_ED25519);
         // The Go documentation's signed example note, verified against that key.
@@ -266,7 +305,8 @@ mod tests {
         let note = parse(text).unwrap();
         note.verify_signer(&vk.key).unwrap();
         // A key whose base64 contains '+' (transparency-dev/formats note_cosigv1_test.go).
-        let plus = VerifierKey::parse("TEST+7997405c+AQcC+FTVKf0jlTdHDY3rbevmnKxxPjigCXlVtGe6RIr6").unwrap();
+        let plus = VerifierKey::parse("TEST+7997405c+AQcC+FTVKf0jlTdHDY3rbevmnKxxPjigCXlVtGe6RIr6")
+            .unwrap();
         assert_eq!(plus.name, "TEST");
         // A flipped byte in the body fails.
         let tampered = text.replacen("cryptography", "cryptographY", 1);
@@ -289,9 +329,17 @@ mod tests {
         let mut text = sign(body, "sov-test", &key(2)).unwrap();
         text.push_str(&cosign_line(body, "witness1", &key(5), 1_700_000_000).unwrap());
         let note = parse(&text).unwrap();
-        let w = VerifierKey { name: "witness1".into(), kind: TYPE_COSIGNATURE, key: key(5).verifying_key() };
+        let w = VerifierKey {
+            name: "witness1".into(),
+            kind: TYPE_COSIGNATURE,
+            key: key(5).verifying_key(),
+        };
         assert_eq!(note.verify_cosignature(&w).unwrap(), Some(1_700_000_000));
-        let other = VerifierKey { name: "witness2".into(), kind: TYPE_COSIGNATURE, key: key(6).verifying_key() };
+        let other = VerifierKey {
+            name: "witness2".into(),
+            kind: TYPE_COSIGNATURE,
+            key: key(6).verifying_key(),
+        };
         assert_eq!(note.verify_cosignature(&other).unwrap(), None);
         assert_eq!(VerifierKey::parse(&w.to_text()).unwrap(), w);
     }

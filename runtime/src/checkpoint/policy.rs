@@ -31,15 +31,21 @@ impl Policy {
             if line.is_empty() {
                 continue;
             }
-            let bad = |what: &str| CheckpointError::Decode(format!("policy line {}: {what}", n + 1));
-            let (word, rest) = line.split_once(char::is_whitespace).ok_or_else(|| bad("expected a directive and a value"))?;
+            let bad =
+                |what: &str| CheckpointError::Decode(format!("policy line {}: {what}", n + 1));
+            let (word, rest) = line
+                .split_once(char::is_whitespace)
+                .ok_or_else(|| bad("expected a directive and a value"))?;
             match word {
                 "witness" => {
                     let vk = VerifierKey::parse(rest.trim()).map_err(|e| bad(&e.to_string()))?;
                     if vk.kind != note::TYPE_COSIGNATURE {
                         return Err(bad("witness key must be a cosignature/v1 key (type 0x04)"));
                     }
-                    if witnesses.iter().any(|w| w.name == vk.name || w.key == vk.key) {
+                    if witnesses
+                        .iter()
+                        .any(|w| w.name == vk.name || w.key == vk.key)
+                    {
                         return Err(bad("duplicate witness"));
                     }
                     witnesses.push(vk);
@@ -48,12 +54,17 @@ impl Policy {
                     if quorum.is_some() {
                         return Err(bad("quorum given twice"));
                     }
-                    quorum = Some(rest.trim().parse::<usize>().map_err(|_| bad("quorum must be a number"))?);
+                    quorum = Some(
+                        rest.trim()
+                            .parse::<usize>()
+                            .map_err(|_| bad("quorum must be a number"))?,
+                    );
                 }
                 _ => return Err(bad("unknown directive (expected witness or quorum)")),
             }
         }
-        let quorum = quorum.ok_or_else(|| CheckpointError::Decode("policy: no quorum line".into()))?;
+        let quorum =
+            quorum.ok_or_else(|| CheckpointError::Decode("policy: no quorum line".into()))?;
         if quorum == 0 || quorum > witnesses.len() {
             return Err(CheckpointError::Decode(format!(
                 "policy: quorum {quorum} must be between 1 and the {} witnesses listed",
@@ -97,16 +108,28 @@ mod tests {
     #[test]
     fn parses_and_counts_k_of_n() {
         let (a, b) = (wkey(1, "w1"), wkey(2, "w2"));
-        let text = format!("# witnesses\nwitness {}\nwitness {}\nquorum 2\n", a.to_text(), b.to_text());
+        let text = format!(
+            "# witnesses\nwitness {}\nwitness {}\nquorum 2\n",
+            a.to_text(),
+            b.to_text()
+        );
         let p = Policy::parse(&text).unwrap();
         assert_eq!(p.quorum, 2);
         let body = "x\n";
         let mut note_text = note::sign(body, "log", &SigningKey::from_bytes(&[9; 32])).unwrap();
-        note_text.push_str(&note::cosign_line(body, "w1", &SigningKey::from_bytes(&[1; 32]), 10).unwrap());
+        note_text.push_str(
+            &note::cosign_line(body, "w1", &SigningKey::from_bytes(&[1; 32]), 10).unwrap(),
+        );
         let n = note::parse(&note_text).unwrap();
         assert_eq!(p.count_cosignatures(&n).unwrap(), 1);
-        note_text.push_str(&note::cosign_line(body, "w2", &SigningKey::from_bytes(&[2; 32]), 11).unwrap());
-        assert_eq!(p.count_cosignatures(&note::parse(&note_text).unwrap()).unwrap(), 2);
+        note_text.push_str(
+            &note::cosign_line(body, "w2", &SigningKey::from_bytes(&[2; 32]), 11).unwrap(),
+        );
+        assert_eq!(
+            p.count_cosignatures(&note::parse(&note_text).unwrap())
+                .unwrap(),
+            2
+        );
     }
 
     #[test]
@@ -116,7 +139,11 @@ mod tests {
             "quorum 1\n".to_string(),
             format!("witness {}\nquorum 2\n", a.to_text()),
             format!("witness {}\nquorum 0\n", a.to_text()),
-            format!("witness {}\nwitness {}\nquorum 1\n", a.to_text(), a.to_text()),
+            format!(
+                "witness {}\nwitness {}\nquorum 1\n",
+                a.to_text(),
+                a.to_text()
+            ),
             format!("witnes {}\nquorum 1\n", a.to_text()),
             format!("witness {}\n", a.to_text()),
         ] {

@@ -66,7 +66,9 @@ impl ReceiptBody {
             return Err(bad("unknown format line"));
         }
         let mut field = |name: &str| -> Result<String> {
-            let line = lines.next().ok_or_else(|| bad(&format!("missing {name}")))?;
+            let line = lines
+                .next()
+                .ok_or_else(|| bad(&format!("missing {name}")))?;
             let value = line
                 .strip_prefix(name)
                 .and_then(|r| r.strip_prefix(' '))
@@ -74,10 +76,12 @@ impl ReceiptBody {
             Ok(value.to_string())
         };
         let number = |s: String, name: &str| -> Result<u64> {
-            s.parse::<u64>().map_err(|_| bad(&format!("{name} is not a number")))
+            s.parse::<u64>()
+                .map_err(|_| bad(&format!("{name} is not a number")))
         };
-        let digest =
-            |s: String, name: &str| from_hex(&s).ok_or_else(|| bad(&format!("{name} is not 64 hex digits")));
+        let digest = |s: String, name: &str| {
+            from_hex(&s).ok_or_else(|| bad(&format!("{name} is not 64 hex digits")))
+        };
         let height = number(field("height")?, "height")?;
         let prev = digest(field("prev")?, "prev")?;
         let spec = digest(field("spec")?, "spec")?;
@@ -85,7 +89,15 @@ impl ReceiptBody {
         let snapshot = digest(field("snapshot")?, "snapshot")?;
         let kv_root = digest(field("kv-root")?, "kv-root")?;
         let time_ms = number(field("time")?, "time")?;
-        let body = Self { height, prev, spec, model, snapshot, kv_root, time_ms };
+        let body = Self {
+            height,
+            prev,
+            spec,
+            model,
+            snapshot,
+            kv_root,
+            time_ms,
+        };
         if body.canonical() != text {
             return Err(bad("not in canonical form"));
         }
@@ -116,7 +128,12 @@ pub fn open(text: &str, key: &VerifyingKey) -> Result<SignedReceipt> {
     let body = ReceiptBody::parse(&note.body)?;
     let signature = note.verify_signer(key)?;
     let digest = receipt_digest(note.body.as_bytes());
-    Ok(SignedReceipt { body, digest, signature, note })
+    Ok(SignedReceipt {
+        body,
+        digest,
+        signature,
+        note,
+    })
 }
 
 /// Parse receipt note text without checking any signature (used to detect forks and foreign keys).
@@ -132,7 +149,11 @@ pub fn parse_unverified(text: &str) -> Result<(ReceiptBody, Digest)> {
 pub fn slot_words(height: u64, digest: &Digest, signature: &[u8; 64]) -> [u32; 25] {
     let mut out = [0u32; 25];
     out[0] = u32::try_from(height).unwrap_or(u32::MAX);
-    for (i, w) in digest.chunks_exact(4).chain(signature.chunks_exact(4)).enumerate() {
+    for (i, w) in digest
+        .chunks_exact(4)
+        .chain(signature.chunks_exact(4))
+        .enumerate()
+    {
         out[1 + i] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
     }
     out
@@ -201,7 +222,10 @@ mod tests {
                 let mut b = bytes.to_vec();
                 b[i] ^= bit;
                 if let Ok(s) = std::str::from_utf8(&b) {
-                    assert!(open(s, &vk).is_err(), "flip of byte {i} bit {bit:#x} accepted");
+                    assert!(
+                        open(s, &vk).is_err(),
+                        "flip of byte {i} bit {bit:#x} accepted"
+                    );
                 }
             }
         }

@@ -155,14 +155,20 @@ fn header_word(bytes: &[u8], i: usize) -> u64 {
 /// Decode snapshot file bytes, validating header and archive (bytecheck). Never panics.
 pub fn decode(bytes: &[u8]) -> Result<(Snapshot, StoreCommit)> {
     if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC {
-        return Err(CheckpointError::Decode("not a sov snapshot (bad magic or short)".into()));
+        return Err(CheckpointError::Decode(
+            "not a sov snapshot (bad magic or short)".into(),
+        ));
     }
     let version = header_word(bytes, 0);
     if version != u64::from(SNAPSHOT_FORMAT) {
-        return Err(CheckpointError::Decode(format!("unsupported snapshot format {version}")));
+        return Err(CheckpointError::Decode(format!(
+            "unsupported snapshot format {version}"
+        )));
     }
     if header_word(bytes, 4) != 0 {
-        return Err(CheckpointError::Decode("snapshot header padding is not zero".into()));
+        return Err(CheckpointError::Decode(
+            "snapshot header padding is not zero".into(),
+        ));
     }
     let commit = StoreCommit {
         index_entries: header_word(bytes, 1),
@@ -222,7 +228,11 @@ pub(crate) mod tests {
     #[test]
     fn round_trip() {
         let s = sample(vec![[7u8; 32]]);
-        let commit = StoreCommit { index_entries: 3, segment_len: 99, journal_len: 12 };
+        let commit = StoreCommit {
+            index_entries: 3,
+            segment_len: 99,
+            journal_len: 12,
+        };
         let bytes = encode(&s, &commit).unwrap();
         assert_eq!(decode(&bytes).unwrap(), (s, commit));
     }
@@ -237,7 +247,10 @@ pub(crate) mod tests {
         bad[8] = 2;
         assert!(decode(&bad).is_err());
         for cut in [0, 5, 16, 47, 48, 49, bytes.len() / 2, bytes.len() - 1] {
-            assert!(decode(&bytes[..cut]).is_err(), "truncated to {cut} accepted");
+            assert!(
+                decode(&bytes[..cut]).is_err(),
+                "truncated to {cut} accepted"
+            );
         }
     }
 

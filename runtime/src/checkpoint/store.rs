@@ -92,7 +92,12 @@ fn now_ms() -> u64 {
 
 impl CheckpointStore {
     /// Open (creating if absent) `dir`, audit it and discard a torn tail. See [`Self::open_with`].
-    pub fn open(dir: &Path, key: SigningKey, spec_digest: Digest, model_digest: Digest) -> Result<Self> {
+    pub fn open(
+        dir: &Path,
+        key: SigningKey,
+        spec_digest: Digest,
+        model_digest: Digest,
+    ) -> Result<Self> {
         Self::open_with(dir, key, spec_digest, model_digest, None)
     }
 
@@ -107,10 +112,20 @@ impl CheckpointStore {
     ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
         let vk = key.verifying_key();
-        let audit = audit::audit(dir, AuditOptions { key: &vk, policy: None, anchor })?;
+        let audit = audit::audit(
+            dir,
+            AuditOptions {
+                key: &vk,
+                policy: None,
+                anchor,
+            },
+        )?;
         let recovered = audit.torn.describe();
         Self::discard_torn(dir, &audit)?;
-        let head = audit.head().map(|l| Head { height: l.receipt.body.height, digest: l.receipt.digest });
+        let head = audit.head().map(|l| Head {
+            height: l.receipt.body.height,
+            digest: l.receipt.digest,
+        });
         Ok(Self {
             dir: dir.to_path_buf(),
             key,
@@ -133,7 +148,10 @@ impl CheckpointStore {
         for path in audit::torn_paths(dir, &audit.torn) {
             std::fs::remove_file(&path).map_err(|e| CheckpointError::io(&path, e))?;
         }
-        fsutil::truncate_tail(&dir.join(INDEX_FILE), audit.entries.len() as u64 * ENTRY_LEN as u64)?;
+        fsutil::truncate_tail(
+            &dir.join(INDEX_FILE),
+            audit.entries.len() as u64 * ENTRY_LEN as u64,
+        )?;
         fsutil::truncate_tail(&dir.join(SEGMENT_FILE), audit.segment_len())?;
         fsutil::truncate_tail(&dir.join(JOURNAL_FILE), audit.journal.valid_len)?;
         fsutil::sync_dir(dir)
@@ -161,7 +179,9 @@ impl CheckpointStore {
 
     /// Journal an accepted request durably (fsync) before the engine admits it.
     pub fn accept(&mut self, request: &RequestRecord) -> Result<()> {
-        self.journal.append(&JournalRecord::Accepted(request.clone())).map(|_| ())
+        self.journal
+            .append(&JournalRecord::Accepted(request.clone()))
+            .map(|_| ())
     }
 
     /// Write a checkpoint: store the blocks among `new_blocks` not stored yet, then the snapshot and
@@ -169,12 +189,19 @@ impl CheckpointStore {
     /// After an I/O error the store refuses further writes; reopen it (that recovers).
     pub fn write(&mut self, snapshot: &Snapshot, new_blocks: &[&[u8]]) -> Result<ReceiptInfo> {
         if self.poisoned {
-            return Err(CheckpointError::Usage("a previous checkpoint write failed; reopen the store".into()));
+            return Err(CheckpointError::Usage(
+                "a previous checkpoint write failed; reopen the store".into(),
+            ));
         }
         if snapshot.kv_mode == KvMode::Recompute
-            && snapshot.sequences.iter().any(|s| !s.blocks.is_empty() || !s.tail.is_empty())
+            && snapshot
+                .sequences
+                .iter()
+                .any(|s| !s.blocks.is_empty() || !s.tail.is_empty())
         {
-            return Err(CheckpointError::Usage("recompute-mode snapshots carry tokens only (no blocks or tails)".into()));
+            return Err(CheckpointError::Usage(
+                "recompute-mode snapshots carry tokens only (no blocks or tails)".into(),
+            ));
         }
         self.poisoned = true;
         let (new, block_bytes) = self.blocks.append(new_blocks)?;
@@ -211,8 +238,14 @@ impl CheckpointStore {
         fsutil::write_once(&self.dir, &receipt_name(height), text.as_bytes())?;
         let signed = receipt::open(&text, &self.key.verifying_key())?;
         let marker_at = self.journal.len();
-        self.journal.append(&JournalRecord::Checkpoint { height, receipt: signed.digest })?;
-        self.head = Some(Head { height, digest: signed.digest });
+        self.journal.append(&JournalRecord::Checkpoint {
+            height,
+            receipt: signed.digest,
+        })?;
+        self.head = Some(Head {
+            height,
+            digest: signed.digest,
+        });
         self.poisoned = false;
         Ok(ReceiptInfo {
             height,
@@ -220,7 +253,10 @@ impl CheckpointStore {
             signature: signed.signature,
             time_ms: body.time_ms,
             new_blocks: new,
-            bytes_written: block_bytes + bytes.len() as u64 + text.len() as u64 + (self.journal.len() - marker_at),
+            bytes_written: block_bytes
+                + bytes.len() as u64
+                + text.len() as u64
+                + (self.journal.len() - marker_at),
             receipt_path: self.dir.join(receipt_name(height)),
         })
     }
@@ -229,14 +265,20 @@ impl CheckpointStore {
     /// journaled after it; None when no checkpoint exists (see [`Self::pending_without_checkpoint`]).
     /// Refuses a checkpoint made by another spec or model.
     pub fn latest_valid(&self) -> Result<Option<Restored>> {
-        let Some(head) = &self.head else { return Ok(None) };
+        let Some(head) = &self.head else {
+            return Ok(None);
+        };
         let rname = receipt_name(head.height);
         let rpath = self.dir.join(&rname);
         let text = std::fs::read_to_string(&rpath).map_err(|e| CheckpointError::io(&rpath, e))?;
         let signed = receipt::open(&text, &self.key.verifying_key())
             .map_err(|e| CheckpointError::corrupt(&rname, Some(head.height), e.to_string()))?;
         if signed.digest != head.digest {
-            return Err(CheckpointError::corrupt(&rname, Some(head.height), "receipt changed since the store was opened"));
+            return Err(CheckpointError::corrupt(
+                &rname,
+                Some(head.height),
+                "receipt changed since the store was opened",
+            ));
         }
         if signed.body.model != self.model_digest {
             return Err(CheckpointError::Usage(format!(
@@ -258,10 +300,14 @@ impl CheckpointStore {
         let spath = self.dir.join(&sname);
         let bytes = std::fs::read(&spath).map_err(|e| CheckpointError::io(&spath, e))?;
         if snapshot_digest(&bytes) != signed.body.snapshot {
-            return Err(CheckpointError::corrupt(&sname, Some(head.height), "snapshot does not match its receipt"));
+            return Err(CheckpointError::corrupt(
+                &sname,
+                Some(head.height),
+                "snapshot does not match its receipt",
+            ));
         }
-        let (snapshot, commit) =
-            snapshot::decode(&bytes).map_err(|e| CheckpointError::corrupt(&sname, Some(head.height), e.to_string()))?;
+        let (snapshot, commit) = snapshot::decode(&bytes)
+            .map_err(|e| CheckpointError::corrupt(&sname, Some(head.height), e.to_string()))?;
         let mut blocks = HashMap::new();
         for h in snapshot.sequences.iter().flat_map(|s| s.blocks.iter()) {
             if !blocks.contains_key(h) {

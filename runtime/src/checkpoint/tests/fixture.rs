@@ -23,14 +23,23 @@ pub fn other_key() -> SigningKey {
 
 /// Deterministic block bytes: [64] u8.
 pub fn block(i: u8) -> Vec<u8> {
-    (0..64u8).map(|j| j.wrapping_mul(31).wrapping_add(i)).collect()
+    (0..64u8)
+        .map(|j| j.wrapping_mul(31).wrapping_add(i))
+        .collect()
 }
 
 pub fn request(id: u64) -> RequestRecord {
     RequestRecord {
         request_id: id,
         prompt: vec![1, 2, 3, id as u32],
-        sampling: SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, seed: id, max_tokens: 32, stop_tokens: vec![] },
+        sampling: SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            seed: id,
+            max_tokens: 32,
+            stop_tokens: vec![],
+        },
         accepted_ms: 1000 + id,
         extra: vec![],
     }
@@ -75,7 +84,10 @@ pub fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
-            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
         })
         .collect();
     out.sort();

@@ -1,5 +1,5 @@
 //! Whole-directory tests of the checkpoint store: tampering, torn writes, resume.
 
-mod fixture;
+pub(crate) mod fixture;
 mod tamper;
 mod torn;

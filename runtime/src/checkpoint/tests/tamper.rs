@@ -9,7 +9,14 @@ use crate::checkpoint::receipt::{self, ReceiptBody};
 use crate::checkpoint::{Anchor, AuditOptions, CheckpointError, CheckpointStore, audit};
 
 fn check(dir: &Path) -> crate::checkpoint::Result<crate::checkpoint::Audit> {
-    audit(dir, AuditOptions { key: &key().verifying_key(), policy: None, anchor: None })
+    audit(
+        dir,
+        AuditOptions {
+            key: &key().verifying_key(),
+            policy: None,
+            anchor: None,
+        },
+    )
 }
 
 /// Caught by the audit and refused by the store.
@@ -18,7 +25,10 @@ fn assert_refused(dir: &Path, case: &str) -> CheckpointError {
         Ok(a) => panic!("{case}: audit accepted (torn: {:?})", a.torn),
         Err(e) => e,
     };
-    assert!(CheckpointStore::open(dir, key(), SPEC, MODEL).is_err(), "{case}: store opened");
+    assert!(
+        CheckpointStore::open(dir, key(), SPEC, MODEL).is_err(),
+        "{case}: store opened"
+    );
     err
 }
 
@@ -74,7 +84,10 @@ fn every_truncation_is_caught_and_resume_never_uses_damaged_data() {
                 Ok(a) => {
                     assert_eq!(name, "journal.log", "{name} cut at {cut} accepted");
                     let boundary = cut as u64 == a.journal.valid_len;
-                    assert!(!a.torn.is_clean() || boundary, "journal cut at {cut} reported clean");
+                    assert!(
+                        !a.torn.is_clean() || boundary,
+                        "journal cut at {cut} reported clean"
+                    );
                     let store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
                     let r = store.latest_valid().unwrap().unwrap();
                     assert_eq!(r.receipt.digest, infos[2].digest);
@@ -93,7 +106,10 @@ fn removed_receipts_are_caught() {
         restore(dir.path(), &original);
         std::fs::remove_file(dir.path().join(receipt_name(h))).unwrap();
         let e = assert_refused(dir.path(), &format!("receipt {h} removed"));
-        assert!(e.to_string().contains(&format!("height {h}")) || h == 3, "{e}");
+        assert!(
+            e.to_string().contains(&format!("height {h}")) || h == 3,
+            "{e}"
+        );
     }
     // Removing the newest receipt and its snapshot: the journal's checkpoint marker still names it.
     restore(dir.path(), &original);
@@ -110,7 +126,10 @@ fn reordered_receipts_are_caught() {
     let original = files(dir.path());
     for (a, b) in [(1, 2), (2, 3), (1, 3)] {
         restore(dir.path(), &original);
-        let (pa, pb) = (dir.path().join(receipt_name(a)), dir.path().join(receipt_name(b)));
+        let (pa, pb) = (
+            dir.path().join(receipt_name(a)),
+            dir.path().join(receipt_name(b)),
+        );
         let (ta, tb) = (std::fs::read(&pa).unwrap(), std::fs::read(&pb).unwrap());
         std::fs::write(&pa, tb).unwrap();
         std::fs::write(&pb, ta).unwrap();
@@ -120,7 +139,12 @@ fn reordered_receipts_are_caught() {
 }
 
 /// Re-sign receipt `h`'s body (optionally altered) with `key`.
-fn resign(dir: &Path, h: u64, key: &ed25519_dalek::SigningKey, alter: impl FnOnce(&mut ReceiptBody)) -> String {
+fn resign(
+    dir: &Path,
+    h: u64,
+    key: &ed25519_dalek::SigningKey,
+    alter: impl FnOnce(&mut ReceiptBody),
+) -> String {
     let text = std::fs::read_to_string(dir.join(receipt_name(h))).unwrap();
     let (mut body, _) = receipt::parse_unverified(&text).unwrap();
     alter(&mut body);
@@ -173,7 +197,10 @@ fn forks_are_caught() {
 fn rollback_is_caught_by_journal_or_anchor() {
     let dir = tempfile::tempdir().unwrap();
     let infos = build(dir.path());
-    let anchor = Anchor { height: infos[2].height, digest: infos[2].digest };
+    let anchor = Anchor {
+        height: infos[2].height,
+        digest: infos[2].digest,
+    };
     let mut slots = [0u32; 32];
     infos[2].mirror_into(&mut slots);
     assert_eq!(Anchor::from_slots(&slots), Some(anchor));
@@ -188,12 +215,19 @@ fn rollback_is_caught_by_journal_or_anchor() {
     fixture::checkpoint(&mut store, 2);
     drop(store);
     check(old.path()).unwrap();
-    let opts = AuditOptions { key: &key().verifying_key(), policy: None, anchor: Some(anchor) };
+    let opts = AuditOptions {
+        key: &key().verifying_key(),
+        policy: None,
+        anchor: Some(anchor),
+    };
     let e = audit(old.path(), opts).unwrap_err();
     assert!(e.to_string().contains("rollback"), "{e}");
     assert!(CheckpointStore::open_with(old.path(), key(), SPEC, MODEL, Some(anchor)).is_err());
     // A different head at the anchored height is a fork.
-    let forked = Anchor { height: 2, digest: [9; 32] };
+    let forked = Anchor {
+        height: 2,
+        digest: [9; 32],
+    };
     assert!(CheckpointStore::open_with(dir.path(), key(), SPEC, MODEL, Some(forked)).is_err());
     CheckpointStore::open_with(dir.path(), key(), SPEC, MODEL, Some(anchor)).unwrap();
 }

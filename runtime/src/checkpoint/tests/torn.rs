@@ -82,7 +82,10 @@ fn crash_at_any_point_of_a_checkpoint_recovers() {
         restore(dir.path(), &listed);
         let mut store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL)
             .unwrap_or_else(|e| panic!("{case}: refused: {e}"));
-        let r = store.latest_valid().unwrap().unwrap_or_else(|| panic!("{case}: nothing restored"));
+        let r = store
+            .latest_valid()
+            .unwrap()
+            .unwrap_or_else(|| panic!("{case}: nothing restored"));
         assert_eq!(r.receipt.height, height, "{case}");
         assert_eq!(r.snapshot, fixture::snapshot_at(height as u8), "{case}");
         for seq in &r.snapshot.sequences {
@@ -91,17 +94,31 @@ fn crash_at_any_point_of_a_checkpoint_recovers() {
             }
         }
         let pending: Vec<u64> = r.pending.iter().map(|p| p.request_id).collect();
-        assert_eq!(pending, if height == 2 { vec![9] } else { vec![] }, "{case}");
+        assert_eq!(
+            pending,
+            if height == 2 { vec![9] } else { vec![] },
+            "{case}"
+        );
         // Committed files are untouched by recovery.
         for (name, bytes) in &a {
             let now = std::fs::read(dir.path().join(name)).unwrap();
-            assert!(now.starts_with(bytes), "{case}: {name} lost committed bytes");
+            assert!(
+                now.starts_with(bytes),
+                "{case}: {name} lost committed bytes"
+            );
         }
         // The engine carries on: the next checkpoint commits and the directory verifies clean.
         let info = fixture::checkpoint(&mut store, 3);
         assert_eq!(info.height, height + 1, "{case}");
-        let audit = audit(dir.path(), AuditOptions { key: &key().verifying_key(), policy: None, anchor: None })
-            .unwrap_or_else(|e| panic!("{case}: after recovery: {e}"));
+        let audit = audit(
+            dir.path(),
+            AuditOptions {
+                key: &key().verifying_key(),
+                policy: None,
+                anchor: None,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{case}: after recovery: {e}"));
         assert!(audit.torn.is_clean(), "{case}: {:?}", audit.torn);
     }
 }
@@ -119,7 +136,12 @@ fn crash_before_the_first_checkpoint_keeps_journaled_requests() {
     std::fs::write(dir.path().join("journal.log"), j).unwrap();
     let store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
     assert!(store.latest_valid().unwrap().is_none());
-    let ids: Vec<u64> = store.pending_without_checkpoint().unwrap().iter().map(|r| r.request_id).collect();
+    let ids: Vec<u64> = store
+        .pending_without_checkpoint()
+        .unwrap()
+        .iter()
+        .map(|r| r.request_id)
+        .collect();
     assert_eq!(ids, vec![1, 2]);
     assert_eq!(store.recovered().len(), 1);
 }
