@@ -210,12 +210,8 @@ mod tests {
             request_id: id,
             prompt: vec![1, 2, 3],
             sampling: SamplingParams {
-                temperature: 0.0,
-                top_k: 0,
-                top_p: 1.0,
                 seed: id,
-                max_tokens: 8,
-                stop_tokens: vec![],
+                ..SamplingParams::greedy(8)
             },
             accepted_ms: 5,
             extra: vec![],

@@ -43,6 +43,7 @@
 pub mod audit;
 pub mod blockstore;
 pub mod digest;
+pub mod driver;
 pub mod error;
 mod fsutil;
 pub mod journal;

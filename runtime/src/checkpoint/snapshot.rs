@@ -42,7 +42,8 @@ pub struct KvLayout {
     pub dtype: String,
 }
 
-/// Sampling parameters of one request.
+/// Sampling and stopping parameters of one request (the engine's `SamplingParams` plus the
+/// request's limits), everything a restored request needs to continue identically.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0.0 means greedy.
@@ -51,9 +52,40 @@ pub struct SamplingParams {
     pub top_k: u32,
     /// 1.0 means disabled.
     pub top_p: f32,
+    /// 0.0 means disabled.
+    pub min_p: f32,
+    /// 1.0 means disabled.
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    /// The seed actually used (drawn at submit when the request gave none).
     pub seed: u64,
+    /// Top-n logprobs requested (None: no logprobs).
+    pub logprobs: Option<u32>,
     pub max_tokens: u32,
-    pub stop_tokens: Vec<u32>,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+impl SamplingParams {
+    /// Greedy decoding with `max_tokens`, everything else disabled.
+    pub fn greedy(max_tokens: u32) -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: 0,
+            logprobs: None,
+            max_tokens,
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
 }
 
 /// Where a sequence stands.
@@ -212,8 +244,14 @@ pub(crate) mod tests {
                     top_k: 40,
                     top_p: 0.9,
                     seed: 42,
-                    max_tokens: 64,
-                    stop_tokens: vec![2],
+                    logprobs: Some(2),
+                    stop: vec![
+                        "
+
+"
+                        .into(),
+                    ],
+                    ..SamplingParams::greedy(64)
                 },
                 rng_state: vec![0xdead_beef, 17],
                 finish: FinishState::Running,

@@ -34,11 +34,8 @@ pub fn request(id: u64) -> RequestRecord {
         prompt: vec![1, 2, 3, id as u32],
         sampling: SamplingParams {
             temperature: 0.8,
-            top_k: 0,
-            top_p: 1.0,
             seed: id,
-            max_tokens: 32,
-            stop_tokens: vec![],
+            ..SamplingParams::greedy(32)
         },
         accepted_ms: 1000 + id,
         extra: vec![],

@@ -1,5 +1,6 @@
 //! Whole-directory tests of the checkpoint store: tampering, torn writes, resume.
 
+mod bench;
 pub(crate) mod fixture;
 mod tamper;
 mod torn;

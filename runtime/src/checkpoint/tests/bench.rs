@@ -1,0 +1,134 @@
+//! Checkpoint micro-benchmark (ignored by default; run in release):
+//! `cargo test -p sov --release --lib checkpoint::tests::bench -- --ignored --nocapture`.
+//!
+//! SmolLM2-135M-sized KV: 30 layers, 3 KV heads, head_dim 64, block_size 16, f32 — one block holds
+//! K and V for 16 tokens over all layers, 30*2*3*64*16*4 = 737,280 bytes. Eight sequences with a
+//! 128-token prompt decode 512 steps with a checkpoint every 64 steps; reported: bytes written per
+//! checkpoint, write time (hashing, fsyncs, signing included), and restore time (open = full audit
+//! re-hashing every stored block, then latest_valid reading back every referenced block).
+
+use std::time::Instant;
+
+use super::fixture::{MODEL, SPEC, key};
+use crate::checkpoint::snapshot::tests::sample;
+use crate::checkpoint::{
+    CheckpointStore, KvLayout, KvMode, SequenceSnapshot, Snapshot, block_hash,
+};
+
+const LAYERS: usize = 30;
+const KV_HEADS: usize = 3;
+const HEAD_DIM: usize = 64;
+const BLOCK: usize = 16;
+const BLOCK_BYTES: usize = LAYERS * 2 * KV_HEADS * HEAD_DIM * BLOCK * 4;
+const SEQS: usize = 8;
+const PROMPT: usize = 128;
+const STEPS: usize = 512;
+const EVERY: usize = 64;
+
+/// Pseudo-random block bytes (distinct per sequence and block): [BLOCK_BYTES] u8.
+fn block_bytes(seq: usize, block: usize, tokens: usize) -> Vec<u8> {
+    let mut x = (seq as u64 * 1_000_003 + block as u64 * 7919 + tokens as u64) | 1;
+    (0..BLOCK_BYTES)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn snapshot(mode: KvMode, tokens: usize, hashes: &[Vec<[u8; 32]>]) -> Snapshot {
+    let mut s = sample(vec![]);
+    s.kv_mode = mode;
+    s.kv_layout = KvLayout {
+        layers: LAYERS as u32,
+        kv_heads: KV_HEADS as u32,
+        head_dim: HEAD_DIM as u32,
+        block_size: BLOCK as u32,
+        dtype: "f32".into(),
+    };
+    let template = s.sequences[0].clone();
+    s.sequences = (0..SEQS)
+        .map(|i| {
+            let tail_tokens = tokens % BLOCK;
+            SequenceSnapshot {
+                request_id: i as u64,
+                prompt: vec![1; PROMPT],
+                output: vec![2; tokens - PROMPT],
+                blocks: if mode == KvMode::Blocks {
+                    hashes[i].clone()
+                } else {
+                    vec![]
+                },
+                tail: if mode == KvMode::Blocks && tail_tokens > 0 {
+                    block_bytes(i, usize::MAX, tokens)[..tail_tokens * BLOCK_BYTES / BLOCK].to_vec()
+                } else {
+                    vec![]
+                },
+                tail_tokens: tail_tokens as u32,
+                ..template.clone()
+            }
+        })
+        .collect();
+    s
+}
+
+fn run(mode: KvMode) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
+    let mut hashes: Vec<Vec<[u8; 32]>> = vec![Vec::new(); SEQS];
+    let mut written = Vec::new();
+    let mut times = Vec::new();
+    for step in (EVERY..=STEPS).step_by(EVERY) {
+        let tokens = PROMPT + step;
+        // Blocks filled since the last checkpoint (the engine hashes each once when it fills).
+        let mut new_blocks = Vec::new();
+        for (i, h) in hashes.iter_mut().enumerate() {
+            for b in h.len()..tokens / BLOCK {
+                let bytes = block_bytes(i, b, 0);
+                h.push(block_hash(&bytes));
+                new_blocks.push(bytes);
+            }
+        }
+        let refs: Vec<&[u8]> = if mode == KvMode::Blocks {
+            new_blocks.iter().map(Vec::as_slice).collect()
+        } else {
+            vec![]
+        };
+        let snap = snapshot(mode, tokens, &hashes);
+        let t = Instant::now();
+        let info = store.write(&snap, &refs).unwrap();
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        written.push(info.bytes_written);
+    }
+    drop(store);
+    let t = Instant::now();
+    let store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
+    let open_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let r = store.latest_valid().unwrap().unwrap();
+    let load_ms = t.elapsed().as_secs_f64() * 1e3;
+    let total_kv = SEQS * (PROMPT + STEPS) * BLOCK_BYTES / BLOCK;
+    let steady: Vec<u64> = written[1..].to_vec();
+    println!(
+        "{mode:?}: block {BLOCK_BYTES} B; {} checkpoints; first {:.2} MB, then mean {:.2} MB per checkpoint \
+         (full KV at the end {:.1} MB); write ms mean {:.1} max {:.1}; restore: open+audit {open_ms:.1} ms, \
+         latest_valid {load_ms:.1} ms ({} blocks, {:.1} MB)",
+        written.len(),
+        written[0] as f64 / 1e6,
+        steady.iter().sum::<u64>() as f64 / steady.len() as f64 / 1e6,
+        total_kv as f64 / 1e6,
+        times.iter().sum::<f64>() / times.len() as f64,
+        times.iter().cloned().fold(0.0, f64::max),
+        r.blocks.len(),
+        r.blocks.values().map(|b| b.len()).sum::<usize>() as f64 / 1e6,
+    );
+}
+
+#[test]
+#[ignore = "benchmark; run in release with --ignored --nocapture"]
+fn checkpoint_cost_smollm2_135m_kv() {
+    run(KvMode::Blocks);
+    run(KvMode::Recompute);
+}
