@@ -1,1 +1,36 @@
 //! The engine: continuous batching driven by the generated scheduler.
+//!
+//! Data path (design.md): [`Engine::submit`] validates and tokenizes a [`Request`] on the caller's
+//! thread and queues it; one engine thread owns the model and repeatedly asks the generated
+//! scheduler (`crate::scheduler`, compiled from `specs/scheduler.toml`) for the next step, whose
+//! actions and predicates [`core::EngineCore`] implements: admit (block manager), prefill and
+//! decode (model forward + [`sampler`]), preempt by recomputation, and the side paths (checkpoint,
+//! swap, speculative draft/verify). Outputs stream back per request over a channel.
+
+pub mod bind;
+pub mod blocks;
+pub mod codec;
+pub mod core;
+pub mod error;
+pub mod fake;
+pub mod forward;
+pub mod handle;
+pub mod intake;
+pub mod output;
+pub mod request;
+pub mod rng;
+pub mod run_dir;
+pub mod sampler;
+pub mod sequence;
+pub mod slot_file;
+pub mod speculative;
+pub mod text;
+
+pub use codec::{ByteCodec, TextCodec};
+pub use error::EngineError;
+pub use forward::ForwardModel;
+pub use handle::{Engine, EngineConfig, EngineStats, TraceEntry};
+pub use output::{FinishReason, Finished, Output};
+pub use request::{Prompt, Request, SamplingParams};
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,104 @@
+//! The generated scheduler's `Actions` and `Guards` traits, implemented once for [`EngineCore`]:
+//! each method calls the core's work and then republishes the runtime-written slots
+//! (pending_request_count, batch_size, kv_blocks_used, current_seq_id), so guards of the next step
+//! and any outside reader of the slot file see the truth.
+//!
+//! Side paths not built yet are explicit: `checkpoint` and `restore` count and trace themselves
+//! (the checkpoint issue binds them to the WORM store); `swap_out` preempts by recomputation (no
+//! KV copy to host yet, so nothing is ever marked swapped and `swap_in` has nothing to do).
+
+use super::core::EngineCore;
+use super::error::EngineError;
+use super::forward::ForwardModel;
+use crate::scheduler::{Actions, Guards};
+
+impl<F: ForwardModel> Actions for EngineCore<F> {
+    type Error = EngineError;
+
+    fn admit(&mut self) -> Result<(), EngineError> {
+        let r = EngineCore::admit(self);
+        self.publish();
+        r
+    }
+
+    fn prefill(&mut self) -> Result<(), EngineError> {
+        let r = EngineCore::prefill(self);
+        self.publish();
+        r
+    }
+
+    fn decode(&mut self) -> Result<(), EngineError> {
+        let r = EngineCore::decode(self);
+        self.publish();
+        r
+    }
+
+    fn draft(&mut self) -> Result<(), EngineError> {
+        let r = EngineCore::draft(self);
+        self.publish();
+        r
+    }
+
+    fn verify(&mut self) -> Result<(), EngineError> {
+        let r = EngineCore::verify(self);
+        self.publish();
+        r
+    }
+
+    fn preempt(&mut self) -> Result<(), EngineError> {
+        let r = EngineCore::preempt(self);
+        self.publish();
+        r
+    }
+
+    fn swap_out(&mut self) -> Result<(), EngineError> {
+        self.notes.push("swap_out = preempt by recomputation");
+        let r = EngineCore::preempt(self);
+        self.publish();
+        r
+    }
+
+    fn swap_in(&mut self) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    fn checkpoint(&mut self) -> Result<(), EngineError> {
+        self.checkpoints += 1;
+        Ok(())
+    }
+
+    fn restore(&mut self) -> Result<(), EngineError> {
+        self.restores += 1;
+        Ok(())
+    }
+}
+
+impl<F: ForwardModel> Guards for EngineCore<F> {
+    fn can_admit(&self) -> bool {
+        EngineCore::can_admit(self)
+    }
+
+    fn has_unprefilled(&self) -> bool {
+        EngineCore::has_unprefilled(self)
+    }
+
+    fn has_running(&self) -> bool {
+        EngineCore::has_running(self)
+    }
+
+    fn all_finished(&self) -> bool {
+        EngineCore::all_finished(self)
+    }
+
+    fn kv_exhausted(&self) -> bool {
+        EngineCore::kv_exhausted(self)
+    }
+
+    fn has_swapped(&self) -> bool {
+        false
+    }
+
+    fn can_swap_in(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,28 @@
+//! The text side of the engine: a tokenizer seen through two calls, so the engine does not depend
+//! on which tokenizer implementation the loader provides.
+
+/// Text to token ids and back. `decode` of a prefix that ends inside a multi-byte character must
+/// yield U+FFFD there (what byte-level BPE tokenizers do), which [`super::text`] relies on to hold
+/// partial characters back.
+pub trait TextCodec: Send + Sync {
+    /// Token ids of `text` (no special tokens added beyond what the text spells out).
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    /// Text of `ids`, special tokens skipped.
+    fn decode(&self, ids: &[u32]) -> Result<String, String>;
+}
+
+/// A byte-level codec: token id = byte value. For tests and demos with random-weight models, whose
+/// vocabulary has no tokenizer; ids >= 256 decode to nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByteCodec;
+
+impl TextCodec for ByteCodec {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        let bytes: Vec<u8> = ids.iter().filter_map(|&t| u8::try_from(t).ok()).collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+}

@@ -1,0 +1,459 @@
+//! The engine's state and the work behind every scheduler action and predicate: waiting queue,
+//! running batch, block manager, model, sampler, output streams.
+//!
+//! Design: plain host data driven from outside. The generated scheduler decides which action runs
+//! next (see [`super::bind`], which implements the generated `Actions` and `Guards` traits by
+//! calling the methods here); nothing in this file decides *when* something happens. Every method
+//! that allocates checks before it commits, and every finished sequence frees its blocks in the
+//! step that finished it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::blocks::BlockManager;
+use super::codec::TextCodec;
+use super::error::EngineError;
+use super::forward::ForwardModel;
+use super::output::{FinishReason, Logprobs, Output};
+use super::sampler::sample;
+use super::sequence::Sequence;
+use crate::model::batch::SeqChunk;
+use crate::scheduler::Slots;
+
+/// Limits the core runs under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoreConfig {
+    /// KV blocks in the cache.
+    pub num_blocks: usize,
+    /// Tokens per block (the machine's `block_size` constant).
+    pub block_size: usize,
+    /// Most sequences in the running batch.
+    pub max_batch: usize,
+    /// Most prompt tokens one prefill forward pass runs (longer prompts run in chunks).
+    pub max_prefill_tokens: usize,
+    /// Most tokens a sequence may hold (model context, capped by the KV cache size).
+    pub context_len: usize,
+    /// Cap on any request's max_tokens (the machine's `max_tokens` constant).
+    pub max_tokens_cap: usize,
+    /// End-of-sequence token ids.
+    pub eos_ids: Vec<u32>,
+}
+
+/// Counters the runtime publishes in its slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    pub pending_request_count: u32,
+    pub batch_size: u32,
+    pub kv_blocks_used: u32,
+    pub current_seq_id: u32,
+}
+
+/// The engine state the scheduler's actions operate on.
+pub struct EngineCore<F: ForwardModel> {
+    pub(crate) cfg: CoreConfig,
+    pub(crate) model: F,
+    pub(crate) codec: Arc<dyn TextCodec>,
+    pub(crate) blocks: BlockManager,
+    pub(crate) waiting: VecDeque<Sequence>,
+    /// Admission order: the newest sequence is last.
+    pub(crate) running: Vec<Sequence>,
+    pub(crate) newest_seq_id: u64,
+    /// Decode (or verify) forward passes run so far.
+    pub(crate) decode_steps: u64,
+    /// Notes for the trace beyond the machine's own action list (fallbacks, substitutions),
+    /// since the last [`EngineCore::take_notes`].
+    pub(crate) notes: Vec<&'static str>,
+    /// The live control surface (shared with the engine handle and the slot file).
+    pub(crate) slots: Slots,
+    /// Checkpoint and restore actions run (no-ops until the checkpoint store is bound).
+    pub(crate) checkpoints: u64,
+    pub(crate) restores: u64,
+    /// Speculative decoding: tokens proposed and accepted so far.
+    pub(crate) spec_proposed: u64,
+    pub(crate) spec_accepted: u64,
+}
+
+impl<F: ForwardModel> EngineCore<F> {
+    pub fn new(model: F, codec: Arc<dyn TextCodec>, cfg: CoreConfig, slots: Slots) -> Self {
+        let blocks = BlockManager::new(cfg.num_blocks, cfg.block_size);
+        Self {
+            cfg,
+            model,
+            codec,
+            blocks,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            newest_seq_id: 0,
+            decode_steps: 0,
+            notes: Vec::new(),
+            slots,
+            checkpoints: 0,
+            restores: 0,
+            spec_proposed: 0,
+            spec_accepted: 0,
+        }
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    /// Queues an accepted sequence.
+    pub fn enqueue(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    /// Nothing waiting or running.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    pub fn counters(&self) -> Counters {
+        Counters {
+            pending_request_count: self.waiting.len() as u32,
+            batch_size: self.running.len() as u32,
+            kv_blocks_used: self.blocks.used() as u32,
+            current_seq_id: self.newest_seq_id as u32,
+        }
+    }
+
+    /// Trace notes since the previous call.
+    pub fn take_notes(&mut self) -> Vec<&'static str> {
+        std::mem::take(&mut self.notes)
+    }
+
+    /// Writes the runtime-owned counters into the slots.
+    pub fn publish(&self) {
+        let c = self.counters();
+        self.slots
+            .set_pending_request_count(c.pending_request_count);
+        self.slots.set_batch_size(c.batch_size);
+        self.slots.set_kv_blocks_used(c.kv_blocks_used);
+        self.slots.set_current_seq_id(c.current_seq_id);
+    }
+
+    /// Checkpoint and restore actions run so far.
+    pub fn checkpoint_counts(&self) -> (u64, u64) {
+        (self.checkpoints, self.restores)
+    }
+
+    /// Decode (and verify) forward passes so far.
+    pub fn decode_steps(&self) -> u64 {
+        self.decode_steps
+    }
+
+    // ----- predicates -----
+
+    /// Free blocks kept back for the running batch's growth: one per running sequence, so a
+    /// newly admitted sequence does not force a preemption at the very next decode step.
+    fn growth_reserve(&self) -> usize {
+        self.running.len()
+    }
+
+    /// A request is waiting, the batch has room, and the cache can hold its tokens (plus the
+    /// running batch's growth reserve).
+    pub fn can_admit(&self) -> bool {
+        match self.waiting.front() {
+            Some(seq) => {
+                self.running.len() < self.cfg.max_batch
+                    && self.blocks.blocks_for(seq.tokens.len() + 1) + self.growth_reserve()
+                        <= self.blocks.free_count()
+            }
+            None => false,
+        }
+    }
+
+    pub fn has_unprefilled(&self) -> bool {
+        self.running.iter().any(|s| !s.prefilled)
+    }
+
+    pub fn has_running(&self) -> bool {
+        !self.running.is_empty()
+    }
+
+    pub fn all_finished(&self) -> bool {
+        self.is_idle()
+    }
+
+    /// New blocks the next decode step needs (one token per prefilled sequence).
+    fn decode_growth(&self) -> usize {
+        self.running
+            .iter()
+            .filter(|s| s.prefilled)
+            .map(|s| {
+                self.blocks
+                    .extra_blocks(s.block_table.len(), s.tokens.len())
+            })
+            .sum()
+    }
+
+    pub fn kv_exhausted(&self) -> bool {
+        self.decode_growth() > self.blocks.free_count()
+    }
+
+    // ----- actions -----
+
+    /// Moves waiting sequences into the running batch while [`Self::can_admit`] holds, allocating
+    /// blocks for all their tokens (a preempted sequence brings its generated tokens back too).
+    pub fn admit(&mut self) -> Result<(), EngineError> {
+        while self.can_admit() {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            let n = seq.tokens.len();
+            if let Err(e) = self.blocks.grow(&mut seq.block_table, n) {
+                // can_admit checked the same numbers; keep the request rather than lose it.
+                self.waiting.push_front(seq);
+                tracing::error!("admit: {e}");
+                break;
+            }
+            self.newest_seq_id = seq.id;
+            self.running.push(seq);
+        }
+        Ok(())
+    }
+
+    /// Runs every unprefilled sequence's pending tokens, at most `max_prefill_tokens` per forward
+    /// pass (long prompts run in chunks), and samples each one's next token when it completes.
+    pub fn prefill(&mut self) -> Result<(), EngineError> {
+        while self.has_unprefilled() {
+            let mut budget = self.cfg.max_prefill_tokens.max(1);
+            // (running index, tokens to run this pass)
+            let mut plan: Vec<(usize, usize)> = Vec::new();
+            for (i, s) in self
+                .running
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.prefilled)
+            {
+                if budget == 0 {
+                    break;
+                }
+                let take = (s.tokens.len() - s.computed).min(budget);
+                budget -= take;
+                plan.push((i, take));
+            }
+            let chunks: Vec<SeqChunk<'_>> = plan
+                .iter()
+                .map(|&(i, take)| {
+                    let s = &self.running[i];
+                    SeqChunk {
+                        tokens: &s.tokens[s.computed..s.computed + take],
+                        start_pos: s.computed,
+                        block_table: &s.block_table[..self.blocks.blocks_for(s.computed + take)],
+                    }
+                })
+                .collect();
+            let result = self.model.forward(&chunks);
+            drop(chunks);
+            let indices: Vec<usize> = plan.iter().map(|p| p.0).collect();
+            let logits = match result {
+                Ok(l) => l,
+                Err(e) => {
+                    self.fail(&indices, &e);
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            let vocab = self.model.vocab_size();
+            let mut finished = Vec::new();
+            for (row, &(i, take)) in plan.iter().enumerate() {
+                let s = &mut self.running[i];
+                s.computed += take;
+                if s.computed == s.tokens.len() {
+                    s.prefilled = true;
+                    if let Some(reason) =
+                        self.append_sampled(i, &logits[row * vocab..(row + 1) * vocab], now)
+                    {
+                        finished.push((i, reason));
+                    }
+                }
+            }
+            self.retire(finished);
+        }
+        Ok(())
+    }
+
+    /// One decode forward over every prefilled running sequence; samples one token each, streams it,
+    /// retires finished sequences and frees their blocks in this same step.
+    pub fn decode(&mut self) -> Result<(), EngineError> {
+        // The machine preempts before decoding when the cache is short; should it not have, preempt
+        // here rather than fail the step.
+        while self.kv_exhausted() && self.running.len() > 1 {
+            self.preempt_newest();
+            self.notes.push("preempt(decode fallback)");
+        }
+        let idx: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].prefilled)
+            .collect();
+        if idx.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut tables: Vec<(&mut Vec<u32>, usize)> = self
+                .running
+                .iter_mut()
+                .filter(|s| s.prefilled)
+                .map(|s| {
+                    let n = s.tokens.len();
+                    (&mut s.block_table, n)
+                })
+                .collect();
+            if self.blocks.grow_all(&mut tables).is_err() {
+                return Err(EngineError::KvExhausted);
+            }
+        }
+        let chunks: Vec<SeqChunk<'_>> = idx
+            .iter()
+            .map(|&i| {
+                let s = &self.running[i];
+                SeqChunk {
+                    tokens: &s.tokens[s.computed..s.computed + 1],
+                    start_pos: s.computed,
+                    block_table: &s.block_table,
+                }
+            })
+            .collect();
+        let result = self.model.forward(&chunks);
+        drop(chunks);
+        self.decode_steps += 1;
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                self.fail(&idx, &e);
+                return Ok(());
+            }
+        };
+        let now = Instant::now();
+        let vocab = self.model.vocab_size();
+        let mut finished = Vec::new();
+        for (row, &i) in idx.iter().enumerate() {
+            self.running[i].computed += 1;
+            if let Some(reason) =
+                self.append_sampled(i, &logits[row * vocab..(row + 1) * vocab], now)
+            {
+                finished.push((i, reason));
+            }
+        }
+        self.retire(finished);
+        Ok(())
+    }
+
+    /// Preempts the newest running sequence by recomputation.
+    pub fn preempt(&mut self) -> Result<(), EngineError> {
+        self.preempt_newest();
+        Ok(())
+    }
+
+    /// Drops the newest running sequence's KV (keeping its tokens, sampler and text state) and
+    /// requeues it at the front of the waiting queue; it is recomputed when readmitted.
+    pub(crate) fn preempt_newest(&mut self) {
+        if let Some(mut seq) = self.running.pop() {
+            self.blocks.release(&mut seq.block_table);
+            seq.computed = 0;
+            seq.prefilled = false;
+            seq.preemptions += 1;
+            self.waiting.push_front(seq);
+        }
+    }
+
+    /// Samples the next token of running sequence `i` from its logits row, streams it, and says
+    /// whether the sequence finished.
+    pub(crate) fn append_sampled(
+        &mut self,
+        i: usize,
+        logits: &[f32],
+        now: Instant,
+    ) -> Option<FinishReason> {
+        let cfg = &self.cfg;
+        let s = &mut self.running[i];
+        let (prompt, output) = s.tokens.split_at(s.prompt_len);
+        let sampled = sample(logits, &s.sampling, prompt, output, &mut s.rng);
+        let token = sampled.token;
+        s.tokens.push(token);
+        s.note_token_time(now);
+        let is_eos = !s.ignore_eos && cfg.eos_ids.contains(&token);
+        // EOS tokens add no text.
+        let delta = if is_eos {
+            Ok(Default::default())
+        } else {
+            s.text
+                .push(self.codec.as_ref(), token)
+                .map(|d| (d.text, d.stopped))
+        };
+        let (text, stopped) = match delta {
+            Ok(d) => d,
+            Err(e) => return Some(FinishReason::Error(format!("detokenize: {e}"))),
+        };
+        let reason = if is_eos {
+            Some(FinishReason::Eos)
+        } else if stopped {
+            Some(FinishReason::Stop)
+        } else if s.output().len() >= s.max_tokens {
+            Some(FinishReason::Length)
+        } else if s.tokens.len() >= cfg.context_len {
+            Some(FinishReason::ContextLength)
+        } else {
+            None
+        };
+        let logprobs = match sampled.logprob {
+            Some(lp) => vec![Logprobs {
+                token,
+                logprob: lp,
+                top: sampled.top,
+            }],
+            None => Vec::new(),
+        };
+        // A receiver that went away cancels the request.
+        let sent = s.tx.send(Output {
+            request_id: s.id,
+            tokens: vec![token],
+            text,
+            logprobs,
+            time: now,
+            finished: None,
+        });
+        match (reason, sent) {
+            (Some(r), _) => Some(r),
+            (None, Err(_)) => Some(FinishReason::Error("receiver dropped".into())),
+            (None, Ok(())) => None,
+        }
+    }
+
+    /// Removes finished sequences (running indices), frees their blocks and sends the final event.
+    pub(crate) fn retire(&mut self, mut finished: Vec<(usize, FinishReason)>) {
+        finished.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, reason) in finished {
+            let mut s = self.running.remove(i);
+            self.blocks.release(&mut s.block_table);
+            let tail = if matches!(reason, FinishReason::Stop) {
+                String::new()
+            } else {
+                s.text
+                    .finish(self.codec.as_ref())
+                    .map(|d| d.text)
+                    .unwrap_or_default()
+            };
+            let done = s.finished(reason);
+            let _ = s.tx.send(Output {
+                request_id: s.id,
+                tokens: Vec::new(),
+                text: tail,
+                logprobs: Vec::new(),
+                time: Instant::now(),
+                finished: Some(done),
+            });
+        }
+    }
+
+    /// Ends running sequences `indices` with an error (a failed forward pass); others keep running.
+    pub(crate) fn fail(&mut self, indices: &[usize], error: &str) {
+        tracing::error!(
+            "forward pass failed for {} sequences: {error}",
+            indices.len()
+        );
+        let reason = FinishReason::Error(format!("model forward failed: {error}"));
+        self.retire(indices.iter().map(|&i| (i, reason.clone())).collect());
+    }
+}

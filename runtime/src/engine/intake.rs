@@ -1,0 +1,84 @@
+//! Turning a [`Request`] into a [`Sequence`]: validation, tokenization and the limits that need the
+//! model (context length, KV cache size, vocabulary). Runs on the caller's thread, so a bad request
+//! is refused before it reaches the engine and never disturbs running ones.
+
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+use super::codec::TextCodec;
+use super::error::EngineError;
+use super::output::Output;
+use super::request::{Prompt, Request};
+use super::rng::SampleRng;
+use super::sequence::Sequence;
+use super::text::TextStream;
+
+/// Limits a request is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntakeLimits {
+    pub context_len: usize,
+    pub vocab_size: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub max_tokens_cap: usize,
+}
+
+/// Validates and tokenizes `req`, producing the sequence the engine will run.
+pub fn build_sequence(
+    id: u64,
+    req: Request,
+    codec: &dyn TextCodec,
+    limits: &IntakeLimits,
+    tx: Sender<Output>,
+) -> Result<Sequence, EngineError> {
+    let arrival = Instant::now();
+    req.validate()?;
+    let prompt = match req.prompt {
+        Prompt::Text(t) => codec.encode(&t).map_err(EngineError::Tokenizer)?,
+        Prompt::Tokens(t) => t,
+    };
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if let Some(&token) = prompt.iter().find(|&&t| t as usize >= limits.vocab_size) {
+        return Err(EngineError::TokenOutOfVocab {
+            token,
+            vocab_size: limits.vocab_size,
+        });
+    }
+    if prompt.len() + 1 > limits.context_len {
+        return Err(EngineError::PromptTooLong {
+            prompt_tokens: prompt.len(),
+            context_len: limits.context_len,
+        });
+    }
+    let needed = (prompt.len() + 1).div_ceil(limits.block_size);
+    if needed > limits.num_blocks {
+        return Err(EngineError::PromptExceedsCache {
+            needed,
+            total: limits.num_blocks,
+        });
+    }
+    let seed = req.sampling.seed.unwrap_or_else(rand::random);
+    let text = TextStream::new(&prompt, req.stop);
+    Ok(Sequence {
+        id,
+        prompt_len: prompt.len(),
+        tokens: prompt,
+        computed: 0,
+        prefilled: false,
+        block_table: Vec::new(),
+        max_tokens: req.max_tokens.min(limits.max_tokens_cap),
+        rng: SampleRng::new(seed),
+        sampling: req.sampling,
+        ignore_eos: req.ignore_eos,
+        text,
+        tx,
+        arrival,
+        first_token_at: None,
+        last_token_at: None,
+        inter_token: Vec::new(),
+        preemptions: 0,
+        draft: Vec::new(),
+    })
+}

@@ -1,0 +1,228 @@
+//! What a caller asks for: a prompt, how many tokens, how to sample, when to stop.
+//!
+//! Validation happens here, before anything reaches the engine thread, so a bad request is refused
+//! with a clear [`EngineError`] and never disturbs the requests already running.
+
+use super::error::EngineError;
+
+/// The prompt, as text (tokenized by the engine's tokenizer) or as token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// Sampling parameters, with the meaning (and defaults) of vLLM's `SamplingParams`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax); otherwise logits are divided by it.
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability sums to at least top_p; 1 disables.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below min_p times the top probability; 0 disables.
+    pub min_p: f32,
+    /// Hugging Face style: logits of tokens seen in prompt or output are divided (if positive) or
+    /// multiplied (if negative) by it; 1 disables.
+    pub repetition_penalty: f32,
+    /// OpenAI style: subtract frequency_penalty * count of the token in the output so far.
+    pub frequency_penalty: f32,
+    /// OpenAI style: subtract presence_penalty once if the token occurs in the output so far.
+    pub presence_penalty: f32,
+    /// Seed of this request's random stream; `None` draws one at submit time (still recorded, so the
+    /// run can be checkpointed and replayed).
+    pub seed: Option<u64>,
+    /// Return the log-probability of each chosen token and of the `n` most likely ones (`Some(0)`:
+    /// chosen token only).
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: None,
+            logprobs: None,
+        }
+    }
+}
+
+/// The most top-n logprobs a request may ask for.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+impl SamplingParams {
+    /// Greedy decoding (temperature 0), everything else at its default.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Checks every value; the first bad one is named in the error.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        fn bad(name: &'static str, value: impl ToString, reason: &'static str) -> EngineError {
+            EngineError::InvalidSampling {
+                name,
+                value: value.to_string(),
+                reason,
+            }
+        }
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(bad(
+                "temperature",
+                self.temperature,
+                "must be a finite number >= 0",
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(bad("top_p", self.top_p, "must be in (0, 1]"));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(bad("min_p", self.min_p, "must be in [0, 1]"));
+        }
+        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
+            return Err(bad(
+                "repetition_penalty",
+                self.repetition_penalty,
+                "must be a finite number > 0",
+            ));
+        }
+        if !self.frequency_penalty.is_finite() || self.frequency_penalty.abs() > 2.0 {
+            return Err(bad(
+                "frequency_penalty",
+                self.frequency_penalty,
+                "must be in [-2, 2]",
+            ));
+        }
+        if !self.presence_penalty.is_finite() || self.presence_penalty.abs() > 2.0 {
+            return Err(bad(
+                "presence_penalty",
+                self.presence_penalty,
+                "must be in [-2, 2]",
+            ));
+        }
+        if let Some(n) = self.logprobs
+            && n > MAX_TOP_LOGPROBS
+        {
+            return Err(bad("logprobs", n, "at most 20 top logprobs"));
+        }
+        Ok(())
+    }
+
+    /// True when sampling reduces to argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+}
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub prompt: Prompt,
+    /// Most new tokens to generate (also capped by the scheduler's `max_tokens` constant and the
+    /// context length).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation stops (reason `stop`) when the text contains one of these; the stop string itself
+    /// is not returned.
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+impl Request {
+    /// A request for `max_tokens` new tokens after `prompt`, default sampling.
+    pub fn new(prompt: Prompt, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+
+    /// Validation that does not need the tokenizer or the model.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        match &self.prompt {
+            Prompt::Text(t) if t.is_empty() => return Err(EngineError::EmptyPrompt),
+            Prompt::Tokens(t) if t.is_empty() => return Err(EngineError::EmptyPrompt),
+            _ => {}
+        }
+        if self.max_tokens == 0 {
+            return Err(EngineError::ZeroMaxTokens);
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(EngineError::InvalidSampling {
+                name: "stop",
+                value: "\"\"".into(),
+                reason: "stop strings must not be empty",
+            });
+        }
+        self.sampling.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> Request {
+        Request::new(Prompt::Text("hi".into()), 4)
+    }
+
+    #[test]
+    fn accepts_defaults_and_greedy() {
+        assert_eq!(req().validate(), Ok(()));
+        let mut r = req();
+        r.sampling = SamplingParams::greedy();
+        assert_eq!(r.validate(), Ok(()));
+    }
+
+    #[test]
+    fn refuses_each_bad_value() {
+        let mut r = req();
+        r.prompt = Prompt::Text(String::new());
+        assert_eq!(r.validate(), Err(EngineError::EmptyPrompt));
+        let mut r = req();
+        r.prompt = Prompt::Tokens(vec![]);
+        assert_eq!(r.validate(), Err(EngineError::EmptyPrompt));
+        let mut r = req();
+        r.max_tokens = 0;
+        assert_eq!(r.validate(), Err(EngineError::ZeroMaxTokens));
+        type Edit = fn(&mut SamplingParams);
+        let cases: [(&str, Edit); 9] = [
+            ("temperature", |s| s.temperature = -0.5),
+            ("temperature", |s| s.temperature = f32::NAN),
+            ("top_p", |s| s.top_p = 0.0),
+            ("top_p", |s| s.top_p = 1.5),
+            ("min_p", |s| s.min_p = -0.1),
+            ("repetition_penalty", |s| s.repetition_penalty = 0.0),
+            ("frequency_penalty", |s| s.frequency_penalty = f32::INFINITY),
+            ("presence_penalty", |s| s.presence_penalty = 3.0),
+            ("logprobs", |s| s.logprobs = Some(21)),
+        ];
+        for (name, edit) in cases {
+            let mut r = req();
+            edit(&mut r.sampling);
+            match r.validate() {
+                Err(EngineError::InvalidSampling { name: got, .. }) => assert_eq!(got, name),
+                other => panic!("{name}: expected InvalidSampling, got {other:?}"),
+            }
+        }
+        let mut r = req();
+        r.stop = vec![String::new()];
+        assert!(matches!(
+            r.validate(),
+            Err(EngineError::InvalidSampling { name: "stop", .. })
+        ));
+    }
+}

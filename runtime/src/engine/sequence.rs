@@ -1,0 +1,73 @@
+//! One request inside the engine: its tokens, KV block table, sampler state, text stream, timing
+//! and the channel its outputs go to.
+
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+use super::output::{FinishReason, Finished, Output};
+use super::request::SamplingParams;
+use super::rng::SampleRng;
+use super::text::TextStream;
+
+/// A sequence: prompt plus generated tokens.
+#[derive(Debug)]
+pub struct Sequence {
+    /// Request id (also the sequence id: one sequence per request).
+    pub id: u64,
+    /// Prompt then generated tokens, `[prompt_len + generated]`.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose K/V are in the cache (positions `0..computed`).
+    pub computed: usize,
+    /// The prompt (and after a preemption the whole history) has run; one token is pending decode.
+    pub prefilled: bool,
+    /// Physical KV blocks, in order.
+    pub block_table: Vec<u32>,
+    /// Most new tokens (request's, capped by the machine's max_tokens).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub rng: SampleRng,
+    pub ignore_eos: bool,
+    pub text: TextStream,
+    pub tx: Sender<Output>,
+    pub arrival: Instant,
+    pub first_token_at: Option<Instant>,
+    pub last_token_at: Option<Instant>,
+    /// Gap before each token after the first.
+    pub inter_token: Vec<std::time::Duration>,
+    pub preemptions: u32,
+    /// Speculative tokens proposed by the last `draft` action, checked by the next `verify`.
+    pub draft: Vec<u32>,
+}
+
+impl Sequence {
+    pub fn prompt(&self) -> &[u32] {
+        &self.tokens[..self.prompt_len]
+    }
+
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Records the arrival time of a new token.
+    pub fn note_token_time(&mut self, now: Instant) {
+        match self.last_token_at {
+            None => self.first_token_at = Some(now),
+            Some(prev) => self.inter_token.push(now.duration_since(prev)),
+        }
+        self.last_token_at = Some(now);
+    }
+
+    /// The final accounting for `reason`.
+    pub fn finished(&self, reason: FinishReason) -> Finished {
+        Finished {
+            reason,
+            prompt_tokens: self.prompt_len,
+            output_tokens: self.output().to_vec(),
+            text: self.text.text().to_string(),
+            time_to_first_token: self.first_token_at.map(|t| t.duration_since(self.arrival)),
+            inter_token_latencies: self.inter_token.clone(),
+            preemptions: self.preemptions,
+        }
+    }
+}
