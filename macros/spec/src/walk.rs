@@ -237,7 +237,7 @@ pub fn suggest<'c>(name: &str, candidates: impl IntoIterator<Item = &'c str>) ->
     candidates
         .into_iter()
         .map(|c| (edit_distance(name, c), c))
-        .filter(|(d, c)| *d <= (c.len().max(name.len()) / 3).max(1))
+        .filter(|(d, c)| *d <= (c.len().max(name.len()) / 3).max(2) && *d < c.len().min(name.len()))
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c)
 }
