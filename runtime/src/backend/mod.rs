@@ -24,6 +24,8 @@
 //! - Errors are [`BackendError`]; an op called with a buffer too small or of the wrong dtype
 //!   returns [`BackendError::Shape`] rather than panicking.
 
+pub mod cpu;
+
 use crate::loader::tensor::HostTensor;
 
 /// Element type of a device buffer.

@@ -1,0 +1,121 @@
+//! Host-memory buffers of the CPU backend: one typed `Vec` per buffer, with checked typed views.
+
+use half::{bf16, f16};
+
+use crate::backend::{BackendError, DType, DeviceBuffer};
+
+/// A flat buffer in host memory.
+#[derive(Debug, Clone)]
+pub enum CpuBuffer {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+}
+
+impl DeviceBuffer for CpuBuffer {
+    fn dtype(&self) -> DType {
+        match self {
+            CpuBuffer::F32(_) => DType::F32,
+            CpuBuffer::F16(_) => DType::F16,
+            CpuBuffer::BF16(_) => DType::BF16,
+            CpuBuffer::U32(_) => DType::U32,
+            CpuBuffer::I32(_) => DType::I32,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            CpuBuffer::F32(v) => v.len(),
+            CpuBuffer::F16(v) => v.len(),
+            CpuBuffer::BF16(v) => v.len(),
+            CpuBuffer::U32(v) => v.len(),
+            CpuBuffer::I32(v) => v.len(),
+        }
+    }
+}
+
+fn shape_error(
+    op: &'static str,
+    what: &str,
+    buf: &CpuBuffer,
+    dtype: DType,
+    need: usize,
+) -> BackendError {
+    BackendError::Shape {
+        op,
+        detail: format!(
+            "{what} is {:?}[{}], expected {dtype:?} with at least {need} elements",
+            buf.dtype(),
+            buf.len()
+        ),
+    }
+}
+
+impl CpuBuffer {
+    /// The first `need` elements as f32, or a shape error naming `op` and `what`.
+    pub fn f32s(&self, op: &'static str, what: &str, need: usize) -> Result<&[f32], BackendError> {
+        match self {
+            CpuBuffer::F32(v) if v.len() >= need => Ok(&v[..need]),
+            _ => Err(shape_error(op, what, self, DType::F32, need)),
+        }
+    }
+
+    /// The first `need` elements as mutable f32, or a shape error.
+    pub fn f32s_mut(
+        &mut self,
+        op: &'static str,
+        what: &str,
+        need: usize,
+    ) -> Result<&mut [f32], BackendError> {
+        if self.dtype() != DType::F32 || self.len() < need {
+            return Err(shape_error(op, what, self, DType::F32, need));
+        }
+        match self {
+            CpuBuffer::F32(v) => Ok(&mut v[..need]),
+            _ => Err(shape_error(op, what, self, DType::F32, need)),
+        }
+    }
+
+    /// The first `need` elements as u32, or a shape error.
+    pub fn u32s(&self, op: &'static str, what: &str, need: usize) -> Result<&[u32], BackendError> {
+        match self {
+            CpuBuffer::U32(v) if v.len() >= need => Ok(&v[..need]),
+            _ => Err(shape_error(op, what, self, DType::U32, need)),
+        }
+    }
+
+    /// Checks that the buffer holds at least `need` elements of any dtype.
+    pub fn check_len(&self, op: &'static str, what: &str, need: usize) -> Result<(), BackendError> {
+        if self.len() < need {
+            return Err(BackendError::Shape {
+                op,
+                detail: format!("{what} holds {} elements, needs {need}", self.len()),
+            });
+        }
+        Ok(())
+    }
+
+    /// All elements as little-endian bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            CpuBuffer::F32(v) => bytemuck::cast_slice(v),
+            CpuBuffer::F16(v) => bytemuck::cast_slice(v),
+            CpuBuffer::BF16(v) => bytemuck::cast_slice(v),
+            CpuBuffer::U32(v) => bytemuck::cast_slice(v),
+            CpuBuffer::I32(v) => bytemuck::cast_slice(v),
+        }
+    }
+
+    /// All elements as mutable little-endian bytes.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            CpuBuffer::F32(v) => bytemuck::cast_slice_mut(v),
+            CpuBuffer::F16(v) => bytemuck::cast_slice_mut(v),
+            CpuBuffer::BF16(v) => bytemuck::cast_slice_mut(v),
+            CpuBuffer::U32(v) => bytemuck::cast_slice_mut(v),
+            CpuBuffer::I32(v) => bytemuck::cast_slice_mut(v),
+        }
+    }
+}

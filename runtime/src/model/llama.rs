@@ -1,0 +1,330 @@
+//! `LlamaForCausalLM` as Hugging Face defines it, over any [`Backend`] and a paged KV cache.
+//!
+//! One forward pass runs a batch of sequences (prefill chunks and decode tokens mixed) as one
+//! flat run of token rows:
+//! ```text
+//! h = embed(tokens)                                   [n, hidden]
+//! per layer: x = rms_norm(h)  (fused with h += previous sublayer output)
+//!            qkv = x @ Wqkv^T (+ bias); rope(q, k); kv_write(k, v)
+//!            h += paged_attention(q, cache) @ Wo^T
+//!            x = rms_norm(h); h += (silu(x @ Wg^T) * (x @ Wu^T)) @ Wd^T
+//! logits = rms_norm(h)[rows] @ lm_head^T              [rows, vocab]
+//! ```
+//! where `rows` are the last new token of each sequence ([`LlamaModel::forward`]) or every new
+//! token ([`LlamaModel::forward_all_logits`], for speculative verification).
+
+use std::collections::HashMap;
+
+use crate::backend::{Backend, BatchMeta, DType, HeadShape};
+use crate::loader::tensor::HostTensor;
+
+use super::batch::SeqChunk;
+use super::config::LlamaConfig;
+use super::error::ModelError;
+use super::kv_cache::KvCache;
+use super::plan::{PlanLimits, StepPlan, plan};
+use super::rope;
+use super::weights::ModelWeights;
+
+/// A Llama-architecture model with its weights on backend `B`.
+pub struct LlamaModel<B: Backend> {
+    backend: B,
+    config: LlamaConfig,
+    heads: HeadShape,
+    weights: ModelWeights<B>,
+    /// `[max_positions, D/2]` f32.
+    rope_cos: B::Buffer,
+    /// `[max_positions, D/2]` f32.
+    rope_sin: B::Buffer,
+    max_positions: usize,
+}
+
+/// Activations of one step, sized for its `n` token rows.
+struct Activations<B: Backend> {
+    /// `[n, hidden]`: the residual stream.
+    hidden: B::Buffer,
+    /// `[n, hidden]`: normalized input of the current sublayer.
+    normed: B::Buffer,
+    /// `[n, (H + 2*KVH) * D]`.
+    qkv: B::Buffer,
+    /// `[n, H * D]`.
+    attn: B::Buffer,
+    /// `[n, hidden]`: output of the current sublayer, added to `hidden` by the next norm.
+    sub_out: B::Buffer,
+    /// `[n, 2 * F]`.
+    gate_up: B::Buffer,
+    /// `[n, F]`.
+    act: B::Buffer,
+}
+
+fn check_config(c: &LlamaConfig) -> Result<HeadShape, ModelError> {
+    let bad = |m: String| Err(ModelError::InvalidConfig(m));
+    if c.num_attention_heads == 0 || c.num_key_value_heads == 0 {
+        return bad("attention needs at least one query and one key/value head".into());
+    }
+    if c.num_attention_heads % c.num_key_value_heads != 0 {
+        return bad(format!(
+            "{} attention heads are not a multiple of {} key/value heads",
+            c.num_attention_heads, c.num_key_value_heads
+        ));
+    }
+    if c.head_dim == 0 || c.head_dim % 2 != 0 {
+        return bad(format!(
+            "head_dim {} must be even and positive (RoPE rotates pairs)",
+            c.head_dim
+        ));
+    }
+    if c.hidden_size == 0
+        || c.vocab_size == 0
+        || c.intermediate_size == 0
+        || c.max_position_embeddings == 0
+    {
+        return bad("hidden_size, vocab_size, intermediate_size and max_position_embeddings must be positive".into());
+    }
+    if c.vocab_size > u32::MAX as usize {
+        return bad(format!(
+            "vocabulary of {} does not fit u32 token ids",
+            c.vocab_size
+        ));
+    }
+    Ok(HeadShape {
+        n_heads: c.num_attention_heads,
+        n_kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+    })
+}
+
+impl<B: Backend> LlamaModel<B> {
+    /// Checks `config`, checks and uploads every weight (Hugging Face names, see
+    /// `crate::loader::tensor`) and precomputes the RoPE tables.
+    pub fn new(
+        backend: B,
+        config: &LlamaConfig,
+        weights: &HashMap<String, HostTensor>,
+    ) -> Result<Self, ModelError> {
+        let heads = check_config(config)?;
+        let model_weights = ModelWeights::load(&backend, config, weights)?;
+        let inv_freq = rope::inv_freq(
+            config.head_dim,
+            config.rope_theta,
+            config.rope_scaling.as_ref(),
+        );
+        let max_positions = config.max_position_embeddings;
+        let (cos, sin) = rope::tables(&inv_freq, max_positions);
+        Ok(LlamaModel {
+            rope_cos: backend.upload_f32(&cos)?,
+            rope_sin: backend.upload_f32(&sin)?,
+            backend,
+            config: config.clone(),
+            heads,
+            weights: model_weights,
+            max_positions,
+        })
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// Allocates a KV cache for this model on its backend.
+    pub fn new_kv_cache(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<KvCache<B>, ModelError> {
+        KvCache::new(&self.backend, &self.config, num_blocks, block_size)
+    }
+
+    /// Runs the new tokens of every chunk through the model, writing their K/V into `kv`, and
+    /// returns the logits of each chunk's last new token: `[chunks.len(), vocab]` f32, row-major.
+    pub fn forward(
+        &self,
+        kv: &mut KvCache<B>,
+        chunks: &[SeqChunk<'_>],
+    ) -> Result<Vec<f32>, ModelError> {
+        self.run(kv, chunks, false)
+    }
+
+    /// As [`LlamaModel::forward`], but returns logits of every new token, chunk after chunk:
+    /// `[total new tokens, vocab]` f32.
+    pub fn forward_all_logits(
+        &self,
+        kv: &mut KvCache<B>,
+        chunks: &[SeqChunk<'_>],
+    ) -> Result<Vec<f32>, ModelError> {
+        self.run(kv, chunks, true)
+    }
+
+    fn run(
+        &self,
+        kv: &mut KvCache<B>,
+        chunks: &[SeqChunk<'_>],
+        all_rows: bool,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        if kv.num_layers() != c.num_hidden_layers || kv.kv_width() != self.heads.kv_width() {
+            return Err(ModelError::InvalidBatch(format!(
+                "KV cache of {} layers x {} wide does not fit the model ({} layers x {})",
+                kv.num_layers(),
+                kv.kv_width(),
+                c.num_hidden_layers,
+                self.heads.kv_width()
+            )));
+        }
+        let limits = PlanLimits {
+            vocab_size: c.vocab_size,
+            max_positions: self.max_positions,
+            block_size: kv.block_size(),
+            num_blocks: kv.num_blocks(),
+        };
+        let step = plan(chunks, limits)?;
+        let meta = self.upload_meta(&step)?;
+        let n = meta.n_tokens;
+        let b = &self.backend;
+        let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
+        let mut a = self.alloc_activations(n)?;
+        let tokens = b.upload_u32(&step.tokens)?; // [n]
+        b.embedding(&self.weights.embed, &tokens, &mut a.hidden, n, hidden)?;
+        let scale = 1.0 / (self.heads.head_dim as f32).sqrt();
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            if l == 0 {
+                b.rms_norm(&a.hidden, &w.input_norm, &mut a.normed, n, hidden, eps)?;
+            } else {
+                b.add_rms_norm(
+                    &mut a.hidden,
+                    &a.sub_out,
+                    &w.input_norm,
+                    &mut a.normed,
+                    n,
+                    hidden,
+                    eps,
+                )?;
+            }
+            let qkv_w = self.heads.qkv_width();
+            b.matmul(&a.normed, &w.qkv, &mut a.qkv, n, hidden, qkv_w)?;
+            if let Some(bias) = &w.qkv_bias {
+                b.add_bias(&mut a.qkv, bias, n, qkv_w)?;
+            }
+            b.rope(
+                &mut a.qkv,
+                &meta.positions,
+                &self.rope_cos,
+                &self.rope_sin,
+                n,
+                self.heads,
+            )?;
+            let (k_cache, v_cache) = kv.layer_mut(l);
+            b.kv_write(&a.qkv, &meta.slot_mapping, k_cache, v_cache, n, self.heads)?;
+            b.paged_attention(
+                &a.qkv,
+                k_cache,
+                v_cache,
+                &meta,
+                &mut a.attn,
+                self.heads,
+                limits.block_size,
+                scale,
+            )?;
+            b.matmul(
+                &a.attn,
+                &w.o_proj,
+                &mut a.sub_out,
+                n,
+                self.heads.q_width(),
+                hidden,
+            )?;
+            b.add_rms_norm(
+                &mut a.hidden,
+                &a.sub_out,
+                &w.post_norm,
+                &mut a.normed,
+                n,
+                hidden,
+                eps,
+            )?;
+            let f = c.intermediate_size;
+            b.matmul(&a.normed, &w.gate_up, &mut a.gate_up, n, hidden, 2 * f)?;
+            b.silu_mul(&a.gate_up, &mut a.act, n, f)?;
+            b.matmul(&a.act, &w.down, &mut a.sub_out, n, f, hidden)?;
+        }
+        if self.weights.layers.is_empty() {
+            b.rms_norm(
+                &a.hidden,
+                &self.weights.final_norm,
+                &mut a.normed,
+                n,
+                hidden,
+                eps,
+            )?;
+        } else {
+            b.add_rms_norm(
+                &mut a.hidden,
+                &a.sub_out,
+                &self.weights.final_norm,
+                &mut a.normed,
+                n,
+                hidden,
+                eps,
+            )?;
+        }
+        let (rows, picked) = if all_rows {
+            (n, None)
+        } else {
+            let r = step.last_rows.len();
+            let ids = b.upload_u32(&step.last_rows)?; // [r]
+            let mut picked = b.alloc(DType::F32, r * hidden)?; // [r, hidden]
+            b.gather_rows(&a.normed, &ids, &mut picked, r, hidden)?;
+            (r, Some(picked))
+        };
+        let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
+        let mut logits = b.alloc(DType::F32, rows * c.vocab_size)?; // [rows, vocab]
+        b.matmul(
+            picked.as_ref().unwrap_or(&a.normed),
+            head,
+            &mut logits,
+            rows,
+            hidden,
+            c.vocab_size,
+        )?;
+        let mut out = vec![0f32; rows * c.vocab_size];
+        b.download_f32(&logits, &mut out)?;
+        Ok(out)
+    }
+
+    fn upload_meta(&self, step: &StepPlan) -> Result<BatchMeta<B>, ModelError> {
+        let b = &self.backend;
+        Ok(BatchMeta {
+            n_tokens: step.tokens.len(),
+            n_seqs: step.ctx_lens.len(),
+            max_q_len: step.max_q_len,
+            max_ctx_len: step.max_ctx_len,
+            max_blocks_per_seq: step.max_blocks_per_seq,
+            positions: b.upload_u32(&step.positions)?,
+            slot_mapping: b.upload_u32(&step.slot_mapping)?,
+            q_starts: b.upload_u32(&step.q_starts)?,
+            ctx_lens: b.upload_u32(&step.ctx_lens)?,
+            block_tables: b.upload_u32(&step.block_tables)?,
+        })
+    }
+
+    fn alloc_activations(&self, n: usize) -> Result<Activations<B>, ModelError> {
+        let c = &self.config;
+        let b = &self.backend;
+        let f32s = |len: usize| b.alloc(DType::F32, len);
+        Ok(Activations {
+            hidden: f32s(n * c.hidden_size)?,
+            normed: f32s(n * c.hidden_size)?,
+            qkv: f32s(n * self.heads.qkv_width())?,
+            attn: f32s(n * self.heads.q_width())?,
+            sub_out: f32s(n * c.hidden_size)?,
+            gate_up: f32s(n * 2 * c.intermediate_size)?,
+            act: f32s(n * c.intermediate_size)?,
+        })
+    }
+}
