@@ -53,6 +53,7 @@ pub mod policy;
 pub mod receipt;
 pub mod snapshot;
 pub mod store;
+pub mod witness;
 
 #[cfg(test)]
 pub(crate) mod tests;
