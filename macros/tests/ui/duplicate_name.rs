@@ -1,0 +1,3 @@
+sov_macros::machine!("duplicate_name.toml", base = "source");
+
+fn main() {}

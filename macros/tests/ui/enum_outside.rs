@@ -1,0 +1,3 @@
+sov_macros::machine!("enum_outside.toml", base = "source");
+
+fn main() {}

@@ -1,0 +1,3 @@
+sov_macros::machine!("guard_parse.toml", base = "source");
+
+fn main() {}

@@ -1,0 +1,3 @@
+sov_macros::interface!("iface_duplicate.toml", base = "source");
+
+fn main() {}

@@ -1,0 +1,3 @@
+sov_macros::interface!("iface_overlap.toml", base = "source");
+
+fn main() {}

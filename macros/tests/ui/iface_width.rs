@@ -1,0 +1,3 @@
+sov_macros::interface!("iface_width.toml", base = "source");
+
+fn main() {}

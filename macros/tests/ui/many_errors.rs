@@ -1,0 +1,3 @@
+sov_macros::machine!("many_errors.toml", base = "source");
+
+fn main() {}

@@ -1,0 +1,3 @@
+sov_macros::machine!("no_initial.toml", base = "source");
+
+fn main() {}

@@ -1,0 +1,3 @@
+sov_macros::machine!("no_way_out.toml", base = "source");
+
+fn main() {}

@@ -1,0 +1,3 @@
+sov_macros::machine!("shadowed.toml", base = "source");
+
+fn main() {}

@@ -1,0 +1,3 @@
+sov_macros::machine!("toml_syntax.toml", base = "source");
+
+fn main() {}

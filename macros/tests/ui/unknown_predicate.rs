@@ -1,0 +1,3 @@
+sov_macros::machine!("unknown_predicate.toml", base = "source");
+
+fn main() {}

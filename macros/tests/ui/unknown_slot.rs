@@ -1,0 +1,3 @@
+sov_macros::machine!("unknown_slot.toml", base = "source");
+
+fn main() {}

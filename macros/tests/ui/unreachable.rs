@@ -1,0 +1,3 @@
+sov_macros::machine!("unreachable.toml", base = "source");
+
+fn main() {}
