@@ -71,3 +71,16 @@ extern "C" __global__ void cast_f32_bf16(bf16_t* __restrict__ out, const float* 
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = f2bf(in[i]);
 }
+
+// out[i] = bf16(scale * u) with u uniform in [-1, 1) from a counter-based hash of (seed, i):
+// device-side random weights for benchmarks, without a host round trip. out: [n] bf16.
+extern "C" __global__ void fill_random_bf16(bf16_t* __restrict__ out, size_t n, u32 seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        u64 z = (u64)i + ((u64)seed << 40) + 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        const float u = (float)(z >> 40) * (1.f / 16777216.f) * 2.f - 1.f;
+        out[i] = f2bf(scale * u);
+    }
+}

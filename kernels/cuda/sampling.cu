@@ -160,8 +160,10 @@ sample_tokens(u32* __restrict__ out, const float* __restrict__ logits, int vocab
         }
         atomicAdd(&mass_total, mine);
         __syncthreads();
-        u32 target = (u32)ceilf(fmaxf(p, 0.f) * (float)mass_total);
-        if (target == 0) target = 1;
+        // Target mass in the same fixed point; measured against 1 (not the truncated total), so
+        // the rounding of the many tiny tail probabilities does not move the cut.
+        u32 target = (u32)ceilf(fmaxf(p, 0.f) * MASS_ONE);
+        target = min(max(target, 1u), max(mass_total, 1u));
         const u32 thr_p = radix_select(row, vocab, thr, true, m, inv_t, 1.f / z, target, hist, state);
         thr = max(thr, thr_p);
         z = 0.f;

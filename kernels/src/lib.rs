@@ -107,6 +107,7 @@ impl KernelId {
                 "gather_rows",
                 "add_bias",
                 "cast_f32_bf16",
+                "fill_random_bf16",
             ],
             KernelId::RopeKv => &["rope_inplace", "kv_write"],
             KernelId::Sampling => &["sample_tokens"],

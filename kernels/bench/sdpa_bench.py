@@ -1,0 +1,45 @@
+"""Reference for sov's decode-attention benchmark: torch scaled_dot_product_attention on the same
+shapes (Llama-3-8B heads: 32 query heads, 8 KV heads, head_dim 128, one query token), with K/V
+contiguous (not paged), and torch's device-to-device copy, in the same process.
+
+Reference: PyTorch 2.11 (cu130) on the device. Prints one `REF ...` line per measurement.
+"""
+import torch
+import torch.nn.functional as F
+
+
+def median_ms(fn, warmup=5, iters=50):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return times[iters // 2]
+
+
+def main():
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), 3, 20)
+    copy = 2 * n / (ms * 1e-3)
+    print(f"REF torch_copy bytes=2GiB bandwidth={copy / 1e9:.1f} GB/s (read+write)")
+    for batch, ctx in [(1, 4096), (64, 2048), (256, 1024)]:
+        q = torch.randn(batch, 32, 1, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(batch, 8, ctx, 128, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(batch, 8, ctx, 128, dtype=torch.bfloat16, device="cuda")
+        ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        kv_bytes = 2 * batch * ctx * 8 * 128 * 2
+        bw = kv_bytes / (ms * 1e-3)
+        print(f"REF torch_sdpa batch={batch} ctx={ctx} time_us={ms * 1e3:.1f} bandwidth={bw / 1e9:.1f} GB/s "
+              f"pct_of_copy={100 * bw / copy:.1f}%")
+
+
+if __name__ == "__main__":
+    main()

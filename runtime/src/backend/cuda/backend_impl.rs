@@ -1,0 +1,221 @@
+//! `impl Backend for CudaBackend`: argument checks and dispatch to the launch code.
+
+use half::bf16;
+
+use super::buffer::CudaBuffer;
+use super::device::{CudaBackend, driver_err};
+use crate::backend::{Backend, BackendError, BatchMeta, DType, HeadShape, check_buffer};
+use crate::loader::tensor::{HostData, HostTensor};
+
+fn range_err(op: &'static str, what: &str, end: usize, len: usize) -> BackendError {
+    BackendError::Shape { op, detail: format!("{what} ends at element {end}, buffer holds {len}") }
+}
+
+impl Backend for CudaBackend {
+    type Buffer = CudaBuffer;
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+
+    fn upload_weight(&self, tensor: &HostTensor) -> Result<CudaBuffer, BackendError> {
+        let data: Vec<bf16> = match &tensor.data {
+            HostData::BF16(v) => v.clone(),
+            HostData::F16(v) => v.iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
+            HostData::F32(v) => v.iter().map(|&x| bf16::from_f32(x)).collect(),
+        };
+        if data.len() != tensor.numel() {
+            return Err(BackendError::Shape {
+                op: "upload_weight",
+                detail: format!("shape {:?} but {} elements", tensor.shape, data.len()),
+            });
+        }
+        self.upload_bytes(DType::BF16, bytemuck::cast_slice(&data))
+    }
+
+    fn upload_f32(&self, data: &[f32]) -> Result<CudaBuffer, BackendError> {
+        self.upload_bytes(DType::F32, bytemuck::cast_slice(data))
+    }
+
+    fn upload_u32(&self, data: &[u32]) -> Result<CudaBuffer, BackendError> {
+        self.upload_bytes(DType::U32, bytemuck::cast_slice(data))
+    }
+
+    fn upload_i32(&self, data: &[i32]) -> Result<CudaBuffer, BackendError> {
+        self.upload_bytes(DType::I32, bytemuck::cast_slice(data))
+    }
+
+    fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer, BackendError> {
+        self.alloc_zeroed(dtype, len)
+    }
+
+    fn download_f32(&self, buf: &CudaBuffer, out: &mut [f32]) -> Result<(), BackendError> {
+        check_buffer("download_f32", "buf", buf, DType::F32, out.len())?;
+        self.download_raw(buf, 0, bytemuck::cast_slice_mut(out))
+    }
+
+    fn download_u32(&self, buf: &CudaBuffer, out: &mut [u32]) -> Result<(), BackendError> {
+        check_buffer("download_u32", "buf", buf, DType::U32, out.len())?;
+        self.download_raw(buf, 0, bytemuck::cast_slice_mut(out))
+    }
+
+    fn read_bytes(&self, buf: &CudaBuffer, elem_offset: usize, n_elems: usize) -> Result<Vec<u8>, BackendError> {
+        let end = elem_offset + n_elems;
+        if end > buf.len {
+            return Err(range_err("read_bytes", "range", end, buf.len));
+        }
+        let size = buf.dtype.size_bytes();
+        let mut out = vec![0u8; n_elems * size];
+        self.download_raw(buf, elem_offset * size, &mut out)?;
+        Ok(out)
+    }
+
+    fn write_bytes(&self, buf: &mut CudaBuffer, elem_offset: usize, bytes: &[u8]) -> Result<(), BackendError> {
+        let size = buf.dtype.size_bytes();
+        if bytes.len() % size != 0 {
+            return Err(BackendError::Shape {
+                op: "write_bytes",
+                detail: format!("{} bytes is not a multiple of {size}", bytes.len()),
+            });
+        }
+        let end = elem_offset + bytes.len() / size;
+        if end > buf.len {
+            return Err(range_err("write_bytes", "range", end, buf.len));
+        }
+        self.upload_raw(buf, elem_offset * size, bytes)
+    }
+
+    fn copy_within(
+        &self,
+        buf: &mut CudaBuffer,
+        src_offset: usize,
+        dst_offset: usize,
+        n_elems: usize,
+    ) -> Result<(), BackendError> {
+        for (what, off) in [("source", src_offset), ("destination", dst_offset)] {
+            if off + n_elems > buf.len {
+                return Err(range_err("copy_within", what, off + n_elems, buf.len));
+            }
+        }
+        if src_offset.abs_diff(dst_offset) < n_elems {
+            return Err(BackendError::Shape { op: "copy_within", detail: "ranges overlap".into() });
+        }
+        self.copy_raw(buf.ptr_at(dst_offset), buf.ptr_at(src_offset), n_elems * buf.dtype.size_bytes())
+    }
+
+    fn kv_dtype(&self) -> DType {
+        DType::BF16
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        self.stream.synchronize().map_err(driver_err)
+    }
+
+    fn embedding(
+        &self,
+        table: &CudaBuffer,
+        ids: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        hidden: usize,
+    ) -> Result<(), BackendError> {
+        self.embedding_impl(table, ids, out, n, hidden)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaBuffer,
+        weight: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        check_buffer("rms_norm", "x", x, DType::F32, n * d)?;
+        // Plain RMSNorm: the kernel reads `x` through its residual pointer and never writes it.
+        self.rms_norm_impl("rms_norm", x.ptr(), None, weight, out, n, d, eps)
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaBuffer,
+        x: &CudaBuffer,
+        weight: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        check_buffer("add_rms_norm", "residual", residual, DType::F32, n * d)?;
+        self.rms_norm_impl("add_rms_norm", residual.ptr(), Some(x), weight, out, n, d, eps)
+    }
+
+    fn matmul(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        self.matmul_impl(x, w, out, n, k, m)
+    }
+
+    fn add_bias(&self, x: &mut CudaBuffer, bias: &CudaBuffer, n: usize, m: usize) -> Result<(), BackendError> {
+        self.add_bias_impl(x, bias, n, m)
+    }
+
+    fn rope(
+        &self,
+        qkv: &mut CudaBuffer,
+        positions: &CudaBuffer,
+        cos: &CudaBuffer,
+        sin: &CudaBuffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        self.rope_impl(qkv, positions, cos, sin, n, heads)
+    }
+
+    fn kv_write(
+        &self,
+        qkv: &CudaBuffer,
+        slot_mapping: &CudaBuffer,
+        k_cache: &mut CudaBuffer,
+        v_cache: &mut CudaBuffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        self.kv_write_impl(qkv, slot_mapping, k_cache, v_cache, n, heads)
+    }
+
+    fn paged_attention(
+        &self,
+        qkv: &CudaBuffer,
+        k_cache: &CudaBuffer,
+        v_cache: &CudaBuffer,
+        meta: &BatchMeta<Self>,
+        out: &mut CudaBuffer,
+        heads: HeadShape,
+        block_size: usize,
+        scale: f32,
+    ) -> Result<(), BackendError> {
+        self.paged_attention_impl(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
+    }
+
+    fn silu_mul(&self, gate_up: &CudaBuffer, out: &mut CudaBuffer, n: usize, f: usize) -> Result<(), BackendError> {
+        self.silu_mul_impl(gate_up, out, n, f)
+    }
+
+    fn gather_rows(
+        &self,
+        x: &CudaBuffer,
+        rows: &CudaBuffer,
+        out: &mut CudaBuffer,
+        r: usize,
+        d: usize,
+    ) -> Result<(), BackendError> {
+        self.gather_rows_impl(x, rows, out, r, d)
+    }
+}

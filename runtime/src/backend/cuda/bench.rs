@@ -1,0 +1,318 @@
+//! GPU benchmarks, run on the device by `kernels/gpu-check.sh` (ignored by a plain `cargo test`):
+//! `cargo test --release -p sov --lib backend::cuda::bench -- --ignored --nocapture --test-threads=1`.
+//!
+//! - `bench_decode_attention`: paged decode attention at Llama-3-8B heads (32 q / 8 kv, d 128) for
+//!   (batch, context) = (1, 4096), (64, 2048), (256, 1024); bytes of K and V read per launch over the
+//!   median time, next to a device-to-device copy measured in the same process.
+//! - `bench_llama8b_decode`: the Llama-3-8B shape with random bf16 weights, prompt 128, 256 new
+//!   tokens, greedy on the device, EOS ignored, at batch 1 / 16 / 64 / 256: a forward loop written
+//!   directly against the Backend ops (the model crate's loop is not used here).
+//!   Reported: output tokens/s over prefill + decode wall time, and decode-only tokens/s.
+//! Times are CUDA-event medians after warm-up.
+
+use std::time::Instant;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+use super::tests::device;
+use super::{CudaBackend, CudaBuffer, SamplingRow};
+use crate::backend::{Backend, BatchMeta, DType, HeadShape};
+
+type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Median milliseconds of `iters` runs of `f` (after `warmup` runs), timed with CUDA events.
+fn time_ms(b: &CudaBackend, warmup: usize, iters: usize, mut f: impl FnMut() -> R<()>) -> R<f64> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = b.ctx.new_event(None)?;
+        let end = b.ctx.new_event(None)?;
+        start.record(&b.stream)?;
+        f()?;
+        end.record(&b.stream)?;
+        end.synchronize()?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[iters / 2])
+}
+
+/// Device-to-device copy bandwidth, (read + write) bytes per second.
+fn copy_bandwidth(b: &CudaBackend) -> R<f64> {
+    let bytes = 1usize << 30;
+    let src = b.alloc(DType::U32, bytes / 4)?;
+    let dst = b.alloc(DType::U32, bytes / 4)?;
+    let ms = time_ms(b, 3, 20, || Ok(b.copy_raw(dst.ptr(), src.ptr(), bytes)?))?;
+    Ok(2.0 * bytes as f64 / (ms * 1e-3))
+}
+
+#[test]
+#[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
+fn bench_decode_attention() -> R<()> {
+    let Some(b) = device() else { return Ok(()) };
+    let copy = copy_bandwidth(&b)?;
+    println!("BENCH copy_d2d bytes=2GiB bandwidth={:.1} GB/s (read+write)", copy / 1e9);
+    let heads = HeadShape { n_heads: 32, n_kv_heads: 8, head_dim: 128 };
+    let bs = 16;
+    let mut rng = StdRng::seed_from_u64(7);
+    for (batch, ctx) in [(1usize, 4096usize), (64, 2048), (256, 1024)] {
+        let blocks_per_seq = ctx / bs;
+        let num_blocks = batch * blocks_per_seq;
+        let cache_len = num_blocks * bs * heads.kv_width();
+        let mut kc = b.alloc(DType::BF16, cache_len)?;
+        let mut vc = b.alloc(DType::BF16, cache_len)?;
+        b.fill_random_bf16(&mut kc, 1, 1.0)?;
+        b.fill_random_bf16(&mut vc, 2, 1.0)?;
+        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+        ids.shuffle(&mut rng);
+        let q: Vec<f32> = (0..batch * heads.qkv_width()).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let meta = BatchMeta::<CudaBackend> {
+            n_tokens: batch,
+            n_seqs: batch,
+            max_q_len: 1,
+            max_ctx_len: ctx,
+            max_blocks_per_seq: blocks_per_seq,
+            positions: b.upload_u32(&vec![ctx as u32 - 1; batch])?,
+            slot_mapping: b.upload_u32(&vec![u32::MAX; batch])?,
+            q_starts: b.upload_u32(&(0..=batch as u32).collect::<Vec<_>>())?,
+            ctx_lens: b.upload_u32(&vec![ctx as u32; batch])?,
+            block_tables: b.upload_u32(&ids)?,
+        };
+        let qb = b.upload_f32(&q)?;
+        let mut out = b.alloc(DType::F32, batch * heads.q_width())?;
+        let scale = 1.0 / (128f32).sqrt();
+        let ms = time_ms(&b, 5, 50, || {
+            Ok(b.paged_attention(&qb, &kc, &vc, &meta, &mut out, heads, bs, scale)?)
+        })?;
+        let kv_bytes = 2.0 * (batch * ctx * heads.kv_width() * 2) as f64;
+        let bw = kv_bytes / (ms * 1e-3);
+        let plan = super::attention::plan_splits(batch, 8, ctx, b.sm_count);
+        println!(
+            "BENCH decode_attention batch={batch} ctx={ctx} time_us={:.1} kv_bytes={:.1}MB bandwidth={:.1} GB/s \
+             pct_of_copy={:.1}% splits={} split_tokens={}",
+            ms * 1e3,
+            kv_bytes / 1e6,
+            bw / 1e9,
+            100.0 * bw / copy,
+            plan.splits,
+            plan.split_tokens
+        );
+    }
+    Ok(())
+}
+
+/// Weights of one Llama layer with fused projections, as the Backend contract lays them out.
+struct Layer {
+    attn_norm: CudaBuffer,
+    wqkv: CudaBuffer,
+    wo: CudaBuffer,
+    mlp_norm: CudaBuffer,
+    w_gate_up: CudaBuffer,
+    w_down: CudaBuffer,
+}
+
+struct Llama {
+    layers: Vec<Layer>,
+    embed: CudaBuffer,
+    norm: CudaBuffer,
+    lm_head: CudaBuffer,
+    cos: CudaBuffer,
+    sin: CudaBuffer,
+}
+
+const HIDDEN: usize = 4096;
+const INTER: usize = 14336;
+const LAYERS: usize = 32;
+const VOCAB: usize = 128256;
+const HEADS: HeadShape = HeadShape { n_heads: 32, n_kv_heads: 8, head_dim: 128 };
+
+fn random_weight(b: &CudaBackend, len: usize, seed: u32, fan_in: usize) -> R<CudaBuffer> {
+    let mut w = b.alloc(DType::BF16, len)?;
+    b.fill_random_bf16(&mut w, seed, (3.0 / fan_in as f32).sqrt())?;
+    Ok(w)
+}
+
+fn build_llama(b: &CudaBackend, max_pos: usize) -> R<Llama> {
+    let ones = vec![1f32; HIDDEN];
+    let mut layers = Vec::new();
+    for l in 0..LAYERS as u32 {
+        layers.push(Layer {
+            attn_norm: b.upload_f32(&ones)?,
+            wqkv: random_weight(b, HEADS.qkv_width() * HIDDEN, 10 * l + 1, HIDDEN)?,
+            wo: random_weight(b, HIDDEN * HEADS.q_width(), 10 * l + 2, HIDDEN)?,
+            mlp_norm: b.upload_f32(&ones)?,
+            w_gate_up: random_weight(b, 2 * INTER * HIDDEN, 10 * l + 3, HIDDEN)?,
+            w_down: random_weight(b, HIDDEN * INTER, 10 * l + 4, INTER)?,
+        });
+    }
+    let half = HEADS.head_dim / 2;
+    let mut cos = vec![0f32; max_pos * half];
+    let mut sin = vec![0f32; max_pos * half];
+    for p in 0..max_pos {
+        for j in 0..half {
+            let a = p as f64 * 500000f64.powf(-(2.0 * j as f64) / HEADS.head_dim as f64);
+            cos[p * half + j] = a.cos() as f32;
+            sin[p * half + j] = a.sin() as f32;
+        }
+    }
+    Ok(Llama {
+        layers,
+        embed: random_weight(b, VOCAB * HIDDEN, 9001, 1)?,
+        norm: b.upload_f32(&ones)?,
+        lm_head: random_weight(b, VOCAB * HIDDEN, 9002, HIDDEN)?,
+        cos: b.upload_f32(&cos)?,
+        sin: b.upload_f32(&sin)?,
+    })
+}
+
+/// Activation buffers for up to `n` tokens.
+struct Acts {
+    residual: CudaBuffer,
+    h: CudaBuffer,
+    qkv: CudaBuffer,
+    attn: CudaBuffer,
+    proj: CudaBuffer,
+    gate_up: CudaBuffer,
+    act: CudaBuffer,
+    last: CudaBuffer,
+    logits: CudaBuffer,
+}
+
+fn acts(b: &CudaBackend, n: usize, seqs: usize) -> R<Acts> {
+    Ok(Acts {
+        residual: b.alloc(DType::F32, n * HIDDEN)?,
+        h: b.alloc(DType::F32, n * HIDDEN)?,
+        qkv: b.alloc(DType::F32, n * HEADS.qkv_width())?,
+        attn: b.alloc(DType::F32, n * HEADS.q_width())?,
+        proj: b.alloc(DType::F32, n * HIDDEN)?,
+        gate_up: b.alloc(DType::F32, n * 2 * INTER)?,
+        act: b.alloc(DType::F32, n * INTER)?,
+        last: b.alloc(DType::F32, seqs * HIDDEN)?,
+        logits: b.alloc(DType::F32, seqs * VOCAB)?,
+    })
+}
+
+/// One forward pass over `meta`'s tokens; greedy next token of each sequence (sampled on device).
+fn forward(
+    b: &CudaBackend,
+    m: &Llama,
+    kv: &mut [(CudaBuffer, CudaBuffer)],
+    a: &mut Acts,
+    ids: &CudaBuffer,
+    meta: &BatchMeta<CudaBackend>,
+    last_rows: &CudaBuffer,
+) -> R<Vec<u32>> {
+    let n = meta.n_tokens;
+    let eps = 1e-5;
+    b.embedding(&m.embed, ids, &mut a.residual, n, HIDDEN)?;
+    for (l, layer) in m.layers.iter().enumerate() {
+        if l == 0 {
+            b.rms_norm(&a.residual, &layer.attn_norm, &mut a.h, n, HIDDEN, eps)?;
+        } else {
+            b.add_rms_norm(&mut a.residual, &a.proj, &layer.attn_norm, &mut a.h, n, HIDDEN, eps)?;
+        }
+        b.matmul(&a.h, &layer.wqkv, &mut a.qkv, n, HIDDEN, HEADS.qkv_width())?;
+        b.rope(&mut a.qkv, &meta.positions, &m.cos, &m.sin, n, HEADS)?;
+        let (kc, vc) = &mut kv[l];
+        b.kv_write(&a.qkv, &meta.slot_mapping, kc, vc, n, HEADS)?;
+        b.paged_attention(&a.qkv, kc, vc, meta, &mut a.attn, HEADS, 16, 1.0 / (128f32).sqrt())?;
+        b.matmul(&a.attn, &layer.wo, &mut a.proj, n, HEADS.q_width(), HIDDEN)?;
+        b.add_rms_norm(&mut a.residual, &a.proj, &layer.mlp_norm, &mut a.h, n, HIDDEN, eps)?;
+        b.matmul(&a.h, &layer.w_gate_up, &mut a.gate_up, n, HIDDEN, 2 * INTER)?;
+        b.silu_mul(&a.gate_up, &mut a.act, n, INTER)?;
+        b.matmul(&a.act, &layer.w_down, &mut a.proj, n, INTER, HIDDEN)?;
+    }
+    b.add_rms_norm(&mut a.residual, &a.proj, &m.norm, &mut a.h, n, HIDDEN, eps)?;
+    let seqs = meta.n_seqs;
+    b.gather_rows(&a.h, last_rows, &mut a.last, seqs, HIDDEN)?;
+    b.matmul(&a.last, &m.lm_head, &mut a.logits, seqs, HIDDEN, VOCAB)?;
+    Ok(b.sample(&a.logits, VOCAB, &vec![SamplingRow::greedy(); seqs])?)
+}
+
+#[test]
+#[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
+fn bench_llama8b_decode() -> R<()> {
+    let Some(b) = device() else { return Ok(()) };
+    let (prompt, new_tokens, bs) = (128usize, 256usize, 16usize);
+    let max_ctx = prompt + new_tokens;
+    let t0 = Instant::now();
+    let model = build_llama(&b, max_ctx + 1)?;
+    b.synchronize()?;
+    println!("BENCH llama8b random bf16 weights ready in {:.1}s", t0.elapsed().as_secs_f64());
+    let blocks_per_seq = max_ctx.div_ceil(bs);
+    for batch in [1usize, 16, 64, 256] {
+        let num_blocks = batch * blocks_per_seq;
+        let mut kv = Vec::new();
+        for _ in 0..LAYERS {
+            kv.push((
+                b.alloc(DType::BF16, num_blocks * bs * HEADS.kv_width())?,
+                b.alloc(DType::BF16, num_blocks * bs * HEADS.kv_width())?,
+            ));
+        }
+        let tables: Vec<u32> = (0..num_blocks as u32).collect();
+        let slot = |s: usize, p: usize| (s * blocks_per_seq * bs + p) as u32;
+        let mut a = acts(&b, batch * prompt, batch)?;
+        let prompt_ids: Vec<u32> = (0..batch * prompt).map(|i| ((i * 2654435761) % VOCAB) as u32).collect();
+
+        let run = |a: &mut Acts, kv: &mut Vec<(CudaBuffer, CudaBuffer)>, steps: usize| -> R<(f64, f64, Vec<u32>)> {
+            let start = Instant::now();
+            let meta = BatchMeta::<CudaBackend> {
+                n_tokens: batch * prompt,
+                n_seqs: batch,
+                max_q_len: prompt,
+                max_ctx_len: prompt,
+                max_blocks_per_seq: blocks_per_seq,
+                positions: b.upload_u32(&(0..batch * prompt).map(|i| (i % prompt) as u32).collect::<Vec<_>>())?,
+                slot_mapping: b.upload_u32(&(0..batch * prompt).map(|i| slot(i / prompt, i % prompt)).collect::<Vec<_>>())?,
+                q_starts: b.upload_u32(&(0..=batch).map(|s| (s * prompt) as u32).collect::<Vec<_>>())?,
+                ctx_lens: b.upload_u32(&vec![prompt as u32; batch])?,
+                block_tables: b.upload_u32(&tables)?,
+            };
+            let ids = b.upload_u32(&prompt_ids)?;
+            let last = b.upload_u32(&(0..batch).map(|s| (s * prompt + prompt - 1) as u32).collect::<Vec<_>>())?;
+            let mut next = forward(&b, &model, kv, a, &ids, &meta, &last)?;
+            let prefill_s = start.elapsed().as_secs_f64();
+            let mut first_tokens = next.clone();
+            let rows = b.upload_u32(&(0..batch as u32).collect::<Vec<_>>())?;
+            let q_starts: Vec<u32> = (0..=batch as u32).collect();
+            for step in 1..steps {
+                let pos = prompt + step - 1;
+                let meta = BatchMeta::<CudaBackend> {
+                    n_tokens: batch,
+                    n_seqs: batch,
+                    max_q_len: 1,
+                    max_ctx_len: pos + 1,
+                    max_blocks_per_seq: blocks_per_seq,
+                    positions: b.upload_u32(&vec![pos as u32; batch])?,
+                    slot_mapping: b.upload_u32(&(0..batch).map(|s| slot(s, pos)).collect::<Vec<_>>())?,
+                    q_starts: b.upload_u32(&q_starts)?,
+                    ctx_lens: b.upload_u32(&vec![pos as u32 + 1; batch])?,
+                    block_tables: b.upload_u32(&tables)?,
+                };
+                let ids = b.upload_u32(&next)?;
+                next = forward(&b, &model, kv, a, &ids, &meta, &rows)?;
+                if step < 4 {
+                    first_tokens.push(next[0]);
+                }
+            }
+            Ok((prefill_s, start.elapsed().as_secs_f64(), first_tokens))
+        };
+        // Warm-up (compiles kernels, sizes scratch), then the timed run.
+        run(&mut a, &mut kv, 3)?;
+        let (prefill_s, total_s, toks) = run(&mut a, &mut kv, new_tokens)?;
+        let out_tokens = (batch * new_tokens) as f64;
+        println!(
+            "BENCH llama8b_decode batch={batch} prompt={prompt} new={new_tokens} total_s={total_s:.3} prefill_s={prefill_s:.3} \
+             tok_per_s={:.1} decode_tok_per_s={:.1} ms_per_step={:.2} first_tokens_seq0={:?}",
+            out_tokens / total_s,
+            (batch * (new_tokens - 1)) as f64 / (total_s - prefill_s),
+            (total_s - prefill_s) * 1e3 / (new_tokens - 1) as f64,
+            &toks[..toks.len().min(4)]
+        );
+    }
+    Ok(())
+}

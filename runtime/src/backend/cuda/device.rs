@@ -1,0 +1,178 @@
+//! Opening a GPU: library probes, context, stream, cuBLAS handle, memory transfers.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
+
+use super::buffer::CudaBuffer;
+use super::modules::ModuleCache;
+use crate::backend::{BackendError, DType};
+
+/// The CUDA backend: one device, one stream, the kernel cache and scratch memory.
+pub struct CudaBackend {
+    pub(super) ordinal: usize,
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) blas: CudaBlas,
+    pub(super) modules: ModuleCache,
+    /// Streaming multiprocessors, for sizing split-K grids.
+    pub(super) sm_count: usize,
+    /// Reusable scratch: the bf16 copy of matmul inputs and the decode-attention partials.
+    pub(super) scratch: Mutex<Scratch>,
+}
+
+/// Growable device scratch buffers, reused across ops (stream order makes reuse safe).
+#[derive(Default)]
+pub(super) struct Scratch {
+    /// bf16 copy of a matmul input, `[n * k]`.
+    pub(super) x_bf16: Option<CudaBuffer>,
+    /// Decode partial outputs `[seqs, kv_heads, splits, group, head_dim]` f32.
+    pub(super) part_o: Option<CudaBuffer>,
+    /// Decode partial (max, sum) `[seqs, kv_heads, splits, group, 2]` f32.
+    pub(super) part_ml: Option<CudaBuffer>,
+    /// Split arrival counters `[seqs, kv_heads]` u32, kept zero between launches.
+    pub(super) counters: Option<CudaBuffer>,
+}
+
+/// Maps a driver error to the backend's error type.
+pub(super) fn driver_err(e: DriverError) -> BackendError {
+    if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+        BackendError::OutOfMemory { bytes: 0 }
+    } else {
+        BackendError::Device(format!("CUDA driver: {e:?}"))
+    }
+}
+
+/// Why no CUDA device can be used, if none can (library missing, no device, bad ordinal).
+pub fn probe(ordinal: usize) -> Result<(), BackendError> {
+    // SAFETY: each probe only tries to open the shared library; no symbol is called.
+    let (driver, nvrtc, cublas) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            cudarc::nvrtc::sys::is_culib_present(),
+            cudarc::cublas::sys::is_culib_present(),
+        )
+    };
+    if !driver {
+        return Err(BackendError::Device(
+            "CUDA requested but the driver library libcuda.so.1 was not found (no NVIDIA driver?)"
+                .into(),
+        ));
+    }
+    if !nvrtc {
+        return Err(BackendError::Device(
+            "CUDA requested but libnvrtc.so (CUDA 13 runtime compiler) was not found".into(),
+        ));
+    }
+    if !cublas {
+        return Err(BackendError::Device(
+            "CUDA requested but libcublas.so (CUDA 13) was not found".into(),
+        ));
+    }
+    let count = CudaContext::device_count().map_err(driver_err)?;
+    if ordinal >= count.max(0) as usize {
+        return Err(BackendError::Device(format!(
+            "CUDA device {ordinal} requested but {count} device(s) found"
+        )));
+    }
+    Ok(())
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`, or says clearly why it cannot.
+    pub fn new(ordinal: usize) -> Result<Self, BackendError> {
+        probe(ordinal)?;
+        let ctx = CudaContext::new(ordinal).map_err(driver_err)?;
+        let stream = ctx.new_stream().map_err(driver_err)?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| BackendError::Device(format!("cuBLAS init: {e:?}")))?;
+        let (major, minor) = ctx.compute_capability().map_err(driver_err)?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err)? as usize;
+        let modules = ModuleCache::new(ctx.clone(), format!("compute_{major}{minor}"));
+        Ok(Self {
+            ordinal,
+            ctx,
+            stream,
+            blas,
+            modules,
+            sm_count,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// Device name as the driver reports it.
+    pub fn device_name(&self) -> String {
+        self.ctx.name().unwrap_or_else(|_| "unknown".into())
+    }
+
+    /// Allocates `len` elements of `dtype`, zero-filled.
+    pub(super) fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<CudaBuffer, BackendError> {
+        let bytes = len.max(1) * dtype.size_bytes();
+        let mem = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| {
+            if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+                BackendError::OutOfMemory { bytes }
+            } else {
+                driver_err(e)
+            }
+        })?;
+        Ok(CudaBuffer { dtype, len, mem })
+    }
+
+    /// Uploads raw little-endian bytes as a buffer of `dtype`.
+    pub(super) fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<CudaBuffer, BackendError> {
+        let len = bytes.len() / dtype.size_bytes();
+        let mut buf = self.alloc_zeroed(dtype, len)?;
+        if !bytes.is_empty() {
+            self.stream
+                .memcpy_htod(bytes, &mut buf.mem.slice_mut(0..bytes.len()))
+                .map_err(driver_err)?;
+        }
+        Ok(buf)
+    }
+
+    /// Copies `out.len()` bytes starting at byte `offset` of `buf` to the host (synchronous).
+    pub(super) fn download_raw(&self, buf: &CudaBuffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller checked offset + out.len() <= buf's size; the copy is waited for
+        // before `out` is used or dropped.
+        unsafe {
+            result::memcpy_dtoh_async(out, buf.ptr() + offset as u64, self.stream.cu_stream())
+                .map_err(driver_err)?;
+        }
+        self.stream.synchronize().map_err(driver_err)
+    }
+
+    /// Writes `bytes` at byte `offset` of `buf`.
+    pub(super) fn upload_raw(&self, buf: &mut CudaBuffer, offset: usize, bytes: &[u8]) -> Result<(), BackendError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller checked the range; the stream is synchronised before returning, so
+        // `bytes` outlives the copy.
+        unsafe {
+            result::memcpy_htod_async(buf.ptr() + offset as u64, bytes, self.stream.cu_stream())
+                .map_err(driver_err)?;
+        }
+        self.stream.synchronize().map_err(driver_err)
+    }
+
+    /// Device-to-device copy of `bytes` bytes between raw addresses, on the stream.
+    pub(super) fn copy_raw(&self, dst: u64, src: u64, bytes: usize) -> Result<(), BackendError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller checked both ranges lie inside live allocations.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(driver_err)
+    }
+}
+
+/// Grid size for a grid-stride kernel over `n` items with `threads` per block.
+pub(super) fn grid_for(n: usize, threads: usize) -> u32 {
+    n.div_ceil(threads).clamp(1, 1 << 20) as u32
+}

@@ -1,0 +1,105 @@
+//! Matrix products through cuBLAS: bf16 operands, f32 accumulation, f32 output.
+//!
+//! `out[n, m] = x[n, k] @ w[m, k]^T` with row-major buffers is, in cuBLAS's column-major terms,
+//! `C[m, n] = op(W)[m, k] · X[k, n]` with `W` transposed (`lda = k`), `X` as stored (`ldb = k`),
+//! `ldc = m`. The f32 input is first rounded to bf16 into a reusable scratch buffer.
+
+use std::ffi::c_void;
+
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use sov_kernels::KernelId;
+
+use super::buffer::CudaBuffer;
+use super::device::{CudaBackend, driver_err, grid_for};
+use crate::backend::{BackendError, DType, check_buffer};
+
+impl CudaBackend {
+    /// `out = x @ w^T` (see the module doc). `x: [n, k]` f32, `w: [m, k]` bf16, `out: [n, m]` f32.
+    pub(super) fn matmul_impl(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "matmul";
+        check_buffer(OP, "x", x, DType::F32, n * k)?;
+        check_buffer(OP, "w", w, DType::BF16, m * k)?;
+        check_buffer(OP, "out", out, DType::F32, n * m)?;
+        if n == 0 || m == 0 {
+            return Ok(());
+        }
+        let mut scratch = self
+            .scratch
+            .lock()
+            .map_err(|_| BackendError::Device("scratch lock poisoned".into()))?;
+        if scratch.x_bf16.as_ref().is_none_or(|b| b.len < n * k) {
+            scratch.x_bf16 = Some(self.alloc_zeroed(DType::BF16, (n * k).next_power_of_two())?);
+        }
+        let Some(xb) = scratch.x_bf16.as_ref() else {
+            return Err(BackendError::Device("matmul scratch missing".into()));
+        };
+        self.cast_f32_bf16(x.ptr(), xb.ptr(), n * k)?;
+        self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m)
+    }
+
+    /// Rounds `len` f32 values at `src` into bf16 at `dst`.
+    pub(super) fn cast_f32_bf16(&self, src: u64, dst: u64, len: usize) -> Result<(), BackendError> {
+        let f = self.modules.function(KernelId::Elementwise, None, "cast_f32_bf16")?;
+        let cfg = LaunchConfig { grid_dim: (grid_for(len, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&dst).arg(&src).arg(&len);
+        // SAFETY: dst holds >= len bf16 and src >= len f32 (checked by the caller); the kernel
+        // matches this argument list.
+        unsafe { b.launch(cfg) }.map_err(driver_err)?;
+        Ok(())
+    }
+
+    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16)` at raw device addresses.
+    pub(super) fn gemm_bf16_f32(
+        &self,
+        x: u64,
+        w: u64,
+        out: u64,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        let dims = |v: usize| {
+            i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("matmul dimension {v}")))
+        };
+        let (mi, ni, ki) = (dims(m)?, dims(n)?, dims(k)?);
+        let alpha = 1.0f32;
+        let beta = 0.0f32;
+        // SAFETY: the three addresses point at live buffers of at least m*k, n*k (bf16) and n*m
+        // (f32) elements (checked by the caller); the handle is bound to this backend's stream.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                mi,
+                ni,
+                ki,
+                (&alpha) as *const f32 as *const c_void,
+                w as *const c_void,
+                blas_sys::cudaDataType_t::CUDA_R_16BF,
+                ki,
+                x as *const c_void,
+                blas_sys::cudaDataType_t::CUDA_R_16BF,
+                ki,
+                (&beta) as *const f32 as *const c_void,
+                out as *mut c_void,
+                blas_sys::cudaDataType_t::CUDA_R_32F,
+                mi,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| BackendError::Device(format!("cuBLAS gemm ({n}x{k} @ {m}x{k}^T): {e:?}")))
+    }
+}
+

@@ -1,0 +1,32 @@
+//! CUDA implementation of [`crate::backend::Backend`] through cudarc (driver, NVRTC, cuBLAS).
+//!
+//! Design: one context and one non-default stream per backend; every op only enqueues work on that
+//! stream (so a decode step can be captured into a CUDA graph), and host copies synchronise.
+//! Kernels are the `.cu` units of the `sov-kernels` crate, compiled with NVRTC on first use for the
+//! device's architecture (attention units once per head configuration) and cached for the process
+//! ([`modules`]). Matrix products go through cuBLAS with bf16 operands and f32 accumulation
+//! ([`gemm`]). Weights and the paged KV cache are bf16; activations are f32 as the Backend contract
+//! says. Decode attention is split-K with the merge done by the last CTA ([`attention`]); the
+//! next-token choice can run on the device so only token ids come back ([`sampling`]).
+//! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
+//! [`CudaBackend::new`] then returns a clear error.
+
+mod attention;
+mod backend_impl;
+mod buffer;
+mod device;
+mod gemm;
+mod modules;
+mod ops;
+mod sampling;
+
+#[cfg(test)]
+mod bench;
+#[cfg(test)]
+mod reference;
+#[cfg(test)]
+mod tests;
+
+pub use buffer::CudaBuffer;
+pub use device::CudaBackend;
+pub use sampling::SamplingRow;

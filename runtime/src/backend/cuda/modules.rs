@@ -1,0 +1,103 @@
+//! NVRTC compilation of the `sov-kernels` units, once per process and (for attention) head shape.
+//!
+//! A unit is compiled for the device's virtual architecture (`compute_90` on an H200) and loaded as
+//! a module; its functions are looked up once. The cache is process-wide, keyed by device ordinal
+//! (cudarc contexts are the device's primary context, and a cached module keeps it alive), so every
+//! backend opened on the same device in the process shares the compiled units.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, result, sys};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use sov_kernels::{HeadConfig, KernelId};
+
+use super::device::driver_err;
+use crate::backend::BackendError;
+
+type UnitKey = (usize, KernelId, Option<HeadConfig>);
+
+/// Compiled units of every device of the process.
+static UNITS: OnceLock<Mutex<HashMap<UnitKey, Arc<Unit>>>> = OnceLock::new();
+
+/// A compiled unit: its module (kept alive) and function handles by name.
+struct Unit {
+    _module: Arc<CudaModule>,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+/// Handle on the process-wide cache for one device.
+pub(in crate::backend::cuda) struct ModuleCache {
+    ctx: Arc<CudaContext>,
+    arch: String,
+}
+
+impl ModuleCache {
+    pub(super) fn new(ctx: Arc<CudaContext>, arch: String) -> Self {
+        Self { ctx, arch }
+    }
+
+    /// The function `name` of unit `id` (compiled for `heads` when the unit needs it).
+    pub(super) fn function(
+        &self,
+        id: KernelId,
+        heads: Option<HeadConfig>,
+        name: &str,
+    ) -> Result<CudaFunction, BackendError> {
+        let heads = if id.needs_heads() { heads } else { None };
+        let unit = {
+            let mut units = UNITS
+                .get_or_init(|| Mutex::new(HashMap::new()))
+                .lock()
+                .map_err(|_| BackendError::Device("kernel cache lock poisoned".into()))?;
+            let key = (self.ctx.ordinal(), id, heads);
+            match units.get(&key) {
+                Some(u) => u.clone(),
+                None => {
+                    let u = Arc::new(self.compile(id, heads)?);
+                    units.insert(key, u.clone());
+                    u
+                }
+            }
+        };
+        unit.functions.get(name).cloned().ok_or_else(|| {
+            BackendError::Device(format!("kernel {name} not found in {}", id.file_name()))
+        })
+    }
+
+    fn compile(&self, id: KernelId, heads: Option<HeadConfig>) -> Result<Unit, BackendError> {
+        if id.needs_heads() {
+            let h = heads.ok_or_else(|| {
+                BackendError::Device(format!("{} needs a head configuration", id.file_name()))
+            })?;
+            h.validate().map_err(|e| BackendError::Unsupported(e.to_string()))?;
+        }
+        let mut options = vec![format!("--gpu-architecture={}", self.arch)];
+        options.extend(id.defines(heads));
+        let opts = CompileOptions { options, ..Default::default() };
+        let ptx = compile_ptx_with_opts(id.source(), opts).map_err(|e| {
+            BackendError::Device(format!("NVRTC failed on {}: {e:?}", id.file_name()))
+        })?;
+        let module = self.ctx.load_module(ptx).map_err(driver_err)?;
+        let mut functions = HashMap::new();
+        for &name in id.functions() {
+            let f = module.load_function(name).map_err(driver_err)?;
+            if id == KernelId::PrefillAttention {
+                let head_dim = heads.map(|h| h.head_dim).unwrap_or(0);
+                let bytes = sov_kernels::prefill_shared_bytes(head_dim) as i32;
+                // SAFETY: `f` is a live function of a loaded module; the attribute only raises the
+                // dynamic shared-memory limit to what the launch will request.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f.cu_function(),
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes,
+                    )
+                }
+                .map_err(driver_err)?;
+            }
+            functions.insert(name, f);
+        }
+        Ok(Unit { _module: module, functions })
+    }
+}

@@ -1,0 +1,234 @@
+//! Launches of the element-wise and row kernels (`elementwise.cu`, `rope_kv.cu`).
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use sov_kernels::KernelId;
+
+use super::buffer::CudaBuffer;
+use super::device::{CudaBackend, driver_err, grid_for};
+use crate::backend::{BackendError, DType, HeadShape, check_buffer};
+
+/// `v` as a kernel `int`, or an error naming `what`.
+pub(super) fn to_i32(v: usize, what: &str) -> Result<i32, BackendError> {
+    i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("{what} = {v} exceeds i32")))
+}
+
+fn grid_stride(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid_for(n, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn per_row(rows: usize, width: usize) -> LaunchConfig {
+    let threads = width.div_ceil(32).clamp(1, 32) as u32 * 32;
+    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+impl CudaBackend {
+    pub(super) fn embedding_impl(
+        &self,
+        table: &CudaBuffer,
+        ids: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        hidden: usize,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "embedding";
+        if table.dtype != DType::BF16 {
+            return Err(BackendError::Unsupported(format!("{OP} table of dtype {:?}", table.dtype)));
+        }
+        let vocab = table.len / hidden.max(1);
+        if vocab == 0 {
+            return Err(BackendError::Shape { op: OP, detail: "empty table".into() });
+        }
+        check_buffer(OP, "ids", ids, DType::U32, n)?;
+        check_buffer(OP, "out", out, DType::F32, n * hidden)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.modules.function(KernelId::Elementwise, None, "embedding_gather")?;
+        let (d, v) = (to_i32(hidden, "hidden")?, to_i32(vocab, "vocab")?);
+        let (o, t, i) = (out.ptr(), table.ptr(), ids.ptr());
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&o).arg(&t).arg(&i).arg(&d).arg(&v);
+        // SAFETY: buffers checked above; argument list matches embedding_gather.
+        unsafe { b.launch(per_row(n, hidden)) }.map_err(driver_err)?;
+        Ok(())
+    }
+
+    /// RMSNorm of `residual` (after adding `delta` into it when given) into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rms_norm_impl(
+        &self,
+        op: &'static str,
+        residual: u64,
+        delta: Option<&CudaBuffer>,
+        weight: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        check_buffer(op, "weight", weight, DType::F32, d)?;
+        check_buffer(op, "out", out, DType::F32, n * d)?;
+        if let Some(x) = delta {
+            check_buffer(op, "x", x, DType::F32, n * d)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.modules.function(KernelId::Elementwise, None, "rmsnorm_residual")?;
+        let di = to_i32(d, "d")?;
+        let (o, w) = (out.ptr(), weight.ptr());
+        let x = delta.map_or(0u64, |b| b.ptr());
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&o).arg(&residual).arg(&x).arg(&w).arg(&di).arg(&eps);
+        // SAFETY: sizes checked above (residual by the caller); a null delta means plain RMSNorm,
+        // in which case the kernel never writes `residual`.
+        unsafe { b.launch(per_row(n, d)) }.map_err(driver_err)?;
+        Ok(())
+    }
+
+    pub(super) fn add_bias_impl(&self, x: &mut CudaBuffer, bias: &CudaBuffer, n: usize, m: usize) -> Result<(), BackendError> {
+        const OP: &str = "add_bias";
+        check_buffer(OP, "x", x, DType::F32, n * m)?;
+        check_buffer(OP, "bias", bias, DType::F32, m)?;
+        if n * m == 0 {
+            return Ok(());
+        }
+        let f = self.modules.function(KernelId::Elementwise, None, "add_bias")?;
+        let (ni, mi) = (to_i32(n, "n")?, to_i32(m, "m")?);
+        let (xp, bp) = (x.ptr(), bias.ptr());
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&xp).arg(&bp).arg(&ni).arg(&mi);
+        // SAFETY: sizes checked above.
+        unsafe { b.launch(grid_stride(n * m)) }.map_err(driver_err)?;
+        Ok(())
+    }
+
+    pub(super) fn rope_impl(
+        &self,
+        qkv: &mut CudaBuffer,
+        positions: &CudaBuffer,
+        cos: &CudaBuffer,
+        sin: &CudaBuffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "rope";
+        let half = heads.head_dim / 2;
+        check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
+        check_buffer(OP, "positions", positions, DType::U32, n)?;
+        check_buffer(OP, "cos", cos, DType::F32, half)?;
+        check_buffer(OP, "sin", sin, DType::F32, cos.len)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.modules.function(KernelId::RopeKv, None, "rope_inplace")?;
+        let rot = heads.n_heads + heads.n_kv_heads;
+        let (ni, ri, di, si) = (
+            to_i32(n, "n")?,
+            to_i32(rot, "heads")?,
+            to_i32(heads.head_dim, "head_dim")?,
+            to_i32(heads.qkv_width(), "qkv width")?,
+        );
+        let (q, p, c, s) = (qkv.ptr(), positions.ptr(), cos.ptr(), sin.ptr());
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&q).arg(&p).arg(&c).arg(&s).arg(&ni).arg(&ri).arg(&di).arg(&si);
+        // SAFETY: sizes checked above; positions index rows of the tables, which the model sizes to
+        // its max position (an out-of-range position is the caller's contract violation).
+        unsafe { b.launch(grid_stride(n * rot * half)) }.map_err(driver_err)?;
+        Ok(())
+    }
+
+    pub(super) fn kv_write_impl(
+        &self,
+        qkv: &CudaBuffer,
+        slot_mapping: &CudaBuffer,
+        k_cache: &mut CudaBuffer,
+        v_cache: &mut CudaBuffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "kv_write";
+        check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
+        check_buffer(OP, "slot_mapping", slot_mapping, DType::U32, n)?;
+        check_buffer(OP, "k_cache", k_cache, DType::BF16, heads.kv_width())?;
+        check_buffer(OP, "v_cache", v_cache, DType::BF16, k_cache.len)?;
+        if heads.kv_width() % 8 != 0 {
+            return Err(BackendError::Unsupported(format!("{OP}: KVH * D = {} not a multiple of 8", heads.kv_width())));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.modules.function(KernelId::RopeKv, None, "kv_write")?;
+        let (ni, qw, kw, rs) = (
+            to_i32(n, "n")?,
+            to_i32(heads.q_width(), "q width")?,
+            to_i32(heads.kv_width(), "kv width")?,
+            to_i32(heads.qkv_width(), "qkv width")?,
+        );
+        let (kc, vc, q, s) = (k_cache.ptr(), v_cache.ptr(), qkv.ptr(), slot_mapping.ptr());
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&kc).arg(&vc).arg(&q).arg(&s).arg(&ni).arg(&qw).arg(&kw).arg(&rs);
+        // SAFETY: sizes checked above; slots are allocated by the engine inside the cache.
+        unsafe { b.launch(grid_stride(n * heads.kv_width() / 8)) }.map_err(driver_err)?;
+        Ok(())
+    }
+
+    pub(super) fn silu_mul_impl(&self, gate_up: &CudaBuffer, out: &mut CudaBuffer, n: usize, f: usize) -> Result<(), BackendError> {
+        const OP: &str = "silu_mul";
+        check_buffer(OP, "gate_up", gate_up, DType::F32, n * 2 * f)?;
+        check_buffer(OP, "out", out, DType::F32, n * f)?;
+        if n * f == 0 {
+            return Ok(());
+        }
+        let func = self.modules.function(KernelId::Elementwise, None, "silu_mul")?;
+        let (ni, fi) = (to_i32(n, "n")?, to_i32(f, "f")?);
+        let (o, g) = (out.ptr(), gate_up.ptr());
+        let mut b = self.stream.launch_builder(&func);
+        b.arg(&o).arg(&g).arg(&ni).arg(&fi);
+        // SAFETY: sizes checked above.
+        unsafe { b.launch(grid_stride(n * f)) }.map_err(driver_err)?;
+        Ok(())
+    }
+
+    pub(super) fn gather_rows_impl(
+        &self,
+        x: &CudaBuffer,
+        rows: &CudaBuffer,
+        out: &mut CudaBuffer,
+        r: usize,
+        d: usize,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "gather_rows";
+        check_buffer(OP, "x", x, DType::F32, d)?;
+        check_buffer(OP, "rows", rows, DType::U32, r)?;
+        check_buffer(OP, "out", out, DType::F32, r * d)?;
+        if r == 0 {
+            return Ok(());
+        }
+        let f = self.modules.function(KernelId::Elementwise, None, "gather_rows")?;
+        let di = to_i32(d, "d")?;
+        let (o, xp, rp) = (out.ptr(), x.ptr(), rows.ptr());
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&o).arg(&xp).arg(&rp).arg(&di);
+        // SAFETY: sizes checked above; row indices are < n by the op's contract.
+        unsafe { b.launch(per_row(r, d)) }.map_err(driver_err)?;
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// Fills a bf16 buffer with `scale * U[-1, 1)` from a hash of (seed, index), on the device
+    /// (benchmark weights and caches without a host round trip).
+    pub fn fill_random_bf16(&self, buf: &mut CudaBuffer, seed: u32, scale: f32) -> Result<(), BackendError> {
+        if buf.dtype != DType::BF16 {
+            return Err(BackendError::Unsupported(format!("fill_random_bf16 on {:?}", buf.dtype)));
+        }
+        let f = self.modules.function(KernelId::Elementwise, None, "fill_random_bf16")?;
+        let (p, n) = (buf.ptr(), buf.len);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&p).arg(&n).arg(&seed).arg(&scale);
+        // SAFETY: writes exactly buf.len bf16 elements.
+        unsafe { b.launch(grid_stride(n)) }.map_err(driver_err)?;
+        Ok(())
+    }
+}
