@@ -1,1 +1,67 @@
-//! Command-line subcommands of the `sov` binary.
+//! Command-line subcommands of the `sov` binary (clap). `main.rs` only calls [`main_entry`].
+//!
+//! - `generate`: run prompts, stream text ([`generate`])
+//! - `bench`: offline serving benchmark ([`bench`])
+//! - `slots get|set`: the live control surface of a running engine ([`slots`])
+//! - `spec check|graph`: the spec compiler without building ([`spec`])
+//! - `keygen`, `verify`: checkpoint receipt keys and chain verification ([`keygen`], [`verify`])
+
+pub mod bench;
+pub mod bench_stats;
+pub mod generate;
+pub mod keygen;
+pub mod model_args;
+pub mod slots;
+pub mod spec;
+pub mod verify;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// sov: serve Llama-family models with a spec-generated continuous-batching scheduler.
+#[derive(Parser, Debug)]
+#[command(name = "sov", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text for one or more prompts, streaming it as it is produced.
+    Generate(generate::GenerateArgs),
+    /// Benchmark serving throughput and latency (vLLM `bench serve` conventions).
+    Bench(bench::BenchArgs),
+    /// Read or steer a running engine through its slot file.
+    #[command(subcommand)]
+    Slots(slots::SlotsCommand),
+    /// Check a scheduler spec or print its state graph.
+    #[command(subcommand)]
+    Spec(spec::SpecCommand),
+    /// Create the Ed25519 key that signs checkpoint receipts.
+    Keygen(keygen::KeygenArgs),
+    /// Verify a checkpoint directory's receipt chain.
+    Verify(verify::VerifyArgs),
+}
+
+/// Parses the command line, runs the command, reports errors on stderr.
+pub fn main_entry() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Slots(c) => slots::run(c),
+        Command::Spec(c) => spec::run(c),
+        Command::Keygen(a) => keygen::run(a),
+        Command::Verify(a) => verify::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sov: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! `sov bench`: offline serving benchmark with vLLM's `bench serve` conventions. N requests of
+//! random token ids with fixed (or, with `--random-range-ratio`, uniformly varying) input and
+//! output lengths, at most `--concurrency` in flight; reports request and token throughput, TTFT,
+//! TPOT and ITL (mean, median, p99) and peak memory; `--json` for machines.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::bench_stats::{Summary, peak_rss_bytes, summarize};
+use super::model_args::ModelArgs;
+use crate::engine::{Engine, FinishReason, Finished, Prompt, Request, SamplingParams};
+
+/// Arguments of `sov bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Number of requests.
+    #[arg(long, default_value_t = 64)]
+    pub num_prompts: usize,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Generated tokens per request.
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Lengths vary uniformly in [len * (1 - r), len * (1 + r)] (vLLM's random dataset).
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+    /// Most requests in flight (default: all at once).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Generate exactly the output length, ignoring end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Seed of the prompt generator and the samplers.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The benchmark's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    pub model: String,
+    pub num_prompts: usize,
+    pub completed: usize,
+    pub failed: usize,
+    pub max_concurrency: usize,
+    pub duration_s: f64,
+    pub total_input_tokens: usize,
+    pub total_output_tokens: usize,
+    pub request_throughput: f64,
+    pub output_throughput: f64,
+    pub total_token_throughput: f64,
+    pub ttft: Summary,
+    pub tpot: Summary,
+    pub itl: Summary,
+    pub e2el: Summary,
+    pub peak_rss_mib: f64,
+}
+
+/// One request's prompt and output length.
+fn workload(args: &BenchArgs, vocab: usize, eos: &[u32]) -> Vec<(Vec<u32>, usize)> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let range = |len: usize, rng: &mut rand::rngs::StdRng| {
+        let r = args.random_range_ratio.clamp(0.0, 1.0);
+        let lo = ((len as f64) * (1.0 - r)).round().max(1.0) as usize;
+        let hi = ((len as f64) * (1.0 + r)).round().max(lo as f64) as usize;
+        rng.gen_range(lo..=hi)
+    };
+    (0..args.num_prompts)
+        .map(|_| {
+            let n_in = range(args.input_len, &mut rng);
+            let n_out = range(args.output_len, &mut rng);
+            let prompt = (0..n_in)
+                .map(|_| {
+                    loop {
+                        let t = rng.gen_range(0..vocab as u32);
+                        if !eos.contains(&t) {
+                            break t;
+                        }
+                    }
+                })
+                .collect();
+            (prompt, n_out)
+        })
+        .collect()
+}
+
+fn collect(rx: std::sync::mpsc::Receiver<crate::engine::Output>) -> Option<(Finished, Instant)> {
+    loop {
+        let out = rx.recv().ok()?;
+        if let Some(f) = out.finished {
+            return Some((f, out.time));
+        }
+    }
+}
+
+fn run_requests(
+    engine: &Engine,
+    args: &BenchArgs,
+    work: Vec<(Vec<u32>, usize)>,
+) -> (Vec<(Finished, Duration)>, usize, Duration) {
+    let concurrency = args
+        .concurrency
+        .unwrap_or(work.len())
+        .clamp(1, work.len().max(1));
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::new());
+    let failed = AtomicUsize::new(0);
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..concurrency {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((prompt, n_out)) = work.get(i) else {
+                        break;
+                    };
+                    let request = Request {
+                        prompt: Prompt::Tokens(prompt.clone()),
+                        max_tokens: *n_out,
+                        sampling: SamplingParams {
+                            temperature: args.temperature,
+                            seed: Some(args.seed.wrapping_add(i as u64)),
+                            ..SamplingParams::default()
+                        },
+                        stop: Vec::new(),
+                        ignore_eos: args.ignore_eos,
+                    };
+                    let submitted = Instant::now();
+                    match engine.submit(request).ok().and_then(collect) {
+                        Some((f, end)) if !matches!(f.reason, FinishReason::Error(_)) => {
+                            if let Ok(mut r) = results.lock() {
+                                r.push((f, end.duration_since(submitted)));
+                            }
+                        }
+                        _ => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let duration = t0.elapsed();
+    (
+        results.into_inner().unwrap_or_default(),
+        failed.into_inner(),
+        duration,
+    )
+}
+
+/// Runs `sov bench`.
+pub fn run(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
+    let started = args.model.start(false)?;
+    let engine = &started.engine;
+    let limits = engine.limits();
+    let eos: Vec<u32> = Vec::new();
+    // Warm-up: one short request (page in weights, size buffers).
+    let warm = engine.submit(Request {
+        prompt: Prompt::Tokens(vec![1; 16.min(limits.context_len - 1)]),
+        max_tokens: 4,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        ignore_eos: true,
+    })?;
+    collect(warm).context("warm-up request failed")?;
+    let work = workload(&args, limits.vocab_size, &eos);
+    let total_input_tokens: usize = work.iter().map(|w| w.0.len()).sum();
+    let max_concurrency = args.concurrency.unwrap_or(work.len());
+    let (results, failed, duration) = run_requests(engine, &args, work);
+    let secs = duration.as_secs_f64().max(1e-9);
+    let total_output_tokens: usize = results.iter().map(|r| r.0.output_tokens.len()).sum();
+    let ttfts: Vec<Duration> = results
+        .iter()
+        .filter_map(|r| r.0.time_to_first_token)
+        .collect();
+    let tpots: Vec<Duration> = results
+        .iter()
+        .filter(|r| r.0.output_tokens.len() > 1)
+        .filter_map(|(f, e2e)| {
+            let ttft = f.time_to_first_token?;
+            Some(e2e.saturating_sub(ttft) / (f.output_tokens.len() as u32 - 1))
+        })
+        .collect();
+    let itls: Vec<Duration> = results
+        .iter()
+        .flat_map(|r| r.0.inter_token_latencies.iter().copied())
+        .collect();
+    let e2els: Vec<Duration> = results.iter().map(|r| r.1).collect();
+    let result = BenchResult {
+        model: started.model_name.clone(),
+        num_prompts: args.num_prompts,
+        completed: results.len(),
+        failed,
+        max_concurrency,
+        duration_s: secs,
+        total_input_tokens,
+        total_output_tokens,
+        request_throughput: results.len() as f64 / secs,
+        output_throughput: total_output_tokens as f64 / secs,
+        total_token_throughput: (total_input_tokens + total_output_tokens) as f64 / secs,
+        ttft: summarize(&ttfts),
+        tpot: summarize(&tpots),
+        itl: summarize(&itls),
+        e2el: summarize(&e2els),
+        peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        print_report(&result);
+    }
+    Ok(if failed == 0 {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    })
+}
+
+fn print_report(r: &BenchResult) {
+    let line = |k: &str, v: String| println!("{k:<40}{v:>12}");
+    println!("{:=^52}", " Serving Benchmark Result ");
+    line("Successful requests:", r.completed.to_string());
+    line("Failed requests:", r.failed.to_string());
+    line(
+        "Maximum request concurrency:",
+        r.max_concurrency.to_string(),
+    );
+    line("Benchmark duration (s):", format!("{:.2}", r.duration_s));
+    line("Total input tokens:", r.total_input_tokens.to_string());
+    line("Total generated tokens:", r.total_output_tokens.to_string());
+    line(
+        "Request throughput (req/s):",
+        format!("{:.2}", r.request_throughput),
+    );
+    line(
+        "Output token throughput (tok/s):",
+        format!("{:.2}", r.output_throughput),
+    );
+    line(
+        "Total Token throughput (tok/s):",
+        format!("{:.2}", r.total_token_throughput),
+    );
+    for (title, short, s) in [
+        ("Time to First Token", "TTFT", r.ttft),
+        ("Time per Output Token (excl. 1st token)", "TPOT", r.tpot),
+        ("Inter-token Latency", "ITL", r.itl),
+        ("End-to-end Latency", "E2EL", r.e2el),
+    ] {
+        println!("{:-^52}", title);
+        line(&format!("Mean {short} (ms):"), format!("{:.2}", s.mean_ms));
+        line(
+            &format!("Median {short} (ms):"),
+            format!("{:.2}", s.median_ms),
+        );
+        line(&format!("P99 {short} (ms):"), format!("{:.2}", s.p99_ms));
+    }
+    println!("{:-^52}", "Memory");
+    line("Peak RSS (MiB):", format!("{:.1}", r.peak_rss_mib));
+    println!("{:=^52}", "");
+}

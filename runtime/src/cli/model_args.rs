@@ -1,0 +1,89 @@
+//! Options shared by the commands that run a model (`generate`, `bench`): which model, which
+//! device, which machine spec, how much KV cache; and starting an engine from them.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use crate::engine::setup::{Device, EngineOptions, Started, start_engine};
+use crate::loader::{load_model, resolve_model};
+use crate::scheduler::{laptop, seed};
+
+/// Which generated machine drives the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MachineChoice {
+    /// specs/scheduler.toml: the seed scheduler with continuous batching (default).
+    Seed,
+    /// specs/laptop.toml: checkpoints every 16 steps, preemption by recomputation.
+    Laptop,
+}
+
+/// Model and engine options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A .gguf file, a Hugging Face folder, or a known name (default: smollm2-135m, fetched into
+    /// sov's cache on first use).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+    /// Scheduler machine (a spec compiled into this binary).
+    #[arg(long, value_enum, default_value_t = MachineChoice::Seed)]
+    pub machine: MachineChoice,
+    /// KV cache budget in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub kv_memory_mb: usize,
+    /// Most sequences in the running batch.
+    #[arg(long, default_value_t = 256)]
+    pub max_batch: usize,
+    /// Most prompt tokens per prefill forward pass.
+    #[arg(long, default_value_t = 2048)]
+    pub max_prefill_tokens: usize,
+    /// Cap on the context length (default: the model's).
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    /// Run directory for the slot file (default: a fresh one under sov's state directory).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    /// Resolves and loads the model, then starts the engine; progress goes to stderr.
+    pub fn start(&self, trace: bool) -> anyhow::Result<Started> {
+        let t0 = Instant::now();
+        let path = resolve_model(self.model.as_deref())?;
+        let loaded =
+            load_model(&path, true).with_context(|| format!("loading {}", path.display()))?;
+        let run_dir = match &self.run_dir {
+            Some(d) => {
+                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                d.clone()
+            }
+            None => crate::engine::run_dir::create_run_dir()?,
+        };
+        let opts = EngineOptions {
+            device: self.device,
+            kv_memory_bytes: self.kv_memory_mb << 20,
+            max_batch: self.max_batch,
+            max_prefill_tokens: self.max_prefill_tokens,
+            max_context: self.max_context,
+            trace,
+            run_dir: Some(run_dir.clone()),
+        };
+        let started = match self.machine {
+            MachineChoice::Seed => start_engine::<seed::Scheduler>(loaded, &opts)?,
+            MachineChoice::Laptop => start_engine::<laptop::Scheduler>(loaded, &opts)?,
+        };
+        eprintln!(
+            "sov: {} on {:?} loaded in {:.1}s; KV cache {} MiB; slots: {}",
+            started.model_name,
+            self.device,
+            t0.elapsed().as_secs_f64(),
+            self.kv_memory_mb,
+            run_dir.join("slots").display()
+        );
+        Ok(started)
+    }
+}
