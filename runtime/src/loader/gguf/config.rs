@@ -48,7 +48,7 @@ pub fn llama_config(
     let num_key_value_heads = int("attention.head_count_kv").unwrap_or(num_attention_heads);
     if num_attention_heads == 0
         || num_key_value_heads == 0
-        || num_attention_heads % num_key_value_heads != 0
+        || !num_attention_heads.is_multiple_of(num_key_value_heads)
     {
         return Err(LoadError::metadata(
             path,

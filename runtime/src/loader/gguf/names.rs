@@ -69,7 +69,7 @@ pub fn unpermute_rows<T: Copy>(
     cols: usize,
     n_head: usize,
 ) -> Option<Vec<T>> {
-    if n_head == 0 || rows % (2 * n_head) != 0 || data.len() != rows.checked_mul(cols)? {
+    if n_head == 0 || !rows.is_multiple_of(2 * n_head) || data.len() != rows.checked_mul(cols)? {
         return None;
     }
     let head_rows = rows / n_head;

@@ -202,7 +202,7 @@ impl<'a> Gguf<'a> {
             bytes,
         };
         for t in &gguf.tensors {
-            if t.offset % alignment != 0 {
+            if !t.offset.is_multiple_of(alignment) {
                 return Err(LoadError::metadata(
                     path,
                     format!(

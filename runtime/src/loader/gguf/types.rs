@@ -121,7 +121,7 @@ impl GgmlType {
     /// not a whole number of blocks or the size overflows.
     pub fn byte_size(&self, ne: &[u64]) -> Option<u64> {
         let row = *ne.first()?;
-        if row % self.block_elems != 0 {
+        if !row.is_multiple_of(self.block_elems) {
             return None;
         }
         let rows = ne[1..]

@@ -65,7 +65,7 @@ pub fn parse_config(path: &Path, text: &str) -> Result<LlamaConfig, LoadError> {
     let num_key_value_heads = opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
     if num_attention_heads == 0
         || num_key_value_heads == 0
-        || num_attention_heads % num_key_value_heads != 0
+        || !num_attention_heads.is_multiple_of(num_key_value_heads)
     {
         return Err(bad(format!(
             "head counts {num_attention_heads}/{num_key_value_heads} are not a valid GQA split"
