@@ -9,8 +9,10 @@ use std::path::PathBuf;
 
 use super::gguf::reader::Gguf;
 use super::gguf::tokenizer::tokenizer_from_gguf;
+use super::tensor::HostData;
 use super::tokenizer::Tokenizer;
 use super::{ChatMessage, cached_default_model, load_model};
+use half::f16;
 
 fn default_model() -> Option<PathBuf> {
     let found = cached_default_model();
@@ -118,4 +120,51 @@ fn default_model_loads_with_the_published_shape() {
     assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
     let ids = m.tokenizer.encode(&prompt, m.add_bos).expect("encodes");
     assert_eq!(ids[0], 1);
+
+    // Tensor slices against gguf-py's dequantization + numpy's un-permutation of the same file
+    // (fixtures/smollm2_reference.json, written by make_gguf_fixtures.py).
+    let reference = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/loader/fixtures/smollm2_reference.json"),
+    )
+    .expect("reference readable");
+    let reference: serde_json::Value = serde_json::from_str(&reference).expect("reference json");
+    let as_f32 = |v: &serde_json::Value| -> Vec<f32> {
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_f64().expect("number") as f32)
+            .collect()
+    };
+    for (name, r) in reference["tensors"].as_object().expect("tensors") {
+        let t = &m.tensors[name];
+        let values = t.to_f32();
+        let cols = t.shape.last().copied().unwrap_or(1);
+        let rows: Vec<usize> = match r["rows"].as_array() {
+            None => vec![0],
+            Some(rows) => rows
+                .iter()
+                .map(|x| x.as_u64().expect("row") as usize)
+                .collect(),
+        };
+        let wanted: Vec<Vec<f32>> = match r["rows"].as_array() {
+            None => vec![as_f32(&r["values"])],
+            Some(_) => r["values"]
+                .as_array()
+                .expect("rows")
+                .iter()
+                .map(as_f32)
+                .collect(),
+        };
+        for (row, want) in rows.iter().zip(wanted) {
+            let start = if t.shape.len() == 1 { 0 } else { row * cols };
+            let got = &values[start..start + want.len()];
+            // Quantized tensors are stored as f16: compare with the reference rounded once.
+            let want: Vec<f32> = match &t.data {
+                HostData::F16(_) => want.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
+                _ => want,
+            };
+            assert_eq!(got, want.as_slice(), "{name} row {row}");
+        }
+    }
 }
