@@ -74,3 +74,6 @@ pub mod seed {
 pub mod laptop {
     sov_macros::machine!("../specs/laptop.toml");
 }
+
+#[cfg(test)]
+mod tests;
