@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use crate::engine::setup::{Device, EngineOptions, Started, start_engine};
+use crate::engine::random_model::{WeightDtype, llama3_8b_config, tiny_config};
+use crate::engine::setup::{Device, EngineOptions, ModelParts, Started, start_engine};
 use crate::loader::{load_model, resolve_model};
 use crate::scheduler::{laptop, seed};
 
@@ -23,7 +24,8 @@ pub enum MachineChoice {
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
     /// A .gguf file, a Hugging Face folder, or a known name (default: smollm2-135m, fetched into
-    /// sov's cache on first use).
+    /// sov's cache on first use); `random:tiny` or `random:llama3-8b` for random bf16 weights of
+    /// that shape (no download; text is raw bytes).
     #[arg(long)]
     pub model: Option<String>,
     /// cpu, cuda or cuda:N.
@@ -53,9 +55,28 @@ impl ModelArgs {
     /// Resolves and loads the model, then starts the engine; progress goes to stderr.
     pub fn start(&self, trace: bool) -> anyhow::Result<Started> {
         let t0 = Instant::now();
-        let path = resolve_model(self.model.as_deref())?;
-        let loaded =
-            load_model(&path, true).with_context(|| format!("loading {}", path.display()))?;
+        let parts: ModelParts = match self
+            .model
+            .as_deref()
+            .and_then(|m| m.strip_prefix("random:"))
+        {
+            Some(shape) => {
+                let config = match shape {
+                    "tiny" => tiny_config(),
+                    "llama3-8b" => llama3_8b_config(),
+                    other => {
+                        anyhow::bail!("unknown random shape `{other}` (expected tiny or llama3-8b)")
+                    }
+                };
+                ModelParts::random(config, 0, WeightDtype::BF16, &format!("random {shape}"))
+            }
+            None => {
+                let path = resolve_model(self.model.as_deref())?;
+                load_model(&path, true)
+                    .with_context(|| format!("loading {}", path.display()))?
+                    .into()
+            }
+        };
         let run_dir = match &self.run_dir {
             Some(d) => {
                 std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
@@ -73,8 +94,8 @@ impl ModelArgs {
             run_dir: Some(run_dir.clone()),
         };
         let started = match self.machine {
-            MachineChoice::Seed => start_engine::<seed::Scheduler>(loaded, &opts)?,
-            MachineChoice::Laptop => start_engine::<laptop::Scheduler>(loaded, &opts)?,
+            MachineChoice::Seed => start_engine::<seed::Scheduler>(parts, &opts)?,
+            MachineChoice::Laptop => start_engine::<laptop::Scheduler>(parts, &opts)?,
         };
         eprintln!(
             "sov: {} on {:?} loaded in {:.1}s; KV cache {} MiB; slots: {}",

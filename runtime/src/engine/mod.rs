@@ -18,6 +18,7 @@ pub mod handle;
 pub mod intake;
 pub mod llama;
 pub mod output;
+pub mod random_model;
 pub mod request;
 pub mod rng;
 pub mod run_dir;

@@ -1,18 +1,22 @@
 //! Starting an engine on a loaded model: pick the backend, size the KV cache from a memory budget,
 //! build the model, start the engine thread with the machine chosen by the caller.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::loader::tensor::HostTensor;
 use crate::loader::{ChatTemplate, LoadedModel};
 use crate::model::LlamaModel;
 use crate::model::config::LlamaConfig;
 use crate::scheduler::Machine;
 
+use super::codec::{ByteCodec, TextCodec};
 use super::error::EngineError;
 use super::handle::{Engine, EngineConfig};
 use super::llama::{LlamaRunner, TokenizerCodec};
+use super::random_model::{WeightDtype, random_weights};
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,57 +82,97 @@ pub struct Started {
     pub config: LlamaConfig,
 }
 
+/// Everything an engine needs from a model source.
+pub struct ModelParts {
+    pub config: LlamaConfig,
+    pub tensors: HashMap<String, HostTensor>,
+    pub codec: Arc<dyn TextCodec>,
+    pub eos_ids: Vec<u32>,
+    pub chat_template: Option<ChatTemplate>,
+    pub name: String,
+}
+
+impl From<LoadedModel> for ModelParts {
+    fn from(m: LoadedModel) -> Self {
+        let codec = TokenizerCodec {
+            tokenizer: m.tokenizer,
+            add_special: m.add_bos,
+        };
+        Self {
+            config: m.config,
+            tensors: m.tensors,
+            codec: Arc::new(codec),
+            eos_ids: m.eos_token_ids,
+            chat_template: m.chat_template,
+            name: m.name,
+        }
+    }
+}
+
+impl ModelParts {
+    /// A random-weight model of shape `config` (see [`super::random_model`]); text is bytes.
+    pub fn random(config: LlamaConfig, seed: u64, dtype: WeightDtype, name: &str) -> Self {
+        let tensors = random_weights(&config, seed, dtype);
+        Self {
+            config,
+            tensors,
+            codec: Arc::new(ByteCodec),
+            eos_ids: Vec::new(),
+            chat_template: None,
+            name: name.into(),
+        }
+    }
+}
+
 /// Builds the model on `opts.device` and starts an engine running machine `M`.
 pub fn start_engine<M: Machine + 'static>(
-    loaded: LoadedModel,
+    parts: impl Into<ModelParts>,
     opts: &EngineOptions,
 ) -> Result<Started, EngineError> {
+    let parts = parts.into();
     match opts.device {
-        Device::Cpu => start_on::<M, _>(CpuBackend::new(), loaded, opts),
+        Device::Cpu => start_on::<M, _>(CpuBackend::new(), parts, opts),
         Device::Cuda(n) => Err(EngineError::Forward(format!(
             "device cuda:{n}: this build's engine has no CUDA backend wired in yet; use --device cpu"
         ))),
     }
 }
 
-/// Starts an engine for `loaded` on `backend`.
+/// Starts an engine for `parts` on `backend`.
 pub fn start_on<M: Machine + 'static, B: Backend>(
     backend: B,
-    loaded: LoadedModel,
+    parts: ModelParts,
     opts: &EngineOptions,
 ) -> Result<Started, EngineError> {
     let block_size = M::constant("block_size").unwrap_or(16).max(1) as usize;
-    let per_token = kv_bytes_per_token(&loaded.config, backend.kv_dtype().size_bytes()).max(1);
+    let per_token = kv_bytes_per_token(&parts.config, backend.kv_dtype().size_bytes()).max(1);
     let num_blocks = (opts.kv_memory_bytes / (per_token * block_size)).max(1);
-    let model = LlamaModel::new(backend, &loaded.config, &loaded.tensors)
+    let model = LlamaModel::new(backend, &parts.config, &parts.tensors)
         .map_err(|e| EngineError::Forward(e.to_string()))?;
+    drop(parts.tensors);
     let runner = LlamaRunner::new(model, num_blocks, block_size)
         .map_err(|e| EngineError::Forward(e.to_string()))?;
     let context_len = opts
         .max_context
         .unwrap_or(usize::MAX)
-        .min(loaded.config.max_position_embeddings);
-    let codec = TokenizerCodec {
-        tokenizer: loaded.tokenizer,
-        add_special: loaded.add_bos,
-    };
+        .min(parts.config.max_position_embeddings);
     let engine = Engine::start::<M, _>(
         runner,
-        Arc::new(codec),
+        parts.codec,
         EngineConfig {
             num_blocks,
             max_batch: opts.max_batch,
             max_prefill_tokens: opts.max_prefill_tokens,
             context_len,
-            eos_ids: loaded.eos_token_ids.clone(),
+            eos_ids: parts.eos_ids,
             trace: opts.trace,
             run_dir: opts.run_dir.clone(),
         },
     )?;
     Ok(Started {
         engine,
-        chat_template: loaded.chat_template,
-        model_name: loaded.name,
-        config: loaded.config,
+        chat_template: parts.chat_template,
+        model_name: parts.name,
+        config: parts.config,
     })
 }
