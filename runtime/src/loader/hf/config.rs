@@ -60,6 +60,16 @@ pub fn parse_config(path: &Path, text: &str) -> Result<LlamaConfig, LoadError> {
         }
     };
 
+    if let Some(act) = v.get("hidden_act").and_then(Value::as_str)
+        && act != "silu"
+    {
+        return Err(bad(format!(
+            "hidden_act {act:?} is not supported (Llama uses silu)"
+        )));
+    }
+    if opt_bool("mlp_bias")? == Some(true) {
+        return Err(bad("mlp_bias = true is not supported".into()));
+    }
     let hidden_size = usize_req("hidden_size")?;
     let num_attention_heads = usize_req("num_attention_heads")?;
     let num_key_value_heads = opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
@@ -171,6 +181,43 @@ mod tests {
         assert_eq!(c.rms_norm_eps, 1e-6);
         assert!(c.tie_word_embeddings);
         assert!(c.rope_scaling.is_none());
+    }
+
+    /// `config.json` as transformers 5.17 writes it (`rope_parameters`, no top-level rope_theta).
+    #[test]
+    fn transformers5_rope_parameters() {
+        let text = r#"{
+          "attention_bias": false, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 16,
+          "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 64,
+          "max_position_embeddings": 128, "mlp_bias": false, "model_type": "llama",
+          "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+          "pad_token_id": null, "rms_norm_eps": 1e-05,
+          "rope_parameters": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 32, "rope_theta": 10000.0, "rope_type": "llama3"},
+          "tie_word_embeddings": true, "transformers_version": "5.17.0", "vocab_size": 256
+        }"#;
+        let c = parse_config(Path::new("config.json"), text).expect("valid");
+        assert_eq!(c.rope_theta, 10000.0);
+        assert_eq!(
+            c.rope_scaling,
+            Some(RopeScaling {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 32
+            })
+        );
+        let default = text.replace(
+            r#""factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 32, "rope_theta": 10000.0, "rope_type": "llama3""#,
+            r#""rope_theta": 500000.0, "rope_type": "default""#,
+        );
+        let c = parse_config(Path::new("config.json"), &default).expect("valid");
+        assert_eq!((c.rope_theta, c.rope_scaling), (500000.0, None));
+        let gelu = text.replace(r#""silu""#, r#""gelu""#);
+        assert!(parse_config(Path::new("config.json"), &gelu).is_err());
+        let mlp_bias = text.replace(r#""mlp_bias": false"#, r#""mlp_bias": true"#);
+        assert!(parse_config(Path::new("config.json"), &mlp_bias).is_err());
     }
 
     #[test]
