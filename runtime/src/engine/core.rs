@@ -424,9 +424,15 @@ impl<F: ForwardModel> EngineCore<F> {
     /// Removes finished sequences (running indices), frees their blocks and sends the final event.
     pub(crate) fn retire(&mut self, mut finished: Vec<(usize, FinishReason)>) {
         finished.sort_by_key(|f| std::cmp::Reverse(f.0));
+        let mut leaving = Vec::with_capacity(finished.len());
         for (i, reason) in finished {
             let mut s = self.running.remove(i);
             self.blocks.release(&mut s.block_table);
+            leaving.push((s, reason));
+        }
+        // The slots show the freed blocks before any client hears that its request finished.
+        self.publish();
+        for (mut s, reason) in leaving {
             let tail = if matches!(reason, FinishReason::Stop) {
                 String::new()
             } else {
