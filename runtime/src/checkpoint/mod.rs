@@ -44,6 +44,7 @@ pub mod audit;
 pub mod blockstore;
 pub mod digest;
 pub mod driver;
+pub mod engine_bind;
 pub mod error;
 mod fsutil;
 pub mod journal;

@@ -3,7 +3,7 @@
 //! record; see `checkpoint::audit`) and print a summary.
 //!
 //! Exit status: 0 the directory verifies; 1 a problem, named by file, height and what is wrong;
-//! 2 the chain verifies but an interrupted checkpoint left uncommitted bytes (sov discards them on
+//! 3 the chain verifies but an interrupted checkpoint left uncommitted bytes (sov discards them on
 //! resume; the newest receipt is the state resume will use).
 
 use std::path::PathBuf;
@@ -74,7 +74,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
                     "OK up to height {} (uncommitted leftovers above)",
                     a.chain.len()
                 );
-                Ok(ExitCode::from(2))
+                Ok(ExitCode::from(3))
             }
         }
     }
@@ -181,7 +181,7 @@ mod tests {
         std::fs::write(dir.path().join("snapshot-00000004.snap.tmp"), b"x").unwrap();
         assert_eq!(
             run(args(dir.path(), key.clone())).unwrap(),
-            ExitCode::from(2)
+            ExitCode::from(3)
         );
         std::fs::write(dir.path().join("blocks.seg"), b"x").unwrap();
         assert_eq!(run(args(dir.path(), key)).unwrap(), ExitCode::from(1));

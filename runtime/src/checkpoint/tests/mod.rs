@@ -2,5 +2,6 @@
 
 mod bench;
 pub(crate) mod fixture;
+mod resume;
 mod tamper;
 mod torn;

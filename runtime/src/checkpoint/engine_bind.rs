@@ -1,0 +1,407 @@
+//! Glue between the engine's own types and the checkpoint driver (written on the checkpoint side
+//! so the engine only has to call it):
+//! - [`KvBlockIo`] for the real model runner ([`LlamaRunner`]): block bytes through
+//!   `KvCache::read_block` / `write_block`, partial tails sliced per layer;
+//! - [`checkpoint_core`]: snapshot an [`EngineCore`] (running then waiting sequences, slots, step
+//!   counter) through a [`Checkpointer`] and publish the receipt in the slots;
+//! - [`restore_core`]: rebuild the core's sequences from a [`Restored`] checkpoint (KV copied back
+//!   in `Blocks` mode, recomputed by prefill in `Recompute` mode), re-admit journaled requests,
+//!   restore the slots with the chain head at the newest receipt;
+//! - [`request_record`]: the journal record of a sequence the engine accepted.
+//!
+//! Stop strings live inside the engine's private text state, so callers pass them in (`stops`).
+
+use std::collections::HashMap;
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+use super::driver::{
+    Checkpointer, EngineSnapshot, KvBlockIo, LiveSequence, Published, restored_slots,
+    write_sequence_kv,
+};
+use super::error::{CheckpointError, Result};
+use super::journal::RequestRecord;
+use super::snapshot::{FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot};
+use super::store::Restored;
+use crate::backend::{Backend, DType};
+use crate::engine::core::EngineCore;
+use crate::engine::forward::ForwardModel;
+use crate::engine::llama::LlamaRunner;
+use crate::engine::output::Output;
+use crate::engine::rng::SampleRng;
+use crate::engine::sequence::Sequence;
+use crate::engine::text::TextStream;
+use crate::engine::{SamplingParams as EngineSampling, TextCodec};
+
+fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::U32 => "u32",
+        DType::I32 => "i32",
+    }
+}
+
+impl<B: Backend> KvBlockIo for LlamaRunner<B> {
+    fn kv_layout(&self) -> KvLayout {
+        let c = self.model.config();
+        KvLayout {
+            layers: self.kv.num_layers() as u32,
+            kv_heads: c.num_key_value_heads as u32,
+            head_dim: c.head_dim as u32,
+            block_size: self.kv.block_size() as u32,
+            dtype: dtype_name(self.kv.dtype()).into(),
+        }
+    }
+
+    fn read_block(&mut self, block: u32, tokens: usize) -> std::result::Result<Vec<u8>, String> {
+        let full = self
+            .kv
+            .read_block(self.model.backend(), block)
+            .map_err(|e| e.to_string())?;
+        let bs = self.kv.block_size();
+        if tokens >= bs {
+            return Ok(full);
+        }
+        // full: [layers, 2 (K, V), block_size, KVH * D] -> keep the first `tokens` rows of each part.
+        let part = full.len() / (2 * self.kv.num_layers()).max(1);
+        let keep = part / bs * tokens;
+        Ok(full
+            .chunks(part)
+            .flat_map(|p| &p[..keep])
+            .copied()
+            .collect())
+    }
+
+    fn write_block(
+        &mut self,
+        block: u32,
+        tokens: usize,
+        bytes: &[u8],
+    ) -> std::result::Result<(), String> {
+        let bs = self.kv.block_size();
+        if tokens >= bs {
+            return self
+                .kv
+                .write_block(self.model.backend(), block, bytes)
+                .map_err(|e| e.to_string());
+        }
+        let mut full = self
+            .kv
+            .read_block(self.model.backend(), block)
+            .map_err(|e| e.to_string())?;
+        let parts = 2 * self.kv.num_layers();
+        let part = full.len() / parts.max(1);
+        let keep = part / bs * tokens;
+        if bytes.len() != keep * parts {
+            return Err(format!(
+                "tail of {tokens} tokens is {} bytes, expected {}",
+                bytes.len(),
+                keep * parts
+            ));
+        }
+        for (dst, src) in full.chunks_mut(part).zip(bytes.chunks(keep.max(1))) {
+            dst[..keep].copy_from_slice(src);
+        }
+        self.kv
+            .write_block(self.model.backend(), block, &full)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A sequence's sampling and stopping parameters in snapshot form.
+pub fn sampling_of(seq: &Sequence, stops: Vec<String>) -> SamplingParams {
+    let s = &seq.sampling;
+    SamplingParams {
+        temperature: s.temperature,
+        top_k: u32::try_from(s.top_k).unwrap_or(u32::MAX),
+        top_p: s.top_p,
+        min_p: s.min_p,
+        repetition_penalty: s.repetition_penalty,
+        frequency_penalty: s.frequency_penalty,
+        presence_penalty: s.presence_penalty,
+        seed: seq.rng.seed,
+        logprobs: s.logprobs.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        max_tokens: u32::try_from(seq.max_tokens).unwrap_or(u32::MAX),
+        stop: stops,
+        ignore_eos: seq.ignore_eos,
+    }
+}
+
+/// The engine's sampling parameters back from snapshot form.
+pub fn engine_sampling(p: &SamplingParams) -> EngineSampling {
+    EngineSampling {
+        temperature: p.temperature,
+        top_k: p.top_k as usize,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        frequency_penalty: p.frequency_penalty,
+        presence_penalty: p.presence_penalty,
+        seed: Some(p.seed),
+        logprobs: p.logprobs.map(|n| n as usize),
+    }
+}
+
+/// The journal record of an accepted sequence (call before it enters the waiting queue; the seed
+/// recorded is the one actually drawn).
+pub fn request_record(seq: &Sequence, stops: Vec<String>) -> RequestRecord {
+    let accepted_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    RequestRecord {
+        request_id: seq.id,
+        prompt: seq.prompt().to_vec(),
+        sampling: sampling_of(seq, stops),
+        accepted_ms,
+        extra: Vec::new(),
+    }
+}
+
+/// An [`EngineCore`]'s state as the driver reads it.
+struct CoreView<'a> {
+    machine: &'a str,
+    state: &'a str,
+    slots: [u32; 32],
+    step: u64,
+    sequences: Vec<LiveSequence<'a>>,
+}
+
+impl EngineSnapshot for CoreView<'_> {
+    fn machine_name(&self) -> String {
+        self.machine.to_string()
+    }
+    fn state_name(&self) -> String {
+        self.state.to_string()
+    }
+    fn slots(&self) -> [u32; 32] {
+        self.slots
+    }
+    fn step(&self) -> u64 {
+        self.step
+    }
+    fn live_sequences(&self) -> Vec<LiveSequence<'_>> {
+        self.sequences.clone()
+    }
+}
+
+fn live<'a>(seq: &'a Sequence, finish: FinishState, stops: Vec<String>) -> LiveSequence<'a> {
+    LiveSequence {
+        request_id: seq.id,
+        tokens: &seq.tokens,
+        prompt_len: seq.prompt_len,
+        kv_tokens: if finish == FinishState::Running {
+            seq.computed
+        } else {
+            0
+        },
+        block_table: &seq.block_table,
+        generation: seq.preemptions,
+        sampling: sampling_of(seq, stops),
+        rng_state: vec![seq.rng.seed, seq.rng.counter],
+        finish,
+    }
+}
+
+/// Checkpoint `core` (the body of the `checkpoint` action) and publish the receipt: slots 8..31
+/// get its digest and signature, slot 7 height - 1 (the machine's `bft_quorum_height += 1` that
+/// follows the action lands on the chain height). `kv` projects the model to its KV access
+/// (required in `Blocks` mode); `stops` gives each sequence's stop strings.
+pub fn checkpoint_core<F: ForwardModel>(
+    cp: &mut Checkpointer,
+    core: &mut EngineCore<F>,
+    machine: &str,
+    state: &str,
+    kv: Option<fn(&mut F) -> &mut dyn KvBlockIo>,
+    stops: &dyn Fn(&Sequence) -> Vec<String>,
+) -> Result<Published> {
+    let EngineCore {
+        model,
+        running,
+        waiting,
+        slots,
+        decode_steps,
+        ..
+    } = core;
+    let sequences: Vec<LiveSequence<'_>> = running
+        .iter()
+        .map(|s| live(s, FinishState::Running, stops(s)))
+        .chain(
+            waiting
+                .iter()
+                .map(|s| live(s, FinishState::Waiting, stops(s))),
+        )
+        .collect();
+    let view = CoreView {
+        machine,
+        state,
+        slots: slots.raw(),
+        step: *decode_steps,
+        sequences,
+    };
+    let published = match (cp.mode(), kv) {
+        (KvMode::Blocks, Some(project)) => cp.checkpoint(&view, project(model))?,
+        (KvMode::Blocks, None) => {
+            return Err(CheckpointError::Usage(
+                "Blocks mode needs KV access to the model".into(),
+            ));
+        }
+        (KvMode::Recompute, _) => cp.checkpoint(&view, &mut NoKv)?,
+    };
+    let mut raw = slots.raw();
+    raw[7..32].copy_from_slice(&published.slot_words_before_bump);
+    slots.load_raw(&raw);
+    Ok(published)
+}
+
+/// KV access for `Recompute` mode, where no block is ever read.
+struct NoKv;
+
+impl KvBlockIo for NoKv {
+    fn kv_layout(&self) -> KvLayout {
+        KvLayout {
+            layers: 0,
+            kv_heads: 0,
+            head_dim: 0,
+            block_size: 1,
+            dtype: String::new(),
+        }
+    }
+    fn read_block(&mut self, _: u32, _: usize) -> std::result::Result<Vec<u8>, String> {
+        Err("recompute mode reads no KV".into())
+    }
+    fn write_block(&mut self, _: u32, _: usize, _: &[u8]) -> std::result::Result<(), String> {
+        Err("recompute mode writes no KV".into())
+    }
+}
+
+/// A fresh sequence in the engine's form from snapshot data; the text stream is rebuilt by
+/// replaying the output tokens (their deltas were delivered before the checkpoint).
+fn rebuild_sequence(
+    snap: &SequenceSnapshot,
+    codec: &dyn TextCodec,
+    tx: Sender<Output>,
+) -> Result<Sequence> {
+    let [seed, counter] = snap.rng_state[..] else {
+        return Err(CheckpointError::Usage(format!(
+            "request {}: RNG state is not [seed, counter]",
+            snap.request_id
+        )));
+    };
+    let mut text = TextStream::new(&snap.prompt, snap.sampling.stop.clone());
+    for &t in &snap.output {
+        text.push(codec, t).map_err(|e| {
+            CheckpointError::Usage(format!("replaying request {} text: {e}", snap.request_id))
+        })?;
+    }
+    let mut tokens = snap.prompt.clone();
+    tokens.extend_from_slice(&snap.output);
+    let now = Instant::now();
+    Ok(Sequence {
+        id: snap.request_id,
+        prompt_len: snap.prompt.len(),
+        tokens,
+        computed: 0,
+        prefilled: false,
+        block_table: Vec::new(),
+        max_tokens: snap.sampling.max_tokens as usize,
+        sampling: engine_sampling(&snap.sampling),
+        rng: SampleRng { seed, counter },
+        ignore_eos: snap.sampling.ignore_eos,
+        text,
+        tx,
+        arrival: now,
+        first_token_at: None,
+        last_token_at: None,
+        inter_token: Vec::new(),
+        preemptions: 0,
+        draft: Vec::new(),
+    })
+}
+
+/// Replace `core`'s sequences with the checkpoint's (the body of the `restore` action, or of
+/// `--resume` before the first step): running sequences get their KV back in `Blocks` mode (and
+/// resume with one prefill pass over what is missing), everything else is queued for prefill;
+/// requests journaled after the snapshot are queued after them. `tx` gives each request id its
+/// output channel. Returns the highest request id seen (the engine's next id must exceed it).
+pub fn restore_core<F: ForwardModel>(
+    core: &mut EngineCore<F>,
+    restored: &Restored,
+    kv: Option<fn(&mut F) -> &mut dyn KvBlockIo>,
+    tx: &mut dyn FnMut(u64) -> Sender<Output>,
+) -> Result<u64> {
+    let EngineCore {
+        model,
+        running,
+        waiting,
+        slots,
+        decode_steps,
+        blocks,
+        codec,
+        newest_seq_id,
+        ..
+    } = core;
+    for mut s in running.drain(..) {
+        blocks.release(&mut s.block_table);
+    }
+    waiting.clear();
+    let mut max_id = 0;
+    let use_kv = restored.snapshot.kv_mode == KvMode::Blocks;
+    let mut kv_io = match (use_kv, kv) {
+        (true, Some(project)) => Some(project(model)),
+        (true, None) => {
+            return Err(CheckpointError::Usage(
+                "Blocks-mode checkpoint needs KV access to the model".into(),
+            ));
+        }
+        (false, _) => None,
+    };
+    for snap in &restored.snapshot.sequences {
+        max_id = max_id.max(snap.request_id);
+        let mut seq = rebuild_sequence(snap, codec.as_ref(), tx(snap.request_id))?;
+        match (&mut kv_io, snap.finish == FinishState::Running) {
+            (Some(io), true) => {
+                let n = seq.tokens.len();
+                blocks.grow(&mut seq.block_table, n).map_err(|_| {
+                    CheckpointError::Usage(format!(
+                        "request {}: KV cache too small to restore",
+                        snap.request_id
+                    ))
+                })?;
+                seq.computed = write_sequence_kv(restored, snap, &seq.block_table, &mut **io)?;
+                *newest_seq_id = seq.id;
+                running.push(seq);
+            }
+            _ => waiting.push_back(seq),
+        }
+    }
+    let mut by_id: HashMap<u64, ()> = restored
+        .snapshot
+        .sequences
+        .iter()
+        .map(|s| (s.request_id, ()))
+        .collect();
+    for req in &restored.pending {
+        if by_id.insert(req.request_id, ()).is_some() {
+            continue;
+        }
+        max_id = max_id.max(req.request_id);
+        let snap = SequenceSnapshot {
+            request_id: req.request_id,
+            prompt: req.prompt.clone(),
+            output: Vec::new(),
+            sampling: req.sampling.clone(),
+            rng_state: vec![req.sampling.seed, 0],
+            finish: FinishState::Waiting,
+            blocks: Vec::new(),
+            tail: Vec::new(),
+            tail_tokens: 0,
+        };
+        waiting.push_back(rebuild_sequence(&snap, codec.as_ref(), tx(req.request_id))?);
+    }
+    *decode_steps = restored.snapshot.step;
+    slots.load_raw(&restored_slots(restored));
+    Ok(max_id)
+}
