@@ -217,11 +217,11 @@ impl<'a> Parser<'a> {
     }
 
     fn eat_op(&mut self, ops: &[&'static str]) -> Option<&'static str> {
-        if let Some(Tok::Op(op)) = self.peek() {
-            if let Some(found) = ops.iter().find(|o| *o == op) {
-                self.pos += 1;
-                return Some(found);
-            }
+        if let Some(Tok::Op(op)) = self.peek()
+            && let Some(found) = ops.iter().find(|o| *o == op)
+        {
+            self.pos += 1;
+            return Some(found);
         }
         None
     }
@@ -262,13 +262,13 @@ impl<'a> Parser<'a> {
                 span,
             };
             if !chain {
-                if let Some(Tok::Op(o)) = self.peek() {
-                    if symbols.contains(o) {
-                        return Err(ParseError {
-                            span: self.peek_span(),
-                            message: "comparisons cannot be chained; use `&&`".to_string(),
-                        });
-                    }
+                if let Some(Tok::Op(o)) = self.peek()
+                    && symbols.contains(o)
+                {
+                    return Err(ParseError {
+                        span: self.peek_span(),
+                        message: "comparisons cannot be chained; use `&&`".to_string(),
+                    });
                 }
                 break;
             }

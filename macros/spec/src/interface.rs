@@ -275,21 +275,21 @@ fn read_slot(
         }
         None => None,
     };
-    if !matches!(ty, Some(SlotType::Enum(_))) {
-        if let Some(v) = t.get("variants") {
-            r.error(
-                v.span(),
-                format!("`variants` is only for enum slots, and {what} is not one"),
-            );
-        }
+    if !matches!(ty, Some(SlotType::Enum(_)))
+        && let Some(v) = t.get("variants")
+    {
+        r.error(
+            v.span(),
+            format!("`variants` is only for enum slots, and {what} is not one"),
+        );
     }
-    if !matches!(ty, Some(SlotType::Bytes { .. })) {
-        if let Some(v) = t.get("len") {
-            r.error(
-                v.span(),
-                format!("`len` is only for bytes slots, and {what} is not one"),
-            );
-        }
+    if !matches!(ty, Some(SlotType::Bytes { .. }))
+        && let Some(v) = t.get("len")
+    {
+        r.error(
+            v.span(),
+            format!("`len` is only for bytes slots, and {what} is not one"),
+        );
     }
 
     let (offset, width, ty) = (offset?, width?, ty?);

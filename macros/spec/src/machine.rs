@@ -225,10 +225,11 @@ impl Checker<'_, '_> {
                 Some(w) => self.guard(&w),
                 None => None,
             };
-            if let (Some(g), Some(n)) = (&guard, &name) {
-                if g.expr == TExpr::Bool(true) && always.is_none() {
-                    always = Some(n.value.clone());
-                }
+            if let (Some(g), Some(n)) = (&guard, &name)
+                && g.expr == TExpr::Bool(true)
+                && always.is_none()
+            {
+                always = Some(n.value.clone());
             }
             let body = self.body(t);
             let target = self.r.opt_string(t, "goto", what);

@@ -278,6 +278,6 @@ impl Guards for World {
         let headroom = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
         self.swapped
             .first()
-            .is_some_and(|s| s.blocks.saturating_add(headroom) + 1 <= self.free_blocks())
+            .is_some_and(|s| s.blocks.saturating_add(headroom) < self.free_blocks())
     }
 }
