@@ -6,6 +6,7 @@
 //! - `Q4_0`: f16 `d`, 16 bytes; low nibbles are elements 0..16, high nibbles 16..32;
 //!   `x = (q - 8) * d`.
 //! - `Q4_1`: f16 `d`, f16 `m`, 16 bytes (same nibble order); `x = q * d + m`.
+//! - `Q4_K`, `Q6_K` (the two types of llama.cpp's common `Q4_K_M` files): see [`super::kquants`].
 //!
 //! Quantized blocks are expanded in f32 and stored as `F16` (its 11-bit significand holds a 4- or
 //! 8-bit code times a scale closer than bf16's 8 bits would), halving the memory and bandwidth of
@@ -15,6 +16,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use super::kquants::{self, QK_K};
 use super::types::GgmlType;
 use crate::loader::tensor::HostData;
 
@@ -49,32 +51,43 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Option<HostData> 
                 .map(|b| bf16::from_le_bytes([b[0], b[1]]))
                 .collect(),
         ),
-        t if t == GgmlType::Q8_0 => HostData::F16(blocks(bytes, numel, 34, block_q8_0)),
-        t if t == GgmlType::Q4_0 => HostData::F16(blocks(bytes, numel, 18, block_q4_0)),
-        t if t == GgmlType::Q4_1 => HostData::F16(blocks(bytes, numel, 20, block_q4_1)),
+        t if t == GgmlType::Q8_0 => HostData::F16(blocks(bytes, numel, QK, 34, block_q8_0)),
+        t if t == GgmlType::Q4_0 => HostData::F16(blocks(bytes, numel, QK, 18, block_q4_0)),
+        t if t == GgmlType::Q4_1 => HostData::F16(blocks(bytes, numel, QK, 20, block_q4_1)),
+        t if t == GgmlType::Q4_K => {
+            HostData::F16(blocks(bytes, numel, QK_K, 144, kquants::block_q4_k))
+        }
+        t if t == GgmlType::Q6_K => {
+            HostData::F16(blocks(bytes, numel, QK_K, 210, kquants::block_q6_k))
+        }
         _ => return None,
     })
 }
 
-/// Runs `decode` over every `block_bytes`-sized block, in parallel, into `numel` f16 values.
+/// Runs `decode` over every `block_bytes`-sized block of `block_elems` values, in parallel, into
+/// `numel` f16 values.
 fn blocks(
     bytes: &[u8],
     numel: usize,
+    block_elems: usize,
     block_bytes: usize,
     decode: fn(&[u8], &mut [f16]),
 ) -> Vec<f16> {
     let mut out = vec![f16::ZERO; numel]; // [numel]
-    out.par_chunks_mut(QK * BLOCKS_PER_TASK)
+    out.par_chunks_mut(block_elems * BLOCKS_PER_TASK)
         .zip(bytes.par_chunks(block_bytes * BLOCKS_PER_TASK))
         .for_each(|(dst, src)| {
-            for (d, s) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(block_bytes)) {
+            for (d, s) in dst
+                .chunks_exact_mut(block_elems)
+                .zip(src.chunks_exact(block_bytes))
+            {
                 decode(s, d);
             }
         });
     out
 }
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
@@ -150,7 +163,8 @@ mod tests {
         assert!(dequantize(GgmlType::Q8_0, &[0u8; 33], 32).is_none());
         assert!(dequantize(GgmlType::Q4_1, &[0u8; 20], 31).is_none());
         assert!(dequantize(GgmlType::F32, &[0u8; 8], 3).is_none());
-        let q4k = GgmlType::from_id(12).expect("Q4_K is a ggml type");
-        assert!(dequantize(q4k, &[0u8; 144], 256).is_none());
+        let q3k = GgmlType::from_id(11).expect("Q3_K is a ggml type");
+        assert!(dequantize(q3k, &[0u8; 110], 256).is_none());
+        assert!(dequantize(GgmlType::Q4_K, &[0u8; 144], 255).is_none());
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod dequant;
+pub mod kquants;
 pub mod names;
 pub mod reader;
 pub mod tokenizer;

@@ -58,7 +58,7 @@ fn dequantizes_every_supported_type_like_the_reference() {
     assert_eq!(g.data_offset % 64, 0);
     let expected = read_json("dequant.json");
     let want = expected["tensors"].as_object().expect("tensors object");
-    assert_eq!(g.tensors.len(), 6);
+    assert_eq!(g.tensors.len(), 8);
     for t in &g.tensors {
         let e = &want[&t.name];
         assert_eq!(
@@ -74,7 +74,8 @@ fn dequantizes_every_supported_type_like_the_reference() {
             .map(|d| d.as_u64().expect("dim") as usize)
             .collect();
         assert_eq!(t.shape(), shape, "{}", t.name);
-        let data = dequant::dequantize(t.ggml_type, g.tensor_bytes(t).expect("in bounds"), 128)
+        let numel = t.numel() as usize;
+        let data = dequant::dequantize(t.ggml_type, g.tensor_bytes(t).expect("in bounds"), numel)
             .expect("supported");
         let kind = match &data {
             HostData::F32(_) => "F32",
@@ -287,8 +288,8 @@ fn garbage_and_corrupted_headers_are_errors_not_panics() {
 
 #[test]
 fn unsupported_tensor_type_is_named() {
-    // Rewrite the type id of token_embd (Q4_0 = 2) to Q4_K (12) in the header; the data size then
-    // no longer fits the shape, or the type is refused: either way an error naming the tensor.
+    // Rewrite the type id of token_embd (Q4_0 = 2) in the header: to F32 the data no longer fits
+    // the file, to an unknown id the type is refused; either way an error naming the tensor.
     let bytes = std::fs::read(fixture("tiny_llama.gguf")).expect("fixture readable");
     let name = b"token_embd.weight";
     let at = bytes
@@ -307,5 +308,5 @@ fn unsupported_tensor_type_is_named() {
     let err = load_bytes(&bad).expect_err("unknown type id");
     assert!(matches!(err, LoadError::Dtype { .. }), "{err}");
     assert!(err.to_string().contains("token_embd.weight"), "{err}");
-    assert!(!GgmlType::from_id(12).expect("Q4_K").is_supported());
+    assert!(!GgmlType::from_id(11).expect("Q3_K").is_supported());
 }

@@ -59,6 +59,8 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType::known(2);
     pub const Q4_1: GgmlType = GgmlType::known(3);
     pub const Q8_0: GgmlType = GgmlType::known(8);
+    pub const Q4_K: GgmlType = GgmlType::known(12);
+    pub const Q6_K: GgmlType = GgmlType::known(14);
     pub const BF16: GgmlType = GgmlType::known(30);
 
     /// The type with ggml id `id`, if ggml defines one.
@@ -113,6 +115,8 @@ impl GgmlType {
             Self::Q8_0,
             Self::Q4_0,
             Self::Q4_1,
+            Self::Q4_K,
+            Self::Q6_K,
         ]
         .contains(self)
     }
@@ -148,6 +152,7 @@ mod tests {
         assert_eq!(GgmlType::F16.byte_size(&[u64::MAX, 2]), None);
         assert_eq!(GgmlType::from_id(12).map(|t| t.name()), Some("Q4_K"));
         assert!(GgmlType::from_id(4).is_none());
-        assert!(!GgmlType::from_id(12).is_some_and(|t| t.is_supported()));
+        assert!(GgmlType::from_id(12).is_some_and(|t| t.is_supported()));
+        assert!(!GgmlType::from_id(11).is_some_and(|t| t.is_supported()));
     }
 }
