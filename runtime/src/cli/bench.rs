@@ -68,6 +68,9 @@ pub struct BenchResult {
     pub itl: Summary,
     pub e2el: Summary,
     pub peak_rss_mib: f64,
+    /// Share of the engine's busy time spent inside model forward passes.
+    pub forward_share: f64,
+    pub decode_steps: u64,
 }
 
 /// One request's prompt and output length.
@@ -180,7 +183,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
     let work = workload(&args, limits.vocab_size, &eos);
     let total_input_tokens: usize = work.iter().map(|w| w.0.len()).sum();
     let max_concurrency = args.concurrency.unwrap_or(work.len());
+    let before = engine.stats();
     let (results, failed, duration) = run_requests(engine, &args, work);
+    let after = engine.stats();
+    let busy = (after.busy_time - before.busy_time).as_secs_f64();
+    let forward = (after.forward_time - before.forward_time).as_secs_f64();
     let secs = duration.as_secs_f64().max(1e-9);
     let total_output_tokens: usize = results.iter().map(|r| r.0.output_tokens.len()).sum();
     let ttfts: Vec<Duration> = results
@@ -217,6 +224,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         itl: summarize(&itls),
         e2el: summarize(&e2els),
         peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+        forward_share: if busy > 0.0 { forward / busy } else { 0.0 },
+        decode_steps: after.decode_steps - before.decode_steps,
     };
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
@@ -270,5 +279,11 @@ fn print_report(r: &BenchResult) {
     }
     println!("{:-^52}", "Memory");
     line("Peak RSS (MiB):", format!("{:.1}", r.peak_rss_mib));
+    println!("{:-^52}", "Engine");
+    line("Decode steps:", r.decode_steps.to_string());
+    line(
+        "Model forward share of busy time:",
+        format!("{:.1}%", r.forward_share * 100.0),
+    );
     println!("{:=^52}", "");
 }

@@ -72,6 +72,8 @@ pub struct EngineCore<F: ForwardModel> {
     /// Speculative decoding: tokens proposed and accepted so far.
     pub(crate) spec_proposed: u64,
     pub(crate) spec_accepted: u64,
+    /// Wall time spent inside the model's forward passes.
+    pub(crate) forward_time: std::time::Duration,
 }
 
 impl<F: ForwardModel> EngineCore<F> {
@@ -92,6 +94,7 @@ impl<F: ForwardModel> EngineCore<F> {
             restores: 0,
             spec_proposed: 0,
             spec_accepted: 0,
+            forward_time: std::time::Duration::ZERO,
         }
     }
 
@@ -136,6 +139,11 @@ impl<F: ForwardModel> EngineCore<F> {
     /// Checkpoint and restore actions run so far.
     pub fn checkpoint_counts(&self) -> (u64, u64) {
         (self.checkpoints, self.restores)
+    }
+
+    /// Wall time spent in model forward passes so far.
+    pub fn forward_time(&self) -> std::time::Duration {
+        self.forward_time
     }
 
     /// Decode (and verify) forward passes so far.
@@ -245,7 +253,9 @@ impl<F: ForwardModel> EngineCore<F> {
                     }
                 })
                 .collect();
+            let t_fwd = Instant::now();
             let result = self.model.forward(&chunks);
+            self.forward_time += t_fwd.elapsed();
             drop(chunks);
             let indices: Vec<usize> = plan.iter().map(|p| p.0).collect();
             let logits = match result {
@@ -315,7 +325,9 @@ impl<F: ForwardModel> EngineCore<F> {
                 }
             })
             .collect();
+        let t_fwd = Instant::now();
         let result = self.model.forward(&chunks);
+        self.forward_time += t_fwd.elapsed();
         drop(chunks);
         self.decode_steps += 1;
         let logits = match result {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::codec::TextCodec;
 use super::core::{CoreConfig, EngineCore};
@@ -101,6 +101,9 @@ pub struct EngineStats {
     pub restores: u64,
     pub spec_proposed: u64,
     pub spec_accepted: u64,
+    /// Wall time inside model forward passes, and in the whole loop (steps, idle waits excluded).
+    pub forward_time: Duration,
+    pub busy_time: Duration,
 }
 
 /// A running engine.
@@ -113,6 +116,7 @@ pub struct Engine {
     slot_path: Option<PathBuf>,
     trace: Arc<Mutex<Vec<TraceEntry>>>,
     abort: Arc<AtomicBool>,
+    stats: Arc<Mutex<EngineStats>>,
     thread: Option<JoinHandle<Result<EngineStats, EngineError>>>,
 }
 
@@ -163,9 +167,20 @@ impl Engine {
         let thread_slots = slots.clone();
         let abort = Arc::new(AtomicBool::new(false));
         let thread_abort = abort.clone();
+        let stats = Arc::new(Mutex::new(EngineStats::default()));
+        let thread_stats = stats.clone();
         let thread = std::thread::Builder::new()
             .name("sov-engine".into())
-            .spawn(move || run_loop::<M, F>(core, rx, thread_slots, thread_trace, thread_abort))
+            .spawn(move || {
+                run_loop::<M, F>(
+                    core,
+                    rx,
+                    thread_slots,
+                    thread_trace,
+                    thread_abort,
+                    thread_stats,
+                )
+            })
             .map_err(|e| EngineError::Scheduler(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             tx: Some(tx),
@@ -176,6 +191,7 @@ impl Engine {
             slot_path,
             trace,
             abort,
+            stats,
             thread: Some(thread),
         })
     }
@@ -208,6 +224,11 @@ impl Engine {
 
     pub fn codec(&self) -> &Arc<dyn TextCodec> {
         &self.codec
+    }
+
+    /// Counters of the engine thread, as of its latest step.
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
     }
 
     /// The transitions recorded so far (empty unless [`EngineConfig::trace`]).
@@ -246,6 +267,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
     slots: Slots,
     trace: Option<Arc<Mutex<Vec<TraceEntry>>>>,
     abort: Arc<AtomicBool>,
+    live: Arc<Mutex<EngineStats>>,
 ) -> Result<EngineStats, EngineError> {
     let mut machine = M::new();
     let mut stats = EngineStats::default();
@@ -275,10 +297,21 @@ fn run_loop<M: Machine, F: ForwardModel>(
         }
         core.publish();
         let from = machine.state_name();
+        let t_step = Instant::now();
         match machine.step(&mut core, &slots) {
             Ok(t) => {
                 stats.steps += 1;
                 wait = t.is_noop();
+                if !wait {
+                    stats.busy_time += t_step.elapsed();
+                    stats.forward_time = core.forward_time();
+                    stats.decode_steps = core.decode_steps();
+                    (stats.checkpoints, stats.restores) = core.checkpoint_counts();
+                    (stats.spec_proposed, stats.spec_accepted) = core.speculation_counts();
+                    if let Ok(mut shared) = live.lock() {
+                        *shared = stats;
+                    }
+                }
                 if let Some(trace) = &trace
                     && !t.is_noop()
                 {
@@ -316,6 +349,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
         restores,
         spec_proposed,
         spec_accepted,
+        forward_time: core.forward_time(),
         ..stats
     })
 }

@@ -146,7 +146,9 @@ impl<F: ForwardModel> EngineCore<F> {
                 });
             }
         }
+        let t_fwd = Instant::now();
         let result = self.model.forward(&chunks);
+        self.forward_time += t_fwd.elapsed();
         drop(chunks);
         self.decode_steps += 1;
         let logits = match result {
