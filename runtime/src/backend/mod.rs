@@ -187,6 +187,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn kv_dtype(&self) -> DType;
     /// Waits until all queued work has finished (a no-op on synchronous backends).
     fn synchronize(&self) -> Result<(), BackendError>;
+    /// Runs one forward step's worth of op calls in the backend's execution context. The CPU
+    /// backend enters its thread pool once here, so the many parallel ops of a step do not each
+    /// pay a cross-thread hand-off; other backends just call `step`.
+    fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
+        step()
+    }
 
     // ----- ops -----
 

@@ -167,6 +167,17 @@ impl<B: Backend> LlamaModel<B> {
         chunks: &[SeqChunk<'_>],
         all_rows: bool,
     ) -> Result<Vec<f32>, ModelError> {
+        self.backend
+            .run_step(|| self.run_in_step(kv, chunks, all_rows))
+    }
+
+    /// The forward pass proper, inside the backend's step context.
+    fn run_in_step(
+        &self,
+        kv: &mut KvCache<B>,
+        chunks: &[SeqChunk<'_>],
+        all_rows: bool,
+    ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
         if kv.num_layers() != c.num_hidden_layers || kv.kv_width() != self.heads.kv_width() {
             return Err(ModelError::InvalidBatch(format!(

@@ -262,3 +262,52 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod bench {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// Prints the weight bandwidth the GEMV path reaches on the default model's shapes, next to a
+    /// plain parallel read of the same bytes.
+    /// `cargo test --release -p sov --lib gemv_bandwidth -- --ignored --nocapture`
+    #[test]
+    #[ignore = "benchmark"]
+    fn gemv_bandwidth() {
+        for (m, k) in [(49152usize, 576usize), (3072, 576), (576, 1536), (960, 576)] {
+            let w: Vec<f16> = (0..m * k)
+                .map(|i| f16::from_f32((i % 97) as f32 * 0.01))
+                .collect();
+            let x: Vec<f32> = (0..k).map(|i| (i % 13) as f32 * 0.1).collect();
+            let mut out = vec![0f32; m];
+            let reps = (2_000_000_000 / (m * k * 2)).max(3);
+            matmul(&x, Weights::F16(&w), &mut out, 1, k, m);
+            let t = Instant::now();
+            for _ in 0..reps {
+                matmul(&x, Weights::F16(&w), &mut out, 1, k, m);
+            }
+            let gemv = t.elapsed().as_secs_f64() / reps as f64;
+            let t = Instant::now();
+            let mut sink = 0u64;
+            for _ in 0..reps {
+                let bytes: &[u64] = bytemuck::cast_slice(&w[..w.len() / 4 * 4]);
+                sink = sink.wrapping_add(
+                    bytes
+                        .par_chunks(4096)
+                        .map(|c| c.iter().fold(0u64, |a, b| a ^ b))
+                        .reduce(|| 0, |a, b| a ^ b),
+                );
+            }
+            let read = t.elapsed().as_secs_f64() / reps as f64;
+            let gb = (m * k * 2) as f64 / 1e9;
+            println!(
+                "f16 [{m} x {k}] n=1: {:.1} us, {:.1} GB/s (plain read {:.1} GB/s) {}",
+                gemv * 1e6,
+                gb / gemv,
+                gb / read,
+                sink % 2
+            );
+        }
+    }
+}

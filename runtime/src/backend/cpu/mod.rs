@@ -14,6 +14,8 @@ pub mod ops;
 
 pub use buffer::CpuBuffer;
 
+use std::sync::Arc;
+
 use half::{bf16, f16};
 
 use crate::backend::{Backend, BackendError, BatchMeta, DType, DeviceBuffer, HeadShape};
@@ -21,14 +23,57 @@ use crate::loader::tensor::{HostData, HostTensor};
 use attention::AttnBatch;
 use matmul::Weights;
 
-/// The CPU backend. Threads come from rayon's global pool (`RAYON_NUM_THREADS` sets their number).
-#[derive(Debug, Clone, Default)]
-pub struct CpuBackend;
+/// The CPU backend: a rayon thread pool of its own; every op runs inside it.
+#[derive(Debug, Clone)]
+pub struct CpuBackend {
+    /// `None` when the pool could not be started: ops then run on rayon's global pool.
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl CpuBackend {
-    /// A CPU backend on rayon's global thread pool.
+    /// A CPU backend with one thread per available core (`RAYON_NUM_THREADS` overrides).
     pub fn new() -> Self {
-        CpuBackend
+        Self::with_threads(0)
+    }
+
+    /// A CPU backend with `threads` threads (0: one per available core, or `RAYON_NUM_THREADS`).
+    /// If the threads cannot be started, it logs why and falls back to rayon's global pool.
+    pub fn with_threads(threads: usize) -> Self {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("sov-cpu-{i}"))
+            .build();
+        match pool {
+            Ok(pool) => CpuBackend {
+                pool: Some(Arc::new(pool)),
+            },
+            Err(e) => {
+                tracing::warn!("cannot start CPU threads ({e}); using rayon's global pool");
+                CpuBackend { pool: None }
+            }
+        }
+    }
+
+    /// Number of worker threads.
+    pub fn threads(&self) -> usize {
+        match &self.pool {
+            Some(p) => p.current_num_threads(),
+            None => rayon::current_num_threads(),
+        }
+    }
+
+    /// Runs `f` on a worker of the pool (directly, when already on one).
+    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
     }
 }
 
@@ -175,6 +220,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
+        self.install(step)
+    }
+
     fn embedding(
         &self,
         table: &CpuBuffer,
@@ -224,7 +273,7 @@ impl Backend for CpuBackend {
         let w = weight.f32s(OP, "weight", d)?;
         let out = out.f32s_mut(OP, "out", n * d)?;
         if d > 0 {
-            ops::rms_norm(x, w, out, d, eps);
+            self.install(|| ops::rms_norm(x, w, out, d, eps));
         }
         Ok(())
     }
@@ -245,7 +294,7 @@ impl Backend for CpuBackend {
         let w = weight.f32s(OP, "weight", d)?;
         let out = out.f32s_mut(OP, "out", n * d)?;
         if d > 0 {
-            ops::add_rms_norm(residual, x, w, out, d, eps);
+            self.install(|| ops::add_rms_norm(residual, x, w, out, d, eps));
         }
         Ok(())
     }
@@ -263,7 +312,7 @@ impl Backend for CpuBackend {
         let x = x.f32s(OP, "x", n * k)?;
         let w = weights(OP, w, m * k)?;
         let out = out.f32s_mut(OP, "out", n * m)?;
-        matmul::matmul(x, w, out, n, k, m);
+        self.install(|| matmul::matmul(x, w, out, n, k, m));
         Ok(())
     }
 
@@ -309,7 +358,7 @@ impl Backend for CpuBackend {
             ));
         }
         if half > 0 {
-            ops::rope(qkv, positions, cos, sin, heads);
+            self.install(|| ops::rope(qkv, positions, cos, sin, heads));
         }
         Ok(())
     }
@@ -384,7 +433,9 @@ impl Backend for CpuBackend {
         let rows = attention::token_positions(&batch, n)?;
         let out = out.f32s_mut(OP, "out", n * heads.q_width())?;
         if heads.head_dim > 0 {
-            attention::paged_attention(qkv, k_cache, v_cache, &batch, &rows, out, heads, scale);
+            self.install(|| {
+                attention::paged_attention(qkv, k_cache, v_cache, &batch, &rows, out, heads, scale)
+            });
         }
         Ok(())
     }
@@ -400,7 +451,7 @@ impl Backend for CpuBackend {
         let gate_up = gate_up.f32s(OP, "gate_up", n * 2 * f)?;
         let out = out.f32s_mut(OP, "out", n * f)?;
         if f > 0 {
-            ops::silu_mul(gate_up, out, f);
+            self.install(|| ops::silu_mul(gate_up, out, f));
         }
         Ok(())
     }
