@@ -3,12 +3,14 @@
 // Design: one CTA per (split, kv head, sequence). A split is a contiguous range of `split_tokens`
 // context tokens, so long contexts spread over many CTAs (split-K). The GQA_GROUP query heads that
 // share a KV head are handled by the same CTA, so each K/V row is read from memory once for all of
-// them. Inside a CTA, tiles of 64 tokens: every thread loads its 16-byte chunks of K and V for the
-// tile first (many loads in flight), computes scores with a shuffle reduction over the lanes of a
-// row, updates an online softmax (running max m and sum l per head), and accumulates P·V in f32.
-// With one split the CTA writes the output directly; otherwise it writes an unnormalised partial
-// (o, m, l) and the last CTA of the (sequence, kv head) to finish -- found with an atomic counter,
-// which it resets for the next launch -- merges the partials. No second kernel launch.
+// them. Inside a CTA the four warps work independently (no block barrier in the main loop): a warp
+// takes chunks of tokens, every lane first loads its 16-byte pieces of K and V for the chunk (many
+// loads in flight), computes scores with a shuffle reduction over the lanes of a token row, updates
+// its own online softmax (running max m and sum l per head) and accumulates P·V in f32 registers.
+// The warps' states are merged through shared memory at the end. With one split the CTA writes the
+// output directly; otherwise it writes an unnormalised partial (o, m, l) and the last CTA of the
+// (sequence, kv head) to finish -- found with an atomic counter, which it resets for the next
+// launch -- merges the partials with all its threads. No second kernel launch.
 //
 // Compile-time: HEAD_DIM (16, 32, 64, 128 or 256) and GQA_GROUP (query heads per KV head, 1..8).
 // Cache layout per layer: [num_blocks, block_size, n_kv_heads, HEAD_DIM] bf16.
@@ -24,10 +26,12 @@
 #define D HEAD_DIM
 #define G GQA_GROUP
 #define NTHREADS 128
-#define TILE 64                  // tokens per tile
+#define NWARPS (NTHREADS / 32)
 #define LPT (D / 8)              // lanes per token row (each lane holds 8 dims = 16 bytes)
-#define ROWS (NTHREADS / LPT)    // token rows processed in parallel by the CTA
-#define NSTEP (TILE / ROWS)      // token rows per thread per tile
+#define TPW (32 / LPT)           // token rows per warp step
+#define WSTEPS 4                 // steps per warp chunk
+#define WCHUNK (TPW * WSTEPS)    // tokens per warp chunk
+#define MAX_SPLITS 256           // the host never plans more splits
 
 // out: [batch, out_stride] f32, query head h at h * D.  q: [batch, q_stride] f32 likewise (the q part
 // of a fused qkv row). block_tables: [batch, max_blocks] u32. context_lens: [batch] u32 (0 = skip).
@@ -48,46 +52,39 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
     const int t_begin = split * split_tokens;
     const int t_end = min(ctx, t_begin + split_tokens);
 
-    __shared__ float q_s[G][D];
-    __shared__ float p_s[G][TILE];
-    __shared__ float m_s[G], l_s[G], alpha_s[G];
-    __shared__ float red[ROWS][G][D];
+    __shared__ float w_m[NWARPS][G], w_l[NWARPS][G];
+    __shared__ float w_acc[NWARPS][G][D];
+    __shared__ float s_m[G], s_l[G];
     __shared__ int is_last;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int row = tid / LPT, sub = tid % LPT;
+    const int row = lane / LPT, sub = lane % LPT;
 
-    for (int i = tid; i < G * D; i += NTHREADS) {
-        const int g = i / D, d = i % D;
-        q_s[g][d] = q[(size_t)seq * q_stride + (size_t)(kvh * G + g) * D + d] * scale;
-    }
-    if (tid < G) {
-        m_s[tid] = -SOV_INF;
-        l_s[tid] = 0.f;
-    }
-    __syncthreads();
-
-    float qr[G][8], acc[G][8];
+    float qr[G][8], acc[G][8], m[G], l[G];
 #pragma unroll
-    for (int g = 0; g < G; g++)
+    for (int g = 0; g < G; g++) {
+        const float4* qp = (const float4*)(q + (size_t)seq * q_stride + (size_t)(kvh * G + g) * D + sub * 8);
+        const float4 a = qp[0], b = qp[1];
+        qr[g][0] = a.x * scale; qr[g][1] = a.y * scale; qr[g][2] = a.z * scale; qr[g][3] = a.w * scale;
+        qr[g][4] = b.x * scale; qr[g][5] = b.y * scale; qr[g][6] = b.z * scale; qr[g][7] = b.w * scale;
+        m[g] = -SOV_INF;
+        l[g] = 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            qr[g][j] = q_s[g][sub * 8 + j];
-            acc[g][j] = 0.f;
-        }
+        for (int j = 0; j < 8; j++) acc[g][j] = 0.f;
+    }
 
     const u32* bt = block_tables + (size_t)seq * max_blocks;
     const size_t row_elems = (size_t)n_kv_heads * D;
     const size_t head_off = (size_t)kvh * D + sub * 8;
 
-    for (int t0 = t_begin; t0 < t_end; t0 += TILE) {
-        uint4 kreg[NSTEP], vreg[NSTEP];
+    for (int t0 = t_begin + warp * WCHUNK; t0 < t_end; t0 += NWARPS * WCHUNK) {
+        uint4 kreg[WSTEPS], vreg[WSTEPS];
 #pragma unroll
-        for (int s = 0; s < NSTEP; s++) {
-            const int t = t0 + s * ROWS + row;
+        for (int s = 0; s < WSTEPS; s++) {
+            const int t = t0 + s * TPW + row;
             if (t < t_end) {
                 const size_t blk = bt[t / block_size];
-                const size_t base = ((size_t)blk * block_size + (t % block_size)) * row_elems + head_off;
+                const size_t base = (blk * block_size + (t % block_size)) * row_elems + head_off;
                 kreg[s] = *(const uint4*)(k_cache + base);
                 vreg[s] = *(const uint4*)(v_cache + base);
             } else {
@@ -95,13 +92,13 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
                 vreg[s] = make_uint4(0, 0, 0, 0);
             }
         }
-        // Scores for the tile: p_s[g][local token] = q_g . k_t (scale already in q).
+        // Scores: every lane of a token row ends with the full dot product.
+        float sc[WSTEPS][G];
 #pragma unroll
-        for (int s = 0; s < NSTEP; s++) {
+        for (int s = 0; s < WSTEPS; s++) {
             float kf[8];
             unpack8(kreg[s], kf);
-            const int t_local = s * ROWS + row;
-            const bool valid = t0 + t_local < t_end;
+            const bool valid = t0 + s * TPW + row < t_end;
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 float dot = 0.f;
@@ -109,70 +106,92 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
                 for (int j = 0; j < 8; j++) dot = fmaf(qr[g][j], kf[j], dot);
 #pragma unroll
                 for (int o = LPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                if (sub == 0) p_s[g][t_local] = valid ? dot : -SOV_INF;
+                sc[s][g] = valid ? dot : -SOV_INF;
             }
         }
-        __syncthreads();
-        // Online softmax update, one warp per head.
-        for (int g = warp; g < G; g += NTHREADS / 32) {
-            const float v0 = p_s[g][lane], v1 = p_s[g][lane + 32];
-            const float m_old = m_s[g];
-            const float m_new = fmaxf(m_old, warp_max(fmaxf(v0, v1)));
-            const float e0 = __expf(v0 - m_new), e1 = __expf(v1 - m_new);
-            p_s[g][lane] = e0;
-            p_s[g][lane + 32] = e1;
-            const float sum = warp_sum(e0 + e1);
-            if (lane == 0) {
-                const float alpha = __expf(m_old - m_new);
-                alpha_s[g] = alpha;
-                l_s[g] = l_s[g] * alpha + sum;
-                m_s[g] = m_new;
-            }
-        }
-        __syncthreads();
+        // Online softmax over the chunk (the warp's token rows: xor over lane bits >= LPT).
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            const float a = alpha_s[g];
+            float mx = sc[0][g];
 #pragma unroll
-            for (int j = 0; j < 8; j++) acc[g][j] *= a;
+            for (int s = 1; s < WSTEPS; s++) mx = fmaxf(mx, sc[s][g]);
+#pragma unroll
+            for (int o = 16; o >= LPT; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_new = fmaxf(m[g], mx);  // finite: the chunk's first token is valid
+            const float alpha = __expf(m[g] - m_new);
+            float ps = 0.f;
+#pragma unroll
+            for (int s = 0; s < WSTEPS; s++) {
+                sc[s][g] = __expf(sc[s][g] - m_new);
+                ps += sc[s][g];
+            }
+#pragma unroll
+            for (int o = 16; o >= LPT; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[g] = l[g] * alpha + ps;
+            m[g] = m_new;
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[g][j] *= alpha;
         }
 #pragma unroll
-        for (int s = 0; s < NSTEP; s++) {
+        for (int s = 0; s < WSTEPS; s++) {
             float vf[8];
             unpack8(vreg[s], vf);
-            const int t_local = s * ROWS + row;
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                const float p = p_s[g][t_local];
+            for (int g = 0; g < G; g++)
 #pragma unroll
-                for (int j = 0; j < 8; j++) acc[g][j] = fmaf(p, vf[j], acc[g][j]);
-            }
+                for (int j = 0; j < 8; j++) acc[g][j] = fmaf(sc[s][g], vf[j], acc[g][j]);
         }
-        __syncthreads();
     }
 
-    // Reduce the ROWS partial accumulators of the CTA.
+    // Sum the warp's token rows, then merge the warps through shared memory.
 #pragma unroll
     for (int g = 0; g < G; g++)
 #pragma unroll
-        for (int j = 0; j < 8; j++) red[row][g][sub * 8 + j] = acc[g][j];
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int o = 16; o >= LPT; o >>= 1) acc[g][j] += __shfl_xor_sync(0xffffffffu, acc[g][j], o);
+    if (lane < LPT) {
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) w_acc[warp][g][sub * 8 + j] = acc[g][j];
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            w_m[warp][g] = m[g];
+            w_l[warp][g] = l[g];
+        }
+    }
+    __syncthreads();
+    if (tid < G) {
+        float M = -SOV_INF;
+        for (int w = 0; w < NWARPS; w++) M = fmaxf(M, w_m[w][tid]);
+        float L = 0.f;
+        for (int w = 0; w < NWARPS; w++) L += w_m[w][tid] == -SOV_INF ? 0.f : __expf(w_m[w][tid] - M) * w_l[w][tid];
+        s_m[tid] = M;
+        s_l[tid] = L;
+    }
     __syncthreads();
 
     const size_t part_base = ((size_t)seq * n_kv_heads + kvh) * max_splits;
     for (int i = tid; i < G * D; i += NTHREADS) {
         const int g = i / D, d = i % D;
+        const float M = s_m[g];
         float o = 0.f;
-        for (int r = 0; r < ROWS; r++) o += red[r][g][d];
+#pragma unroll
+        for (int w = 0; w < NWARPS; w++)
+            if (w_m[w][g] != -SOV_INF) o += __expf(w_m[w][g] - M) * w_acc[w][g][d];
         if (n_splits == 1) {
-            out[(size_t)seq * out_stride + (size_t)(kvh * G + g) * D + d] = o / l_s[g];
+            out[(size_t)seq * out_stride + (size_t)(kvh * G + g) * D + d] = o / s_l[g];
         } else {
             part_o[((part_base + split) * G + g) * D + d] = o;
         }
     }
     if (n_splits == 1) return;
     if (tid < G) {
-        part_ml[((part_base + split) * G + tid) * 2] = m_s[tid];
-        part_ml[((part_base + split) * G + tid) * 2 + 1] = l_s[tid];
+        part_ml[((part_base + split) * G + tid) * 2] = s_m[tid];
+        part_ml[((part_base + split) * G + tid) * 2 + 1] = s_l[tid];
     }
     __threadfence();
     __syncthreads();
@@ -185,17 +204,32 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
     __threadfence();
 
     // Merge the partials of all splits: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+    __shared__ float sp_w[MAX_SPLITS][G];
+    for (int i = tid; i < n_splits * G; i += NTHREADS) sp_w[i / G][i % G] = __ldcg(&part_ml[(part_base * G + i) * 2]);
+    __syncthreads();
+    if (tid < G) {
+        float M = -SOV_INF;
+        for (int s = 0; s < n_splits; s++) M = fmaxf(M, sp_w[s][tid]);
+        s_m[tid] = M;
+    }
+    __syncthreads();
+    for (int i = tid; i < n_splits * G; i += NTHREADS) {
+        const int s = i / G, g = i % G;
+        sp_w[s][g] = __expf(sp_w[s][g] - s_m[g]);
+    }
+    __syncthreads();
+    if (tid < G) {
+        float L = 0.f;
+        for (int s = 0; s < n_splits; s++) L += sp_w[s][tid] * __ldcg(&part_ml[((part_base + s) * G + tid) * 2 + 1]);
+        s_l[tid] = L;
+    }
+    __syncthreads();
     for (int i = tid; i < G * D; i += NTHREADS) {
         const int g = i / D, d = i % D;
-        float M = -SOV_INF;
-        for (int s = 0; s < n_splits; s++) M = fmaxf(M, __ldcg(&part_ml[((part_base + s) * G + g) * 2]));
-        float num = 0.f, den = 0.f;
-        for (int s = 0; s < n_splits; s++) {
-            const float w = __expf(__ldcg(&part_ml[((part_base + s) * G + g) * 2]) - M);
-            den += w * __ldcg(&part_ml[((part_base + s) * G + g) * 2 + 1]);
-            num += w * __ldcg(&part_o[((part_base + s) * G + g) * D + d]);
-        }
-        out[(size_t)seq * out_stride + (size_t)(kvh * G + g) * D + d] = num / den;
+        float num = 0.f;
+#pragma unroll 8
+        for (int s = 0; s < n_splits; s++) num += sp_w[s][g] * __ldcg(&part_o[((part_base + s) * G + g) * D + d]);
+        out[(size_t)seq * out_stride + (size_t)(kvh * G + g) * D + d] = num / s_l[g];
     }
     if (tid == 0) counters[(size_t)seq * n_kv_heads + kvh] = 0;
 }

@@ -84,3 +84,15 @@ extern "C" __global__ void fill_random_bf16(bf16_t* __restrict__ out, size_t n, 
         out[i] = f2bf(scale * u);
     }
 }
+
+// hi[i] = bf16(in[i]), lo[i] = bf16(in[i] - hi[i]): a two-term bf16 expansion of f32 values, so that
+// W @ hi + W @ lo reproduces an f32-input product to about 2^-16 relative error (precise matmul).
+extern "C" __global__ void split_f32_bf16(bf16_t* __restrict__ hi, bf16_t* __restrict__ lo,
+                                          const float* __restrict__ in, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float x = in[i];
+        const bf16_t h = f2bf(x);
+        hi[i] = h;
+        lo[i] = f2bf(x - bf2f(h));
+    }
+}

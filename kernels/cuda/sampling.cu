@@ -6,13 +6,13 @@
 // vocabulary order with the uniform number the host supplies (the host owns the per-request RNG, so
 // runs are reproducible). The top-k and top-p thresholds are found without sorting, by a 4-pass radix
 // select (8 bits per pass) over order-preserving integer keys of the logits: counting for top-k,
-// probability mass in 2^-24 fixed point for top-p. Histogram updates are aggregated per warp
-// (__match_any_sync / __reduce_add_sync) so equal digits do not serialise on shared-memory atomics.
+// probability mass (f32) for top-p. Histogram updates are aggregated per warp (lanes with equal
+// digits found with __match_any_sync, summed with shuffles) so that equal digits do not serialise
+// on shared-memory atomics.
 // Ties at a threshold keep every tied token.
 #include "common.cuh"
 
 #define NT 1024
-#define MASS_ONE 16777216.f  // 2^24: fixed-point unit of probability mass
 
 // Order-preserving map of an f32 to a u32 (larger float -> larger key).
 __device__ __forceinline__ u32 order_key(float x) {
@@ -21,34 +21,42 @@ __device__ __forceinline__ u32 order_key(float x) {
 }
 
 // Largest key `thr` such that the weight of keys >= thr (among keys >= min_key) reaches `target`.
-// Weight per token: 1 (count) or its probability exp((l - m) * inv_t) * inv_z in 2^-24 units (mass).
+// Weight per token: 1 (count) or its probability exp((l - m) * inv_t) * inv_z (mass), summed in f32.
 __device__ u32 radix_select(const float* __restrict__ row, int vocab, u32 min_key, bool mass, float m,
-                            float inv_t, float inv_z, u32 target, u32* hist, u32* state) {
+                            float inv_t, float inv_z, float target, float* hist, u32* state, float* fstate) {
     const int tid = threadIdx.x, lane = tid & 31;
     u32 prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        if (tid < 256) hist[tid] = 0;
+        if (tid < 256) hist[tid] = 0.f;
         __syncthreads();
         for (int base = 0; base < vocab; base += NT) {
             const int i = base + tid;
-            u32 key = 0, w = 0;
+            u32 key = 0;
+            float w = 0.f;
             bool valid = i < vocab;
             if (valid) {
                 const float x = row[i];
                 key = order_key(x);
                 valid = key >= min_key && (key & mask) == prefix;
-                if (valid) w = mass ? (u32)(__expf((x - m) * inv_t) * inv_z * MASS_ONE) : 1u;
+                if (valid) w = mass ? __expf((x - m) * inv_t) * inv_z : 1.f;
             }
             const u32 digit = valid ? (key >> shift) & 255u : 256u;
             const u32 peers = __match_any_sync(0xffffffffu, digit);
-            const u32 sum = __reduce_add_sync(peers, w);
-            if (valid && sum > 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[digit], sum);
+            // Sum of w over the lanes sharing this lane's digit (all lanes take part in the shuffles).
+            float sum = 0.f;
+#pragma unroll
+            for (int src = 0; src < 32; src++) {
+                const float v = __shfl_sync(0xffffffffu, w, src);
+                if ((peers >> src) & 1u) sum += v;
+            }
+            if (valid && sum > 0.f && lane == __ffs(peers) - 1) atomicAdd(&hist[digit], sum);
         }
         __syncthreads();
         if (tid == 0) {
-            u32 cum = 0, chosen = 0, rest = target;
+            float cum = 0.f, rest = target;
+            u32 chosen = 0;
             for (int d = 255; d >= 0; d--) {
-                if (cum + hist[d] >= target) {
+                if (hist[d] > 0.f && cum + hist[d] >= target) {
                     chosen = d;
                     rest = target - cum;
                     break;
@@ -56,11 +64,11 @@ __device__ u32 radix_select(const float* __restrict__ row, int vocab, u32 min_ke
                 cum += hist[d];
             }
             state[0] = prefix | (chosen << shift);
-            state[1] = rest;
+            fstate[0] = rest;
         }
         __syncthreads();
         prefix = state[0];
-        target = state[1];
+        target = fstate[0];
         mask |= 255u << shift;
         __syncthreads();
     }
@@ -76,9 +84,9 @@ sample_tokens(u32* __restrict__ out, const float* __restrict__ logits, int vocab
     __shared__ float scratch[32];
     __shared__ float best_v[32];
     __shared__ int best_i[32];
-    __shared__ u32 hist[256];
-    __shared__ u32 state[2];
-    __shared__ u32 mass_total;
+    __shared__ float hist[256];
+    __shared__ u32 state[1];
+    __shared__ float fstate[1];
     __shared__ int found, last_candidate;
     __shared__ float chunk_off[32];
 
@@ -138,7 +146,7 @@ sample_tokens(u32* __restrict__ out, const float* __restrict__ logits, int vocab
 
     // Top-k threshold.
     u32 thr = 0;
-    if (k > 0 && k < vocab) thr = radix_select(row, vocab, 0, false, m, inv_t, 0.f, (u32)k, hist, state);
+    if (k > 0 && k < vocab) thr = radix_select(row, vocab, 0, false, m, inv_t, 0.f, (float)k, hist, state, fstate);
 
     // Normaliser of the top-k distribution.
     float z = 0.f;
@@ -151,20 +159,9 @@ sample_tokens(u32* __restrict__ out, const float* __restrict__ logits, int vocab
     // Top-p threshold on that distribution.
     const float p = top_p[b];
     if (p < 1.f) {
-        if (tid == 0) mass_total = 0;
-        __syncthreads();
-        u32 mine = 0;
-        for (int i = tid; i < vocab; i += NT) {
-            const float x = row[i];
-            if (order_key(x) >= thr) mine += (u32)(__expf((x - m) * inv_t) / z * MASS_ONE);
-        }
-        atomicAdd(&mass_total, mine);
-        __syncthreads();
-        // Target mass in the same fixed point; measured against 1 (not the truncated total), so
-        // the rounding of the many tiny tail probabilities does not move the cut.
-        u32 target = (u32)ceilf(fmaxf(p, 0.f) * MASS_ONE);
-        target = min(max(target, 1u), max(mass_total, 1u));
-        const u32 thr_p = radix_select(row, vocab, thr, true, m, inv_t, 1.f / z, target, hist, state);
+        // Masses are normalised by z, so they sum to 1 up to rounding; never ask for more than 1.
+        const float target = fminf(fmaxf(p, 0.f), 1.f) * (1.f - 1e-6f);
+        const u32 thr_p = radix_select(row, vocab, thr, true, m, inv_t, 1.f / z, target, hist, state, fstate);
         thr = max(thr, thr_p);
         z = 0.f;
         for (int i = tid; i < vocab; i += NT) {

@@ -108,6 +108,7 @@ impl KernelId {
                 "add_bias",
                 "cast_f32_bf16",
                 "fill_random_bf16",
+                "split_f32_bf16",
             ],
             KernelId::RopeKv => &["rope_inplace", "kv_write"],
             KernelId::Sampling => &["sample_tokens"],

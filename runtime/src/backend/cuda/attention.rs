@@ -14,8 +14,10 @@ use super::device::{CudaBackend, driver_err};
 use super::ops::to_i32;
 use crate::backend::{BackendError, BatchMeta, DType, HeadShape, check_buffer};
 
-/// Tokens per tile of the decode kernel; split lengths are multiples of it.
+/// Granularity of split lengths (tokens).
 const DECODE_TILE: usize = 64;
+/// Most splits the decode kernel's merge handles (`MAX_SPLITS` in `decode_attention.cu`).
+const MAX_SPLITS: usize = 256;
 /// Threads per CTA of both attention kernels.
 const THREADS: u32 = 128;
 
@@ -31,7 +33,7 @@ pub(super) fn plan_splits(seqs: usize, kv_heads: usize, max_ctx: usize, sm_count
     let ctas = (seqs * kv_heads).max(1);
     let target = 4 * sm_count.max(1);
     let max_tiles = max_ctx.div_ceil(DECODE_TILE).max(1);
-    let splits = target.div_ceil(ctas).clamp(1, max_tiles);
+    let splits = target.div_ceil(ctas).clamp(1, max_tiles.min(MAX_SPLITS));
     let split_tokens = max_ctx.div_ceil(splits).div_ceil(DECODE_TILE).max(1) * DECODE_TILE;
     SplitPlan { splits: max_ctx.div_ceil(split_tokens).max(1), split_tokens }
 }
@@ -200,5 +202,7 @@ mod tests {
         // Short context never asks for more splits than tiles.
         let p = plan_splits(1, 1, 10, 132);
         assert_eq!((p.splits, p.split_tokens), (1, 64));
+        // Never more splits than the kernel's merge holds.
+        assert!(plan_splits(1, 1, 1 << 20, 1000).splits <= MAX_SPLITS);
     }
 }

@@ -7,7 +7,10 @@
 //! - `bench_llama8b_decode`: the Llama-3-8B shape with random bf16 weights, prompt 128, 256 new
 //!   tokens, greedy on the device, EOS ignored, at batch 1 / 16 / 64 / 256: a forward loop written
 //!   directly against the Backend ops (the model crate's loop is not used here).
-//!   Reported: output tokens/s over prefill + decode wall time, and decode-only tokens/s.
+//!   Reported: output tokens/s over prefill + decode wall time, and decode-only tokens/s; once
+//!   with eager launches and once with decode steps replayed from a CUDA graph.
+//! - `bench_llama8b_model_forward`: the same shape through `LlamaModel<CudaBackend>::forward`
+//!   (logits downloaded, argmax on the host), as the engine drives it today.
 //! Times are CUDA-event medians after warm-up.
 
 use std::time::Instant;
@@ -29,8 +32,9 @@ fn time_ms(b: &CudaBackend, warmup: usize, iters: usize, mut f: impl FnMut() -> 
     }
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters {
-        let start = b.ctx.new_event(None)?;
-        let end = b.ctx.new_event(None)?;
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = b.ctx.new_event(flags)?;
+        let end = b.ctx.new_event(flags)?;
         start.record(&b.stream)?;
         f()?;
         end.record(&b.stream)?;
@@ -196,8 +200,9 @@ fn acts(b: &CudaBackend, n: usize, seqs: usize) -> R<Acts> {
     })
 }
 
-/// One forward pass over `meta`'s tokens; greedy next token of each sequence (sampled on device).
-fn forward(
+/// One forward pass over `meta`'s tokens up to the logits of each sequence's `last_rows` token
+/// (`a.logits`); only enqueues work, so it can be captured into a graph.
+fn forward_logits(
     b: &CudaBackend,
     m: &Llama,
     kv: &mut [(CudaBuffer, CudaBuffer)],
@@ -205,7 +210,7 @@ fn forward(
     ids: &CudaBuffer,
     meta: &BatchMeta<CudaBackend>,
     last_rows: &CudaBuffer,
-) -> R<Vec<u32>> {
+) -> Result<(), crate::backend::BackendError> {
     let n = meta.n_tokens;
     let eps = 1e-5;
     b.embedding(&m.embed, ids, &mut a.residual, n, HIDDEN)?;
@@ -229,8 +234,25 @@ fn forward(
     b.add_rms_norm(&mut a.residual, &a.proj, &m.norm, &mut a.h, n, HIDDEN, eps)?;
     let seqs = meta.n_seqs;
     b.gather_rows(&a.h, last_rows, &mut a.last, seqs, HIDDEN)?;
-    b.matmul(&a.last, &m.lm_head, &mut a.logits, seqs, HIDDEN, VOCAB)?;
-    Ok(b.sample(&a.logits, VOCAB, &vec![SamplingRow::greedy(); seqs])?)
+    b.matmul(&a.last, &m.lm_head, &mut a.logits, seqs, HIDDEN, VOCAB)
+}
+
+/// One forward pass and the greedy next token of each sequence (chosen on the device).
+fn forward(
+    b: &CudaBackend,
+    m: &Llama,
+    kv: &mut [(CudaBuffer, CudaBuffer)],
+    a: &mut Acts,
+    ids: &CudaBuffer,
+    meta: &BatchMeta<CudaBackend>,
+    last_rows: &CudaBuffer,
+) -> R<Vec<u32>> {
+    forward_logits(b, m, kv, a, ids, meta, last_rows)?;
+    Ok(b.sample(&a.logits, VOCAB, &vec![SamplingRow::greedy(); meta.n_seqs])?)
+}
+
+fn u32_bytes(v: &[u32]) -> &[u8] {
+    bytemuck::cast_slice(v)
 }
 
 #[test]
@@ -301,9 +323,80 @@ fn bench_llama8b_decode() -> R<()> {
             }
             Ok((prefill_s, start.elapsed().as_secs_f64(), first_tokens))
         };
-        // Warm-up (compiles kernels, sizes scratch), then the timed run.
+        // The same run with decode steps replayed from a CUDA graph captured at step 2 (step 1 runs
+        // eagerly on the same fixed-address buffers, warming scratch and library workspaces).
+        let run_graph = |a: &mut Acts, kv: &mut Vec<(CudaBuffer, CudaBuffer)>, steps: usize| -> R<(f64, f64, Vec<u32>)> {
+            let start = Instant::now();
+            let meta = BatchMeta::<CudaBackend> {
+                n_tokens: batch * prompt,
+                n_seqs: batch,
+                max_q_len: prompt,
+                max_ctx_len: prompt,
+                max_blocks_per_seq: blocks_per_seq,
+                positions: b.upload_u32(&(0..batch * prompt).map(|i| (i % prompt) as u32).collect::<Vec<_>>())?,
+                slot_mapping: b.upload_u32(&(0..batch * prompt).map(|i| slot(i / prompt, i % prompt)).collect::<Vec<_>>())?,
+                q_starts: b.upload_u32(&(0..=batch).map(|s| (s * prompt) as u32).collect::<Vec<_>>())?,
+                ctx_lens: b.upload_u32(&vec![prompt as u32; batch])?,
+                block_tables: b.upload_u32(&tables)?,
+            };
+            let ids = b.upload_u32(&prompt_ids)?;
+            let last = b.upload_u32(&(0..batch).map(|s| (s * prompt + prompt - 1) as u32).collect::<Vec<_>>())?;
+            let mut next = forward(&b, &model, kv, a, &ids, &meta, &last)?;
+            let prefill_s = start.elapsed().as_secs_f64();
+            let mut first_tokens = next.clone();
+            let rows = b.upload_u32(&(0..batch as u32).collect::<Vec<_>>())?;
+            let mut ids = b.upload_u32(&next)?;
+            let mut meta = BatchMeta::<CudaBackend> {
+                n_tokens: batch,
+                n_seqs: batch,
+                max_q_len: 1,
+                max_ctx_len: max_ctx,
+                max_blocks_per_seq: blocks_per_seq,
+                positions: b.alloc(DType::U32, batch)?,
+                slot_mapping: b.alloc(DType::U32, batch)?,
+                q_starts: b.upload_u32(&(0..=batch as u32).collect::<Vec<_>>())?,
+                ctx_lens: b.alloc(DType::U32, batch)?,
+                block_tables: b.upload_u32(&tables)?,
+            };
+            let mut graph = None;
+            for step in 1..steps {
+                let pos = prompt + step - 1;
+                b.write_bytes(&mut ids, 0, u32_bytes(&next))?;
+                b.write_bytes(&mut meta.positions, 0, u32_bytes(&vec![pos as u32; batch]))?;
+                b.write_bytes(&mut meta.slot_mapping, 0, u32_bytes(&(0..batch).map(|s| slot(s, pos)).collect::<Vec<_>>()))?;
+                b.write_bytes(&mut meta.ctx_lens, 0, u32_bytes(&vec![pos as u32 + 1; batch]))?;
+                if step == 1 {
+                    forward_logits(&b, &model, kv, a, &ids, &meta, &rows)?;
+                } else {
+                    if graph.is_none() {
+                        graph = Some(b.capture(|| forward_logits(&b, &model, kv, a, &ids, &meta, &rows))?);
+                    }
+                    if let Some(g) = &graph {
+                        b.replay(g)?;
+                    }
+                }
+                next = b.sample(&a.logits, VOCAB, &vec![SamplingRow::greedy(); batch])?;
+                if step < 4 {
+                    first_tokens.push(next[0]);
+                }
+            }
+            Ok((prefill_s, start.elapsed().as_secs_f64(), first_tokens))
+        };
+        // Warm-up (compiles kernels, sizes scratch), then the timed runs.
         run(&mut a, &mut kv, 3)?;
         let (prefill_s, total_s, toks) = run(&mut a, &mut kv, new_tokens)?;
+        match run_graph(&mut a, &mut kv, new_tokens) {
+            Ok((gp, gt, gtoks)) => println!(
+                "BENCH llama8b_decode_graph batch={batch} prompt={prompt} new={new_tokens} total_s={gt:.3} prefill_s={gp:.3} \
+                 tok_per_s={:.1} decode_tok_per_s={:.1} ms_per_step={:.2} first_tokens_seq0={:?} same_as_eager={}",
+                (batch * new_tokens) as f64 / gt,
+                (batch * (new_tokens - 1)) as f64 / (gt - gp),
+                (gt - gp) * 1e3 / (new_tokens - 1) as f64,
+                &gtoks[..gtoks.len().min(4)],
+                gtoks == toks
+            ),
+            Err(e) => println!("BENCH llama8b_decode_graph batch={batch}: graph run failed: {e}"),
+        }
         let out_tokens = (batch * new_tokens) as f64;
         println!(
             "BENCH llama8b_decode batch={batch} prompt={prompt} new={new_tokens} total_s={total_s:.3} prefill_s={prefill_s:.3} \
@@ -312,6 +405,112 @@ fn bench_llama8b_decode() -> R<()> {
             (batch * (new_tokens - 1)) as f64 / (total_s - prefill_s),
             (total_s - prefill_s) * 1e3 / (new_tokens - 1) as f64,
             &toks[..toks.len().min(4)]
+        );
+    }
+    Ok(())
+}
+
+/// Host tensor of random bf16 values in `[-scale, scale)`, filled in parallel.
+fn host_random(shape: Vec<usize>, seed: u64, scale: f32) -> crate::loader::tensor::HostTensor {
+    use rayon::prelude::*;
+    let n: usize = shape.iter().product();
+    let mut data = vec![half::bf16::ZERO; n];
+    data.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
+        let mut z = seed ^ ((c as u64 + 1) * 0x9e3779b97f4a7c15);
+        for v in chunk {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            *v = half::bf16::from_f32(((z >> 40) as f32 / 16777216.0 * 2.0 - 1.0) * scale);
+        }
+    });
+    crate::loader::tensor::HostTensor { shape, data: crate::loader::tensor::HostData::BF16(data) }
+}
+
+#[test]
+#[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
+fn bench_llama8b_model_forward() -> R<()> {
+    use crate::model::batch::SeqChunk;
+    use crate::model::config::LlamaConfig;
+    use crate::model::{KvCache, LlamaModel};
+    if device().is_none() {
+        return Ok(());
+    }
+    let config = LlamaConfig {
+        vocab_size: VOCAB,
+        hidden_size: HIDDEN,
+        intermediate_size: INTER,
+        num_hidden_layers: LAYERS,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        max_position_embeddings: 1024,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500000.0,
+        rope_scaling: None,
+        tie_word_embeddings: false,
+        attention_bias: false,
+    };
+    let t0 = Instant::now();
+    let mut w = std::collections::HashMap::new();
+    let ones = |n: usize| crate::loader::tensor::HostTensor {
+        shape: vec![n],
+        data: crate::loader::tensor::HostData::F32(vec![1.0; n]),
+    };
+    let s = |fan_in: usize| (3.0 / fan_in as f32).sqrt();
+    w.insert("model.embed_tokens.weight".to_string(), host_random(vec![VOCAB, HIDDEN], 1, 1.0));
+    w.insert("lm_head.weight".to_string(), host_random(vec![VOCAB, HIDDEN], 2, s(HIDDEN)));
+    w.insert("model.norm.weight".to_string(), ones(HIDDEN));
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}");
+        let seed = 100 + 10 * l as u64;
+        w.insert(format!("{p}.input_layernorm.weight"), ones(HIDDEN));
+        w.insert(format!("{p}.post_attention_layernorm.weight"), ones(HIDDEN));
+        w.insert(format!("{p}.self_attn.q_proj.weight"), host_random(vec![4096, HIDDEN], seed, s(HIDDEN)));
+        w.insert(format!("{p}.self_attn.k_proj.weight"), host_random(vec![1024, HIDDEN], seed + 1, s(HIDDEN)));
+        w.insert(format!("{p}.self_attn.v_proj.weight"), host_random(vec![1024, HIDDEN], seed + 2, s(HIDDEN)));
+        w.insert(format!("{p}.self_attn.o_proj.weight"), host_random(vec![HIDDEN, 4096], seed + 3, s(HIDDEN)));
+        w.insert(format!("{p}.mlp.gate_proj.weight"), host_random(vec![INTER, HIDDEN], seed + 4, s(HIDDEN)));
+        w.insert(format!("{p}.mlp.up_proj.weight"), host_random(vec![INTER, HIDDEN], seed + 5, s(HIDDEN)));
+        w.insert(format!("{p}.mlp.down_proj.weight"), host_random(vec![HIDDEN, INTER], seed + 6, s(INTER)));
+    }
+    let model = LlamaModel::new(CudaBackend::new(0)?, &config, &w)?;
+    drop(w);
+    println!("BENCH model_forward: LlamaModel<CudaBackend> built in {:.1}s", t0.elapsed().as_secs_f64());
+    let (prompt, new_tokens, bs) = (128usize, 256usize, 16usize);
+    let per_seq = (prompt + new_tokens).div_ceil(bs);
+    for batch in [1usize, 16, 64, 256] {
+        let mut kv: KvCache<CudaBackend> = model.new_kv_cache(batch * per_seq, bs)?;
+        let tables: Vec<Vec<u32>> =
+            (0..batch).map(|s| (0..per_seq).map(|j| (s * per_seq + j) as u32).collect()).collect();
+        let mut seqs: Vec<Vec<u32>> =
+            (0..batch).map(|s| (0..prompt).map(|i| ((s * 7919 + i * 104729) % VOCAB) as u32).collect()).collect();
+        let start = Instant::now();
+        let mut fed = vec![0usize; batch];
+        let mut prefill_s = 0.0;
+        for step in 0..new_tokens {
+            let chunks: Vec<SeqChunk<'_>> = seqs
+                .iter()
+                .zip(&fed)
+                .zip(&tables)
+                .map(|((s, &f), t)| SeqChunk { tokens: &s[f..], start_pos: f, block_table: t })
+                .collect();
+            let logits = model.forward(&mut kv, &chunks)?;
+            for (i, s) in seqs.iter_mut().enumerate() {
+                fed[i] = s.len();
+                let row = &logits[i * VOCAB..(i + 1) * VOCAB];
+                s.push(super::reference::argmax(row));
+            }
+            if step == 0 {
+                prefill_s = start.elapsed().as_secs_f64();
+            }
+        }
+        let total_s = start.elapsed().as_secs_f64();
+        println!(
+            "BENCH model_forward batch={batch} prompt={prompt} new={new_tokens} total_s={total_s:.3} prefill_s={prefill_s:.3} \
+             tok_per_s={:.1} decode_tok_per_s={:.1} (host argmax over downloaded logits)",
+            (batch * new_tokens) as f64 / total_s,
+            (batch * (new_tokens - 1)) as f64 / (total_s - prefill_s)
         );
     }
     Ok(())

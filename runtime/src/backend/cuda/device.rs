@@ -20,12 +20,14 @@ pub struct CudaBackend {
     pub(super) sm_count: usize,
     /// Reusable scratch: the bf16 copy of matmul inputs and the decode-attention partials.
     pub(super) scratch: Mutex<Scratch>,
+    /// Matmul inputs as two bf16 terms (f32 accuracy, twice the weight reads); see `gemm`.
+    pub(super) precise_matmul: bool,
 }
 
 /// Growable device scratch buffers, reused across ops (stream order makes reuse safe).
 #[derive(Default)]
 pub(super) struct Scratch {
-    /// bf16 copy of a matmul input, `[n * k]`.
+    /// bf16 copy of a matmul input, `[n * k]` (`[2, n * k]` hi/lo terms in precise mode).
     pub(super) x_bf16: Option<CudaBuffer>,
     /// Decode partial outputs `[seqs, kv_heads, splits, group, head_dim]` f32.
     pub(super) part_o: Option<CudaBuffer>,
@@ -100,7 +102,15 @@ impl CudaBackend {
             modules,
             sm_count,
             scratch: Mutex::new(Scratch::default()),
+            precise_matmul: false,
         })
+    }
+
+    /// Precise mode: matmul inputs keep f32 accuracy (split into two bf16 terms, two GEMMs), at
+    /// twice the weight reads. Off by default (inputs rounded to bf16, as bf16 inference does).
+    pub fn with_precise_matmul(mut self, on: bool) -> Self {
+        self.precise_matmul = on;
+        self
     }
 
     /// Device name as the driver reports it.

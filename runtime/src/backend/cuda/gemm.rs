@@ -2,7 +2,9 @@
 //!
 //! `out[n, m] = x[n, k] @ w[m, k]^T` with row-major buffers is, in cuBLAS's column-major terms,
 //! `C[m, n] = op(W)[m, k] · X[k, n]` with `W` transposed (`lda = k`), `X` as stored (`ldb = k`),
-//! `ldc = m`. The f32 input is first rounded to bf16 into a reusable scratch buffer.
+//! `ldc = m`. The f32 input is first rounded to bf16 into a reusable scratch buffer (fast mode), or
+//! (precise mode, [`CudaBackend::precise_matmul`]) split into `hi + lo` bf16 terms multiplied by
+//! two GEMMs accumulating into the same f32 output: f32-input accuracy, weights read twice.
 
 use std::ffi::c_void;
 
@@ -36,14 +38,33 @@ impl CudaBackend {
             .scratch
             .lock()
             .map_err(|_| BackendError::Device("scratch lock poisoned".into()))?;
-        if scratch.x_bf16.as_ref().is_none_or(|b| b.len < n * k) {
-            scratch.x_bf16 = Some(self.alloc_zeroed(DType::BF16, (n * k).next_power_of_two())?);
+        let terms = if self.precise_matmul { 2 } else { 1 };
+        if scratch.x_bf16.as_ref().is_none_or(|b| b.len < terms * n * k) {
+            scratch.x_bf16 = Some(self.alloc_zeroed(DType::BF16, (terms * n * k).next_power_of_two())?);
         }
         let Some(xb) = scratch.x_bf16.as_ref() else {
             return Err(BackendError::Device("matmul scratch missing".into()));
         };
-        self.cast_f32_bf16(x.ptr(), xb.ptr(), n * k)?;
-        self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m)
+        if self.precise_matmul {
+            let (hi, lo) = (xb.ptr(), xb.ptr_at(n * k));
+            self.split_f32_bf16(x.ptr(), hi, lo, n * k)?;
+            self.gemm_bf16_f32(hi, w.ptr(), out.ptr(), n, k, m, 0.0)?;
+            self.gemm_bf16_f32(lo, w.ptr(), out.ptr(), n, k, m, 1.0)
+        } else {
+            self.cast_f32_bf16(x.ptr(), xb.ptr(), n * k)?;
+            self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0)
+        }
+    }
+
+    /// Splits `len` f32 values at `src` into bf16 `hi` and `lo` terms.
+    fn split_f32_bf16(&self, src: u64, hi: u64, lo: u64, len: usize) -> Result<(), BackendError> {
+        let f = self.modules.function(KernelId::Elementwise, None, "split_f32_bf16")?;
+        let cfg = LaunchConfig { grid_dim: (grid_for(len, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&hi).arg(&lo).arg(&src).arg(&len);
+        // SAFETY: hi and lo hold >= len bf16, src >= len f32 (checked by the caller).
+        unsafe { b.launch(cfg) }.map_err(driver_err)?;
+        Ok(())
     }
 
     /// Rounds `len` f32 values at `src` into bf16 at `dst`.
@@ -58,7 +79,8 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16)` at raw device addresses.
+    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` at raw device addresses.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm_bf16_f32(
         &self,
         x: u64,
@@ -67,13 +89,13 @@ impl CudaBackend {
         n: usize,
         k: usize,
         m: usize,
+        beta: f32,
     ) -> Result<(), BackendError> {
         let dims = |v: usize| {
             i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("matmul dimension {v}")))
         };
         let (mi, ni, ki) = (dims(m)?, dims(n)?, dims(k)?);
         let alpha = 1.0f32;
-        let beta = 0.0f32;
         // SAFETY: the three addresses point at live buffers of at least m*k, n*k (bf16) and n*m
         // (f32) elements (checked by the caller); the handle is bound to this backend's stream.
         unsafe {

@@ -7,7 +7,8 @@
 //! ([`modules`]). Matrix products go through cuBLAS with bf16 operands and f32 accumulation
 //! ([`gemm`]). Weights and the paged KV cache are bf16; activations are f32 as the Backend contract
 //! says. Decode attention is split-K with the merge done by the last CTA ([`attention`]); the
-//! next-token choice can run on the device so only token ids come back ([`sampling`]).
+//! next-token choice can run on the device so only token ids come back ([`sampling`]); a decode
+//! step can be captured once into a CUDA graph and replayed ([`graph`]).
 //! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
 //! [`CudaBackend::new`] then returns a clear error.
 
@@ -16,6 +17,7 @@ mod backend_impl;
 mod buffer;
 mod device;
 mod gemm;
+mod graph;
 mod modules;
 mod ops;
 mod sampling;
@@ -23,10 +25,13 @@ mod sampling;
 #[cfg(test)]
 mod bench;
 #[cfg(test)]
+mod parity;
+#[cfg(test)]
 mod reference;
 #[cfg(test)]
 mod tests;
 
 pub use buffer::CudaBuffer;
 pub use device::CudaBackend;
+pub use graph::StepGraph;
 pub use sampling::SamplingRow;

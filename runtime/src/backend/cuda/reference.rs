@@ -147,9 +147,11 @@ pub fn argmax(x: &[f32]) -> u32 {
 }
 
 /// Candidate set of temperature / top-k / top-p filtering (as Hugging Face's warpers, keeping ties
-/// at the cut), then the inverse-CDF draw in vocabulary order. Returns (token, probability mass
-/// distance of `u` from the nearest CDF step boundary, so callers can skip razor-edge draws).
-pub fn sample(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, u: f32) -> (u32, f64) {
+/// at the cut), then the inverse-CDF draw in vocabulary order. Returns (token, margin, lowest
+/// logit of the candidate set): margin is the smaller
+/// of the probability-mass distances of `u` from the nearest CDF step and of `top_p` from the
+/// cumulative masses around the cut, so callers can skip razor-edge cases that rounding decides.
+pub fn sample(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, u: f32) -> (u32, f64, f32) {
     let t = temperature as f64;
     let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let mut order: Vec<usize> = (0..logits.len()).collect();
@@ -160,15 +162,18 @@ pub fn sample(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, u: f32
     }
     let w = |x: f32| ((x as f64 - m) / t).exp();
     let z_k: f64 = logits.iter().filter(|&&x| x >= thr).map(|&x| w(x)).sum();
+    let mut cut_margin = f64::INFINITY;
     if top_p < 1.0 {
         let mut cum = 0.0;
         for &i in &order {
             if logits[i] < thr {
                 break;
             }
+            let before = cum;
             cum += w(logits[i]) / z_k;
             if cum >= top_p as f64 {
                 thr = thr.max(logits[i]);
+                cut_margin = (top_p as f64 - before).min(cum - top_p as f64);
                 break;
             }
         }
@@ -181,12 +186,12 @@ pub fn sample(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, u: f32
         if x >= thr {
             let next = cum + w(x);
             if next > goal {
-                let margin = (goal - cum).min(next - goal) / z;
-                return (i as u32, margin);
+                let margin = ((goal - cum).min(next - goal) / z).min(cut_margin);
+                return (i as u32, margin, thr);
             }
             cum = next;
             last = i;
         }
     }
-    (last as u32, 0.0)
+    (last as u32, 0.0, thr)
 }

@@ -1,0 +1,37 @@
+//! CUDA graphs: capture the ops of a decode step once per batch-size bucket, replay them per step,
+//! so the per-kernel launch cost vanishes at small batch sizes.
+//!
+//! Replay runs the captured kernels with the captured arguments: the caller keeps every buffer
+//! the step reads (token ids, positions, slots, context lengths, block tables) at fixed addresses
+//! and rewrites their contents before each replay, and captures with `max_ctx_len` set to the
+//! largest context the graph will serve (the decode split plan is fixed at capture). Capture must
+//! follow one eager run of the same step, so that scratch buffers and library workspaces exist.
+
+use cudarc::driver::{CudaGraph, sys};
+
+use super::device::{CudaBackend, driver_err};
+use crate::backend::BackendError;
+
+/// An instantiated graph of one captured step.
+pub struct StepGraph {
+    graph: CudaGraph,
+}
+
+impl CudaBackend {
+    /// Records everything `step` enqueues on this backend's stream into a graph (nothing runs).
+    pub fn capture(&self, step: impl FnOnce() -> Result<(), BackendError>) -> Result<StepGraph, BackendError> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver_err)?;
+        let result = step();
+        let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(driver_err);
+        result?;
+        let graph = graph?.ok_or_else(|| BackendError::Device("graph capture recorded nothing".into()))?;
+        Ok(StepGraph { graph })
+    }
+
+    /// Enqueues one replay of `graph` on this backend's stream.
+    pub fn replay(&self, graph: &StepGraph) -> Result<(), BackendError> {
+        graph.graph.launch().map_err(driver_err)
+    }
+}
