@@ -106,3 +106,67 @@ impl Tokenizer {
         &self.inner
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fixture GGUF's tokenizer (byte-level BPE, control tokens 0..3).
+    fn tiny() -> Tokenizer {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("src/loader/fixtures/tiny_llama.gguf");
+        crate::loader::load_model(&path, false)
+            .expect("fixture loads")
+            .tokenizer
+    }
+
+    #[test]
+    fn gguf_add_bos_prepends_only_with_add_special() {
+        let t = Tokenizer::from_inner(tiny().inner().clone(), Some(1));
+        assert_eq!(t.encode("the", true).expect("encodes")[0], 1);
+        assert_ne!(t.encode("the", false).expect("encodes")[0], 1);
+        // A prompt that already starts with BOS does not get a second one.
+        let ids = t.encode("<|im_start|>the", true).expect("encodes");
+        assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 1);
+        assert!(t.adds_bos(1));
+        assert!(!tiny().adds_bos(1));
+    }
+
+    /// A tokenizer.json whose post-processor adds BOS (as Llama 3's does) is detected as such.
+    #[test]
+    fn tokenizer_json_template_processing_bos_is_detected() {
+        let mut json: serde_json::Value =
+            serde_json::from_str(&tiny().inner().to_string(false).expect("serializes"))
+                .expect("json");
+        json["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [
+                {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}}
+            ],
+            "pair": [
+                {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"Sequence": {"id": "B", "type_id": 1}}
+            ],
+            "special_tokens": {
+                "<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}
+            }
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, json.to_string()).expect("write");
+        let t = Tokenizer::from_file(&path).expect("loads");
+        assert_eq!(t.encode("the", true).expect("encodes")[0], 1);
+        assert!(t.adds_bos(1));
+        assert_eq!(t.decode(&[1, 260]).expect("decodes"), "<|im_start|>the");
+        assert_eq!(t.decode_skip_special(&[1, 260]).expect("decodes"), "the");
+
+        std::fs::write(&path, "{ not json").expect("write");
+        let err = Tokenizer::from_file(&path).expect_err("garbage");
+        assert!(
+            err.to_string().contains("tokenizer.json: tokenizer:"),
+            "{err}"
+        );
+    }
+}
