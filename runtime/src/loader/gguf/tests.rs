@@ -310,3 +310,15 @@ fn unsupported_tensor_type_is_named() {
     assert!(err.to_string().contains("token_embd.weight"), "{err}");
     assert!(!GgmlType::from_id(11).expect("Q3_K").is_supported());
 }
+
+#[test]
+fn non_llama_metadata_is_a_metadata_error() {
+    // dequant.gguf is a valid GGUF whose architecture is "test" and has no llama.* keys.
+    let err = load_model(&fixture("dequant.gguf"), false).expect_err("not a llama model");
+    assert!(matches!(err, LoadError::Metadata { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("dequant.gguf: bad metadata: architecture \"test\""),
+        "{err}"
+    );
+}
