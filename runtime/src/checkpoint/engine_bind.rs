@@ -207,14 +207,14 @@ fn live<'a>(seq: &'a Sequence, finish: FinishState, stops: Vec<String>) -> LiveS
 
 /// Checkpoint `core` (the body of the `checkpoint` action) and publish the receipt: slots 8..31
 /// get its digest and signature, slot 7 height - 1 (the machine's `bft_quorum_height += 1` that
-/// follows the action lands on the chain height). `kv` projects the model to its KV access
-/// (required in `Blocks` mode); `stops` gives each sequence's stop strings.
+/// follows the action lands on the chain height). `kv` gives the model's KV access (None: the
+/// model has none; then only `Recompute` mode works); `stops` gives each sequence's stop strings.
 pub fn checkpoint_core<F: ForwardModel>(
     cp: &mut Checkpointer,
     core: &mut EngineCore<F>,
     machine: &str,
     state: &str,
-    kv: Option<fn(&mut F) -> &mut dyn KvBlockIo>,
+    kv: fn(&mut F) -> Option<&mut dyn KvBlockIo>,
     stops: &dyn Fn(&Sequence) -> Vec<String>,
 ) -> Result<Published> {
     let EngineCore {
@@ -241,8 +241,8 @@ pub fn checkpoint_core<F: ForwardModel>(
         step: *decode_steps,
         sequences,
     };
-    let published = match (cp.mode(), kv) {
-        (KvMode::Blocks, Some(project)) => cp.checkpoint(&view, project(model))?,
+    let published = match (cp.mode(), kv(model)) {
+        (KvMode::Blocks, Some(io)) => cp.checkpoint(&view, io)?,
         (KvMode::Blocks, None) => {
             return Err(CheckpointError::Usage(
                 "Blocks mode needs KV access to the model".into(),
@@ -329,7 +329,7 @@ fn rebuild_sequence(
 pub fn restore_core<F: ForwardModel>(
     core: &mut EngineCore<F>,
     restored: &Restored,
-    kv: Option<fn(&mut F) -> &mut dyn KvBlockIo>,
+    kv: fn(&mut F) -> Option<&mut dyn KvBlockIo>,
     tx: &mut dyn FnMut(u64) -> Sender<Output>,
 ) -> Result<u64> {
     let EngineCore {
@@ -349,8 +349,8 @@ pub fn restore_core<F: ForwardModel>(
     waiting.clear();
     let mut max_id = 0;
     let use_kv = restored.snapshot.kv_mode == KvMode::Blocks;
-    let mut kv_io = match (use_kv, kv) {
-        (true, Some(project)) => Some(project(model)),
+    let mut kv_io = match (use_kv, kv(model)) {
+        (true, Some(io)) => Some(io),
         (true, None) => {
             return Err(CheckpointError::Usage(
                 "Blocks-mode checkpoint needs KV access to the model".into(),
@@ -404,4 +404,9 @@ pub fn restore_core<F: ForwardModel>(
     *decode_steps = restored.snapshot.step;
     slots.load_raw(&restored_slots(restored));
     Ok(max_id)
+}
+
+/// For models without KV access (`Recompute` mode only): pass as the `kv` argument.
+pub fn no_kv_access<F>(_: &mut F) -> Option<&mut dyn KvBlockIo> {
+    None
 }

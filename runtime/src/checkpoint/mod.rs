@@ -30,6 +30,11 @@
 //!     None => { /* re-admit store.pending_without_checkpoint()? */ }
 //! }
 //! ```
+//! With the engine's own types, [`engine_bind`] does the wiring: `checkpoint_core` (body of the
+//! `checkpoint` action), `restore_core` (body of `restore` and of `--resume`), `request_record`
+//! (journal on accept) and `KvBlockIo` for `LlamaRunner`; [`driver`] holds the engine-agnostic
+//! part (per-block hash cache, KV block reads/writes).
+//!
 //! Anyone holding the public key checks a directory with [`audit::audit`] (what `sov verify` runs).
 //!
 //! # Design
