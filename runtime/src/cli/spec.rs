@@ -159,7 +159,7 @@ mod tests {
         assert!(out.is_empty());
         let shown = path.display().to_string();
         assert!(
-            err.contains(&format!("{shown}:8:23: `sleeping` is outside the enum")),
+            err.contains(&format!("{shown}:8:24: `sleeping` is outside the enum")),
             "{err}"
         );
         assert!(
