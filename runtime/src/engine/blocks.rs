@@ -200,7 +200,7 @@ mod tests {
                         Err(_) => prop_assert_eq!(m.used(), before),
                     }
                 }
-                let mut holders = vec![0u32; 12];
+                let mut holders = [0u32; 12];
                 for (t, n) in &tables {
                     prop_assert!(t.len() * 4 >= *n);
                     for &b in t { holders[b as usize] += 1; }
