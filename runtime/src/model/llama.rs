@@ -62,13 +62,13 @@ fn check_config(c: &LlamaConfig) -> Result<HeadShape, ModelError> {
     if c.num_attention_heads == 0 || c.num_key_value_heads == 0 {
         return bad("attention needs at least one query and one key/value head".into());
     }
-    if c.num_attention_heads % c.num_key_value_heads != 0 {
+    if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return bad(format!(
             "{} attention heads are not a multiple of {} key/value heads",
             c.num_attention_heads, c.num_key_value_heads
         ));
     }
-    if c.head_dim == 0 || c.head_dim % 2 != 0 {
+    if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
         return bad(format!(
             "head_dim {} must be even and positive (RoPE rotates pairs)",
             c.head_dim

@@ -79,6 +79,7 @@ pub fn token_positions(
 /// (sequence `s`, position `p` from [`token_positions`]) and query head `h`.
 /// `qkv: [n_tokens, (H + 2*KVH) * D]`, `k_cache`, `v_cache`: `[num_blocks * block_size, KVH * D]`,
 /// `out: [n_tokens, H * D]`.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     qkv: &[f32],
     k_cache: &[f32],

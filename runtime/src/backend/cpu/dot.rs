@@ -98,8 +98,8 @@ pub fn dot_rows_portable<const N: usize>(w: WeightRow<'_>, xs: &[&[f32]; N]) -> 
     let mut out = [0f32; N];
     for r in 0..N {
         out[r] = acc[r].iter().sum();
-        for j in full..k {
-            out[r] += w.get(j) * xs[r][j];
+        for (j, x) in xs[r].iter().enumerate().take(k).skip(full) {
+            out[r] += w.get(j) * x;
         }
     }
     out

@@ -46,6 +46,13 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above; the pointer is only used for disjoint writes.
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper, not the raw field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `out = x @ w^T`. `x: [n, k]`, `w: [m, k]`, `out: [n, m]` (overwritten).
 ///
 /// # Panics
@@ -88,7 +95,6 @@ fn gemv(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m: usize
     let out_ptr = OutPtr(out.as_mut_ptr());
     let xrows: Vec<&[f32]> = (0..n).map(|i| &x[i * k..(i + 1) * k]).collect();
     (0..m.div_ceil(chunk)).into_par_iter().for_each(|c| {
-        let out_ptr = out_ptr;
         let r0 = c * chunk;
         let r1 = (r0 + chunk).min(m);
         for j in r0..r1 {
@@ -97,7 +103,7 @@ fn gemv(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m: usize
                 for (t, s) in sums.iter().enumerate() {
                     // SAFETY: `(i + t) * m + j < n * m <= out.len()`; column `j` belongs to this
                     // chunk only, so no other thread writes this element.
-                    unsafe { *out_ptr.0.add((i + t) * m + j) = *s };
+                    unsafe { *out_ptr.get().add((i + t) * m + j) = *s };
                 }
             };
             let mut i = 0;
@@ -124,7 +130,6 @@ fn gemm_widened(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, 
     (0..m.div_ceil(TILE_ROWS)).into_par_iter().for_each_init(
         || vec![0f32; TILE_ROWS * k],
         |tile, t| {
-            let out_ptr = out_ptr;
             let r0 = t * TILE_ROWS;
             let r1 = (r0 + TILE_ROWS).min(m);
             let rows = r1 - r0;
@@ -136,7 +141,18 @@ fn gemm_widened(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, 
             }
             // SAFETY: the tile writes output columns `r0 .. r1` of every row, which no other
             // tile writes; `out` holds `n * m` elements (checked in `matmul`).
-            unsafe { gemm_f32(x, dst, out_ptr.0.add(r0), n, k, rows, m, Parallelism::None) }
+            unsafe {
+                gemm_f32(
+                    x,
+                    dst,
+                    out_ptr.get().add(r0),
+                    n,
+                    k,
+                    rows,
+                    m,
+                    Parallelism::None,
+                )
+            }
         },
     );
 }

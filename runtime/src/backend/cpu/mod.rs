@@ -176,7 +176,7 @@ impl Backend for CpuBackend {
         bytes: &[u8],
     ) -> Result<(), BackendError> {
         let size = buf.dtype().size_bytes();
-        if bytes.len() % size != 0 {
+        if !bytes.len().is_multiple_of(size) {
             return Err(shape_err(
                 "write_bytes",
                 format!(
@@ -343,7 +343,7 @@ impl Backend for CpuBackend {
     ) -> Result<(), BackendError> {
         const OP: &str = "rope";
         let half = heads.head_dim / 2;
-        if heads.head_dim % 2 != 0 {
+        if !heads.head_dim.is_multiple_of(2) {
             return Err(shape_err(OP, format!("head_dim {} is odd", heads.head_dim)));
         }
         let qkv = qkv.f32s_mut(OP, "qkv", n * heads.qkv_width())?;
@@ -406,7 +406,10 @@ impl Backend for CpuBackend {
         scale: f32,
     ) -> Result<(), BackendError> {
         const OP: &str = "paged_attention";
-        if heads.n_kv_heads == 0 || heads.n_heads % heads.n_kv_heads != 0 || block_size == 0 {
+        if heads.n_kv_heads == 0
+            || !heads.n_heads.is_multiple_of(heads.n_kv_heads)
+            || block_size == 0
+        {
             return Err(shape_err(
                 OP,
                 format!("invalid heads {heads:?} or block size {block_size}"),
