@@ -122,3 +122,96 @@ pub fn expr_text(e: &TExpr) -> String {
         TExpr::Binary(op, l, r) => format!("({} {} {})", expr_text(l), op.symbol(), expr_text(r)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::machine_from_source;
+    use crate::source::Source;
+
+    fn specs() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../specs")
+    }
+
+    /// Digest of the shipped seed machine after `edit` of its text.
+    fn digest_after(edit: impl Fn(&str) -> String) -> [u8; 32] {
+        let path = specs().join("scheduler.toml");
+        let text = std::fs::read_to_string(&path).expect("shipped spec");
+        let src = Source::new(path, edit(&text));
+        match machine_from_source(&src) {
+            Ok(m) => m.digest(),
+            Err(d) => panic!("{d:#?}"),
+        }
+    }
+
+    #[test]
+    fn digest_ignores_comments_docs_and_layout() {
+        let base = digest_after(str::to_string);
+        let commented = digest_after(|t| format!("# a new comment\n{t}\n# trailing\n"));
+        let redoc = digest_after(|t| {
+            t.replace(
+                "doc = \"Run the prompts of newly admitted sequences.\"",
+                "doc = \"Something else entirely.\"",
+            )
+        });
+        let spaced =
+            digest_after(|t| t.replace("when = \"kv_exhausted\"", "when   =  'kv_exhausted'"));
+        let reparen = digest_after(|t| {
+            t.replace(
+                "when = \"has_swapped && can_swap_in\"",
+                "when = \"(has_swapped) && (can_swap_in)\"",
+            )
+        });
+        assert_eq!(base, commented);
+        assert_eq!(base, redoc);
+        assert_eq!(base, spaced);
+        assert_eq!(base, reparen);
+    }
+
+    #[test]
+    fn digest_changes_with_behaviour() {
+        let base = digest_after(str::to_string);
+        let cadence = digest_after(|t| t.replace("checkpoint_every = 64", "checkpoint_every = 32"));
+        let guard =
+            digest_after(|t| t.replace("when = \"kv_exhausted\"", "when = \"!kv_exhausted\""));
+        let order = digest_after(|t| {
+            t.replacen(
+                "do = [\"draft\", \"verify\"",
+                "do = [\"verify\", \"draft\"",
+                1,
+            )
+        });
+        assert_ne!(base, cadence);
+        assert_ne!(base, guard);
+        assert_ne!(base, order);
+        assert_ne!(cadence, guard);
+    }
+
+    #[test]
+    fn graphs_name_every_transition() {
+        let loaded = crate::load_machine(&specs().join("laptop.toml")).expect("shipped spec");
+        let mermaid = crate::graph::mermaid(&loaded.machine);
+        let dot = crate::graph::dot(&loaded.machine);
+        let transitions: usize = loaded
+            .machine
+            .states
+            .iter()
+            .map(|s| s.transitions.len())
+            .sum();
+        let interrupts = loaded.machine.interrupts.len();
+        assert_eq!(
+            mermaid.matches(" --> ").count(),
+            1 + transitions + interrupts
+        );
+        assert_eq!(dot.matches(" -> ").count(), 1 + transitions + interrupts);
+        assert!(
+            mermaid.contains("swap --> generate : kv_exhausted / preempt"),
+            "{mermaid}"
+        );
+        assert!(
+            dot.contains("\"swap\" -> \"generate\" [label=\"kv_exhausted / preempt\"];"),
+            "{dot}"
+        );
+    }
+}

@@ -200,7 +200,8 @@ impl Reader<'_> {
 }
 
 /// True for names usable as Rust identifiers in generated code: lower snake case ASCII, not a
-/// keyword, no leading digit, no double or trailing underscore.
+/// keyword, no leading digit, no double or trailing underscore, no digit right after an
+/// underscore (so `a_1` and `a1` cannot both become `A1` in CamelCase).
 pub fn is_snake_ident(name: &str) -> bool {
     const KEYWORDS: &[&str] = &[
         "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum",
@@ -216,6 +217,10 @@ pub fn is_snake_ident(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         && !name.contains("__")
         && !name.ends_with('_')
+        && !name
+            .as_bytes()
+            .windows(2)
+            .any(|w| w[0] == b'_' && w[1].is_ascii_digit())
         && !KEYWORDS.contains(&name)
 }
 
@@ -271,7 +276,7 @@ mod tests {
     fn identifiers() {
         assert!(is_snake_ident("low_battery"));
         assert!(is_snake_ident("a1"));
-        for bad in ["Low", "1a", "a__b", "a_", "type", "", "a-b", "é"] {
+        for bad in ["Low", "1a", "a__b", "a_", "type", "", "a-b", "é", "a_1"] {
             assert!(!is_snake_ident(bad), "{bad}");
         }
         assert_eq!(camel("low_battery"), "LowBattery");

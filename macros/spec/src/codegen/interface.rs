@@ -75,7 +75,7 @@ fn enum_tokens(field: &SlotField) -> Option<TokenStream> {
         .map(|(r, v)| format!("`{v}` (raw value {r})"))
         .collect();
     let count = Literal::usize_unsuffixed(variants.len());
-    let first = &idents[0];
+    let first = idents.first()?;
     Some(quote! {
         #[doc = #doc]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
