@@ -25,6 +25,7 @@
 //!   returns [`BackendError::Shape`] rather than panicking.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::loader::tensor::HostTensor;
 
