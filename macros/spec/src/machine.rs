@@ -640,6 +640,13 @@ impl Checker<'_, '_> {
                 return Some((TExpr::Binary(op, Box::new(slot), Box::new(value)), Ty::Bool));
             }
         }
+        if let Some(side) = [l, r].into_iter().find(|e| self.enum_slot(e).is_some()) {
+            self.r.error(
+                s.sub_span(&side.span),
+                "an enum slot can only be compared with `==` or `!=` against one of its variants",
+            );
+            return None;
+        }
         let lhs = self.resolve(l, s);
         let rhs = self.resolve(r, s);
         let ((lt, lty), (rt, rty)) = (lhs?, rhs?);
