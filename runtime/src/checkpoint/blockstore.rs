@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::digest::{Digest, block_hash, record_checksum};
@@ -207,25 +207,25 @@ impl BlockStore {
         self.map.contains_key(hash)
     }
 
-    /// Append the blocks not yet stored (deduplicated), fsync segment then index. Returns
-    /// (new blocks, bytes appended to segment + index).
-    pub fn append(&mut self, blocks: &[&[u8]]) -> Result<(u64, u64)> {
-        let mut seg_bytes = Vec::new(); // [sum of new block lens]
+    /// Append the blocks not yet stored (deduplicated), fsync segment then index. Each block comes
+    /// with its content hash, which the caller computed from exactly these bytes with
+    /// [`block_hash`] (the store's public entry points do). Returns (new blocks, bytes appended to
+    /// segment + index).
+    pub fn append(&mut self, blocks: &[(Digest, &[u8])]) -> Result<(u64, u64)> {
         let mut idx_bytes = Vec::new(); // [new blocks, 56]
-        let mut new = Vec::new();
+        let mut new: Vec<(IndexEntry, &[u8])> = Vec::new();
+        let mut fresh = std::collections::HashSet::new();
         let mut offset = self.segment_len;
-        for block in blocks {
-            let hash = block_hash(block);
-            if self.map.contains_key(&hash) || new.iter().any(|e: &IndexEntry| e.hash == hash) {
+        for &(hash, block) in blocks {
+            if self.map.contains_key(&hash) || !fresh.insert(hash) {
                 continue;
             }
             let len = u32::try_from(block.len())
                 .map_err(|_| CheckpointError::Usage("a KV block over 4 GiB".into()))?;
             let entry = IndexEntry { hash, offset, len };
             offset += u64::from(len);
-            seg_bytes.extend_from_slice(block);
             idx_bytes.extend_from_slice(&entry.encode());
-            new.push(entry);
+            new.push((entry, block));
         }
         if new.is_empty() {
             return Ok((0, 0));
@@ -239,18 +239,24 @@ impl BlockStore {
             self.index = Some(fsutil::open_append(&idx_path)?);
         }
         if let Some(f) = self.segment.as_mut() {
-            fsutil::append_sync(f, &seg_path, &seg_bytes)?;
+            for (_, block) in &new {
+                f.write_all(block)
+                    .map_err(|e| CheckpointError::io(&seg_path, e))?;
+            }
+            f.sync_data()
+                .map_err(|e| CheckpointError::io(&seg_path, e))?;
         }
         if let Some(f) = self.index.as_mut() {
             fsutil::append_sync(f, &idx_path, &idx_bytes)?;
         }
+        let seg_bytes = offset - self.segment_len;
         self.segment_len = offset;
         self.entries += new.len() as u64;
         let n = new.len() as u64;
-        for e in new {
+        for (e, _) in new {
             self.map.insert(e.hash, e);
         }
-        Ok((n, (seg_bytes.len() + idx_bytes.len()) as u64))
+        Ok((n, seg_bytes + idx_bytes.len() as u64))
     }
 
     /// Read one block and check its hash.
@@ -291,9 +297,10 @@ mod tests {
         let mut s = BlockStore::new(dir.path(), &[]);
         let a = vec![1u8; 100];
         let b = vec![2u8; 50];
-        let (n, bytes) = s.append(&[&a, &b, &a]).unwrap();
+        let (ha, hb) = (block_hash(&a), block_hash(&b));
+        let (n, bytes) = s.append(&[(ha, &a), (hb, &b), (ha, &a)]).unwrap();
         assert_eq!((n, bytes), (2, 150 + 2 * ENTRY_LEN as u64));
-        assert_eq!(s.append(&[&a]).unwrap(), (0, 0));
+        assert_eq!(s.append(&[(ha, &a)]).unwrap(), (0, 0));
         assert_eq!(s.read(&block_hash(&b)).unwrap(), b);
         let entries = read_index(dir.path(), 2).unwrap();
         let mut seen = 0;

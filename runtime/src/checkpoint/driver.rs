@@ -132,7 +132,7 @@ impl Checkpointer {
         }
         let kv_err =
             |e: String| CheckpointError::Usage(format!("reading KV for a checkpoint: {e}"));
-        let mut new_blocks: Vec<Vec<u8>> = Vec::new(); // each [block bytes]
+        let mut new_blocks: Vec<(Digest, Vec<u8>)> = Vec::new(); // each (hash, [block bytes])
         let mut sequences = Vec::new();
         let mut live_keys = HashSet::new();
         self.last_blocks_read = 0;
@@ -159,7 +159,7 @@ impl Checkpointer {
                             self.last_blocks_read += 1;
                             let h = block_hash(&bytes);
                             if !self.store.contains_block(&h) {
-                                new_blocks.push(bytes);
+                                new_blocks.push((h, bytes));
                             }
                             self.hashes.insert(key, h);
                             h
@@ -196,8 +196,9 @@ impl Checkpointer {
             sequences,
             engine_extra: engine.engine_extra(),
         };
-        let refs: Vec<&[u8]> = new_blocks.iter().map(Vec::as_slice).collect();
-        let receipt = self.store.write(&snapshot, &refs)?;
+        let refs: Vec<(Digest, &[u8])> =
+            new_blocks.iter().map(|(h, b)| (*h, b.as_slice())).collect();
+        let receipt = self.store.write_hashed(&snapshot, &refs)?;
         let mut words = receipt.slot_words();
         words[0] = u32::try_from(receipt.height.saturating_sub(1)).unwrap_or(u32::MAX);
         Ok(Published {

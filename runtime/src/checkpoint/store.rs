@@ -16,7 +16,7 @@ use ed25519_dalek::SigningKey;
 
 use super::audit::{self, Anchor, Audit, AuditOptions, receipt_name, snapshot_name};
 use super::blockstore::{BlockStore, ENTRY_LEN, INDEX_FILE, SEGMENT_FILE};
-use super::digest::{Digest, kv_root, snapshot_digest, to_hex};
+use super::digest::{Digest, block_hash, kv_root, snapshot_digest, to_hex};
 use super::error::{CheckpointError, Result};
 use super::fsutil;
 use super::journal::{self, JOURNAL_FILE, Journal, JournalRecord, RequestRecord};
@@ -188,6 +188,17 @@ impl CheckpointStore {
     /// its signed receipt. Every block hash the snapshot names must be stored or supplied.
     /// After an I/O error the store refuses further writes; reopen it (that recovers).
     pub fn write(&mut self, snapshot: &Snapshot, new_blocks: &[&[u8]]) -> Result<ReceiptInfo> {
+        let hashed: Vec<(Digest, &[u8])> = new_blocks.iter().map(|b| (block_hash(b), *b)).collect();
+        self.write_hashed(snapshot, &hashed)
+    }
+
+    /// [`Self::write`] for blocks whose hashes the caller already computed with [`block_hash`] over
+    /// exactly these bytes (the driver does, once per block); saves hashing them twice.
+    pub(crate) fn write_hashed(
+        &mut self,
+        snapshot: &Snapshot,
+        new_blocks: &[(Digest, &[u8])],
+    ) -> Result<ReceiptInfo> {
         if self.poisoned {
             return Err(CheckpointError::Usage(
                 "a previous checkpoint write failed; reopen the store".into(),
