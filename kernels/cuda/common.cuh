@@ -73,3 +73,27 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     v = lane < nwarps ? scratch[lane] : -SOV_INF;
     return warp_max(v);
 }
+
+// KV-cache element type: bf16 by default; f32 when compiled with -DKV_F32 (precise mode).
+// kv8 holds 8 consecutive elements (16 bytes of bf16 or 32 bytes of f32).
+#ifdef KV_F32
+typedef float kv_t;
+struct kv8 {
+    float4 a, b;
+};
+__device__ __forceinline__ kv8 kv8_load(const kv_t* p) { return kv8{((const float4*)p)[0], ((const float4*)p)[1]}; }
+__device__ __forceinline__ kv8 kv8_zero() { return kv8{make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)}; }
+__device__ __forceinline__ void kv8_unpack(const kv8& v, float* f) {
+    f[0] = v.a.x; f[1] = v.a.y; f[2] = v.a.z; f[3] = v.a.w;
+    f[4] = v.b.x; f[5] = v.b.y; f[6] = v.b.z; f[7] = v.b.w;
+}
+#else
+typedef bf16_t kv_t;
+typedef uint4 kv8;
+__device__ __forceinline__ kv8 kv8_load(const kv_t* p) { return *(const uint4*)p; }
+__device__ __forceinline__ kv8 kv8_zero() { return make_uint4(0, 0, 0, 0); }
+__device__ __forceinline__ void kv8_unpack(const kv8& v, float* f) { unpack8(v, f); }
+#endif
+
+// Hint that `p` will be read soon: fetch its line into L2 without using registers.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }

@@ -12,8 +12,9 @@
 // (sequence, kv head) to finish -- found with an atomic counter, which it resets for the next
 // launch -- merges the partials with all its threads. No second kernel launch.
 //
-// Compile-time: HEAD_DIM (16, 32, 64, 128 or 256) and GQA_GROUP (query heads per KV head, 1..8).
-// Cache layout per layer: [num_blocks, block_size, n_kv_heads, HEAD_DIM] bf16.
+// Compile-time: HEAD_DIM (16, 32, 64, 128 or 256), GQA_GROUP (query heads per KV head, 1..8) and
+// KV_F32 (f32 cache, precise mode). Cache layout per layer: [num_blocks, block_size, n_kv_heads,
+// HEAD_DIM] of bf16 (or f32).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -40,7 +41,7 @@
 // Grid: (max_splits, n_kv_heads, batch), block: NTHREADS.
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 paged_decode_attention(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
-                       const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
+                       const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                        const u32* __restrict__ block_tables, int max_blocks,
                        const u32* __restrict__ context_lens, float* __restrict__ part_o,
                        float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
@@ -78,18 +79,29 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
     const size_t head_off = (size_t)kvh * D + sub * 8;
 
     for (int t0 = t_begin + warp * WCHUNK; t0 < t_end; t0 += NWARPS * WCHUNK) {
-        uint4 kreg[WSTEPS], vreg[WSTEPS];
+        kv8 kreg[WSTEPS], vreg[WSTEPS];
 #pragma unroll
         for (int s = 0; s < WSTEPS; s++) {
             const int t = t0 + s * TPW + row;
             if (t < t_end) {
                 const size_t blk = bt[t / block_size];
                 const size_t base = (blk * block_size + (t % block_size)) * row_elems + head_off;
-                kreg[s] = *(const uint4*)(k_cache + base);
-                vreg[s] = *(const uint4*)(v_cache + base);
+                kreg[s] = kv8_load(k_cache + base);
+                vreg[s] = kv8_load(v_cache + base);
             } else {
-                kreg[s] = make_uint4(0, 0, 0, 0);
-                vreg[s] = make_uint4(0, 0, 0, 0);
+                kreg[s] = kv8_zero();
+                vreg[s] = kv8_zero();
+            }
+        }
+        // Start pulling the warp's next chunk into L2 while this one is computed.
+#pragma unroll
+        for (int s = 0; s < WSTEPS; s++) {
+            const int t = t0 + NWARPS * WCHUNK + s * TPW + row;
+            if (t < t_end) {
+                const size_t blk = bt[t / block_size];
+                const size_t base = (blk * block_size + (t % block_size)) * row_elems + head_off;
+                prefetch_l2(k_cache + base);
+                prefetch_l2(v_cache + base);
             }
         }
         // Scores: every lane of a token row ends with the full dot product.
@@ -97,7 +109,7 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
 #pragma unroll
         for (int s = 0; s < WSTEPS; s++) {
             float kf[8];
-            unpack8(kreg[s], kf);
+            kv8_unpack(kreg[s], kf);
             const bool valid = t0 + s * TPW + row < t_end;
 #pragma unroll
             for (int g = 0; g < G; g++) {
@@ -135,7 +147,7 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
 #pragma unroll
         for (int s = 0; s < WSTEPS; s++) {
             float vf[8];
-            unpack8(vreg[s], vf);
+            kv8_unpack(vreg[s], vf);
 #pragma unroll
             for (int g = 0; g < G; g++)
 #pragma unroll

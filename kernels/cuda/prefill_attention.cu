@@ -11,7 +11,7 @@
 // The query chunk of sequence s covers absolute positions start_pos[s] .. start_pos[s] + n_new - 1,
 // so a chunk continuing an earlier prefix (chunked prefill) is handled by the same kernel.
 //
-// Compile-time: HEAD_DIM (multiple of 8, <= 256) and GQA_GROUP (1..8). Dynamic shared memory:
+// Compile-time: HEAD_DIM (multiple of 8, <= 256), GQA_GROUP (1..8) and KV_F32 (f32 cache). Dynamic shared memory:
 // (64 + 2 * 32) * (HEAD_DIM + 4) * 4 + 64 * 33 * 4 bytes (opt-in above 48 KiB).
 #include "common.cuh"
 
@@ -38,7 +38,7 @@
 // NTHREADS; a CTA whose query tile lies beyond its sequence's chunk exits at once.
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 prefill_attention(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
-                  const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
+                  const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                   const u32* __restrict__ block_tables, int max_blocks, const u32* __restrict__ q_starts,
                   const u32* __restrict__ ctx_lens, int n_kv_heads, int block_size, float scale) {
     extern __shared__ float smem[];
@@ -95,8 +95,8 @@ prefill_attention(float* __restrict__ out, int out_stride, const float* __restri
             if (t < key_end) {
                 const size_t blk = bt[t / block_size];
                 const size_t base = ((size_t)blk * block_size + (t % block_size)) * row_elems + (size_t)kvh * D + c * 8;
-                unpack8(*(const uint4*)(k_cache + base), kf);
-                unpack8(*(const uint4*)(v_cache + base), vf);
+                kv8_unpack(kv8_load(k_cache + base), kf);
+                kv8_unpack(kv8_load(v_cache + base), vf);
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; j++) kf[j] = vf[j] = 0.f;

@@ -55,3 +55,22 @@ extern "C" __global__ void kv_write(bf16_t* __restrict__ k_cache, bf16_t* __rest
         *(uint4*)(v_cache + dst) = pack8(vf);
     }
 }
+
+// As kv_write, for an f32 cache (precise mode): k_cache[slots[t]] = qkv[t, H*D ..], likewise v.
+extern "C" __global__ void kv_write_f32(float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                        const float* __restrict__ qkv, const u32* __restrict__ slots, int n,
+                                        int q_width, int kv_width, int row_stride) {
+    const int chunks = kv_width / 4;
+    const size_t total = (size_t)n * chunks;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = idx / chunks;
+        const int c = idx % chunks;
+        const u32 slot = slots[t];
+        if (slot == 0xffffffffu) continue;
+        const float* k = qkv + t * row_stride + q_width + c * 4;
+        const size_t dst = (size_t)slot * kv_width + (size_t)c * 4;
+        *(float4*)(k_cache + dst) = *(const float4*)k;
+        *(float4*)(v_cache + dst) = *(const float4*)(k + kv_width);
+    }
+}

@@ -34,6 +34,8 @@ pub struct HeadConfig {
     pub head_dim: usize,
     /// Query heads per KV head (grouped-query attention).
     pub group: usize,
+    /// The KV cache holds f32 instead of bf16 (precise mode).
+    pub kv_f32: bool,
 }
 
 /// A head shape the attention kernels cannot be compiled for.
@@ -110,7 +112,7 @@ impl KernelId {
                 "fill_random_bf16",
                 "split_f32_bf16",
             ],
-            KernelId::RopeKv => &["rope_inplace", "kv_write"],
+            KernelId::RopeKv => &["rope_inplace", "kv_write", "kv_write_f32"],
             KernelId::Sampling => &["sample_tokens"],
         }
     }
@@ -124,7 +126,11 @@ impl KernelId {
     pub fn defines(self, heads: Option<HeadConfig>) -> Vec<String> {
         match (self.needs_heads(), heads) {
             (true, Some(h)) => {
-                vec![format!("-DHEAD_DIM={}", h.head_dim), format!("-DGQA_GROUP={}", h.group)]
+                let mut d = vec![format!("-DHEAD_DIM={}", h.head_dim), format!("-DGQA_GROUP={}", h.group)];
+                if h.kv_f32 {
+                    d.push("-DKV_F32".to_string());
+                }
+                d
             }
             _ => Vec::new(),
         }
@@ -159,12 +165,14 @@ mod tests {
 
     #[test]
     fn head_shapes_are_validated() {
-        assert!(HeadConfig { head_dim: 128, group: 4 }.validate().is_ok());
-        assert!(HeadConfig { head_dim: 64, group: 3 }.validate().is_ok());
-        assert!(HeadConfig { head_dim: 96, group: 4 }.validate().is_err());
-        assert!(HeadConfig { head_dim: 128, group: 9 }.validate().is_err());
-        let d = KernelId::DecodeAttention.defines(Some(HeadConfig { head_dim: 64, group: 3 }));
+        assert!(HeadConfig { head_dim: 128, group: 4, kv_f32: false }.validate().is_ok());
+        assert!(HeadConfig { head_dim: 64, group: 3, kv_f32: true }.validate().is_ok());
+        assert!(HeadConfig { head_dim: 96, group: 4, kv_f32: false }.validate().is_err());
+        assert!(HeadConfig { head_dim: 128, group: 9, kv_f32: false }.validate().is_err());
+        let d = KernelId::DecodeAttention.defines(Some(HeadConfig { head_dim: 64, group: 3, kv_f32: false }));
         assert_eq!(d, vec!["-DHEAD_DIM=64".to_string(), "-DGQA_GROUP=3".to_string()]);
+        let d = KernelId::PrefillAttention.defines(Some(HeadConfig { head_dim: 64, group: 3, kv_f32: true }));
+        assert_eq!(d.last().map(String::as_str), Some("-DKV_F32"));
         assert!(KernelId::Elementwise.defines(None).is_empty());
     }
 }

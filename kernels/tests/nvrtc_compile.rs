@@ -29,8 +29,9 @@ fn every_unit_compiles_for_sm90() {
         if id.needs_heads() {
             for head_dim in [16, 32, 64, 128, 256] {
                 for group in [1, 2, 3, 4, 8] {
-                    compile(id, Some(HeadConfig { head_dim, group }));
+                    compile(id, Some(HeadConfig { head_dim, group, kv_f32: false }));
                 }
+                compile(id, Some(HeadConfig { head_dim, group: 4, kv_f32: true }));
             }
         } else {
             compile(id, None);

@@ -55,14 +55,15 @@ impl CudaBackend {
         if heads.n_kv_heads == 0 || heads.n_heads % heads.n_kv_heads != 0 {
             return Err(BackendError::Shape { op: OP, detail: format!("{heads:?}") });
         }
-        let cfg = HeadConfig { head_dim: heads.head_dim, group: heads.n_heads / heads.n_kv_heads }
+        let kv_dtype = if self.precise { DType::F32 } else { DType::BF16 };
+        let cfg = HeadConfig { head_dim: heads.head_dim, group: heads.n_heads / heads.n_kv_heads, kv_f32: self.precise }
             .validate()
             .map_err(|e| BackendError::Unsupported(e.to_string()))?;
         let n = meta.n_tokens;
         check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
         check_buffer(OP, "out", out, DType::F32, n * heads.q_width())?;
-        check_buffer(OP, "k_cache", k_cache, DType::BF16, block_size * heads.kv_width())?;
-        check_buffer(OP, "v_cache", v_cache, DType::BF16, k_cache.len)?;
+        check_buffer(OP, "k_cache", k_cache, kv_dtype, block_size * heads.kv_width())?;
+        check_buffer(OP, "v_cache", v_cache, kv_dtype, k_cache.len)?;
         check_buffer(OP, "ctx_lens", &meta.ctx_lens, DType::U32, meta.n_seqs)?;
         check_buffer(OP, "q_starts", &meta.q_starts, DType::U32, meta.n_seqs + 1)?;
         check_buffer(OP, "block_tables", &meta.block_tables, DType::U32, meta.n_seqs * meta.max_blocks_per_seq)?;

@@ -104,7 +104,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_dtype(&self) -> DType {
-        DType::BF16
+        if self.precise { DType::F32 } else { DType::BF16 }
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {

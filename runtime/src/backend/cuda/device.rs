@@ -20,8 +20,9 @@ pub struct CudaBackend {
     pub(super) sm_count: usize,
     /// Reusable scratch: the bf16 copy of matmul inputs and the decode-attention partials.
     pub(super) scratch: Mutex<Scratch>,
-    /// Matmul inputs as two bf16 terms (f32 accuracy, twice the weight reads); see `gemm`.
-    pub(super) precise_matmul: bool,
+    /// Precise mode: matmul inputs as two bf16 terms (f32 accuracy, twice the weight reads; see
+    /// `gemm`) and an f32 KV cache.
+    pub(super) precise: bool,
 }
 
 /// Growable device scratch buffers, reused across ops (stream order makes reuse safe).
@@ -86,6 +87,10 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<Self, BackendError> {
         probe(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(driver_err)?;
+        // SAFETY: every buffer of a backend is used on that backend's one stream, so cudarc's
+        // cross-stream event tracking is not needed; with it off, no event of earlier work is
+        // waited on inside a graph capture.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver_err)?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| BackendError::Device(format!("cuBLAS init: {e:?}")))?;
@@ -102,14 +107,15 @@ impl CudaBackend {
             modules,
             sm_count,
             scratch: Mutex::new(Scratch::default()),
-            precise_matmul: false,
+            precise: false,
         })
     }
 
-    /// Precise mode: matmul inputs keep f32 accuracy (split into two bf16 terms, two GEMMs), at
-    /// twice the weight reads. Off by default (inputs rounded to bf16, as bf16 inference does).
-    pub fn with_precise_matmul(mut self, on: bool) -> Self {
-        self.precise_matmul = on;
+    /// Precise mode: matmul inputs keep f32 accuracy (split into two bf16 terms, two GEMMs, twice
+    /// the weight reads) and the KV cache is f32. Off by default (bf16 matmul inputs and KV cache,
+    /// as bf16 inference does); used to check the compute path against the f32 CPU backend.
+    pub fn with_precise(mut self, on: bool) -> Self {
+        self.precise = on;
         self
     }
 

@@ -3,7 +3,7 @@
 //! `out[n, m] = x[n, k] @ w[m, k]^T` with row-major buffers is, in cuBLAS's column-major terms,
 //! `C[m, n] = op(W)[m, k] · X[k, n]` with `W` transposed (`lda = k`), `X` as stored (`ldb = k`),
 //! `ldc = m`. The f32 input is first rounded to bf16 into a reusable scratch buffer (fast mode), or
-//! (precise mode, [`CudaBackend::precise_matmul`]) split into `hi + lo` bf16 terms multiplied by
+//! (precise mode, [`CudaBackend::with_precise`]) split into `hi + lo` bf16 terms multiplied by
 //! two GEMMs accumulating into the same f32 output: f32-input accuracy, weights read twice.
 
 use std::ffi::c_void;
@@ -38,14 +38,14 @@ impl CudaBackend {
             .scratch
             .lock()
             .map_err(|_| BackendError::Device("scratch lock poisoned".into()))?;
-        let terms = if self.precise_matmul { 2 } else { 1 };
+        let terms = if self.precise { 2 } else { 1 };
         if scratch.x_bf16.as_ref().is_none_or(|b| b.len < terms * n * k) {
             scratch.x_bf16 = Some(self.alloc_zeroed(DType::BF16, (terms * n * k).next_power_of_two())?);
         }
         let Some(xb) = scratch.x_bf16.as_ref() else {
             return Err(BackendError::Device("matmul scratch missing".into()));
         };
-        if self.precise_matmul {
+        if self.precise {
             let (hi, lo) = (xb.ptr(), xb.ptr_at(n * k));
             self.split_f32_bf16(x.ptr(), hi, lo, n * k)?;
             self.gemm_bf16_f32(hi, w.ptr(), out.ptr(), n, k, m, 0.0)?;

@@ -150,15 +150,17 @@ impl CudaBackend {
         const OP: &str = "kv_write";
         check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
         check_buffer(OP, "slot_mapping", slot_mapping, DType::U32, n)?;
-        check_buffer(OP, "k_cache", k_cache, DType::BF16, heads.kv_width())?;
-        check_buffer(OP, "v_cache", v_cache, DType::BF16, k_cache.len)?;
+        let kv_dtype = if self.precise { DType::F32 } else { DType::BF16 };
+        check_buffer(OP, "k_cache", k_cache, kv_dtype, heads.kv_width())?;
+        check_buffer(OP, "v_cache", v_cache, kv_dtype, k_cache.len)?;
         if heads.kv_width() % 8 != 0 {
             return Err(BackendError::Unsupported(format!("{OP}: KVH * D = {} not a multiple of 8", heads.kv_width())));
         }
         if n == 0 {
             return Ok(());
         }
-        let f = self.modules.function(KernelId::RopeKv, None, "kv_write")?;
+        let (name, per_thread) = if self.precise { ("kv_write_f32", 4) } else { ("kv_write", 8) };
+        let f = self.modules.function(KernelId::RopeKv, None, name)?;
         let (ni, qw, kw, rs) = (
             to_i32(n, "n")?,
             to_i32(heads.q_width(), "q width")?,
@@ -169,7 +171,7 @@ impl CudaBackend {
         let mut b = self.stream.launch_builder(&f);
         b.arg(&kc).arg(&vc).arg(&q).arg(&s).arg(&ni).arg(&qw).arg(&kw).arg(&rs);
         // SAFETY: sizes checked above; slots are allocated by the engine inside the cache.
-        unsafe { b.launch(grid_stride(n * heads.kv_width() / 8)) }.map_err(driver_err)?;
+        unsafe { b.launch(grid_stride(n * heads.kv_width() / per_thread)) }.map_err(driver_err)?;
         Ok(())
     }
 

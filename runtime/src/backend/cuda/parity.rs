@@ -3,9 +3,10 @@
 //! `LlamaModel<CudaBackend>` equal those of `LlamaModel<CpuBackend>` for 32 new tokens of several
 //! prompts, one sequence at a time and all prompts batched together. Both backends get the same
 //! weights, rounded to bf16 (the CUDA backend stores bf16), so the comparison isolates the compute.
-//! The asserted run uses precise matmuls (f32-accurate inputs, as the CPU backend); the default
-//! fast mode (matmul inputs rounded to bf16) is run too and its agreement printed: on random tiny
-//! models near-tied logits make bf16-input greedy runs drift from f32 ones after some tokens.
+//! The asserted run uses precise mode (f32-accurate matmul inputs and an f32 KV cache, as the CPU
+//! backend); the default fast mode (bf16 matmul inputs and KV cache) is run too and its agreement
+//! printed: on random tiny models near-tied logits make bf16 greedy runs drift from f32 ones after
+//! some tokens.
 //! Fixture directory: `$SOV_FIXTURE_DIR`, else `runtime/tests/fixtures` of the source tree.
 
 use std::collections::HashMap;
@@ -103,7 +104,7 @@ fn tiny_fixtures_greedy_tokens_match_cpu() {
             .map(|&len| (0..len as u32).map(|i| (i * 37 + len as u32 * 11 + 3) % v).collect())
             .collect();
         let cpu_model = LlamaModel::new(CpuBackend::new(), &config, &weights).expect("cpu model");
-        let gpu = super::CudaBackend::new(0).expect("device opened above").with_precise_matmul(true);
+        let gpu = super::CudaBackend::new(0).expect("device opened above").with_precise(true);
         let gpu_model = LlamaModel::new(gpu, &config, &weights).expect("cuda model");
         let fast = super::CudaBackend::new(0).expect("device opened above");
         let fast_model = LlamaModel::new(fast, &config, &weights).expect("cuda model");

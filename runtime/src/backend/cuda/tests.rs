@@ -99,7 +99,7 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
 #[test]
 fn matmul_matches_cpu() {
     let Some(b) = device() else { return };
-    let Some(precise) = device().map(|d| d.with_precise_matmul(true)) else { return };
+    let Some(precise) = device().map(|d| d.with_precise(true)) else { return };
     for (n, k, m) in [(1, 64, 256), (3, 576, 1536), (17, 333, 129), (64, 4096, 1024), (1, 4096, 6144)] {
         let seed = (n * 7 + k * 3 + m) as u64;
         let x = cpu::random(n * k, 1.0, seed);
@@ -230,14 +230,18 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
         ctx_lens: b.upload_u32(&refs.iter().map(|s| s.ctx as u32).collect::<Vec<_>>()).unwrap(),
         block_tables: b.upload_u32(&tables).unwrap(),
     };
-    let kb = weight(b, &kc, vec![cache_len]);
-    let vb = weight(b, &vc, vec![cache_len]);
+    let (kb, vb) = if b.kv_dtype() == DType::F32 {
+        (b.upload_f32(&kc).unwrap(), b.upload_f32(&vc).unwrap())
+    } else {
+        (weight(b, &kc, vec![cache_len]), weight(b, &vc, vec![cache_len]))
+    };
     let qb = b.upload_f32(&qkv).unwrap();
     let mut ob = b.alloc(DType::F32, n * heads.q_width()).unwrap();
     b.paged_attention(&qb, &kb, &vb, &meta, &mut ob, heads, bs, scale).unwrap();
     let got = download(b, &ob, n * heads.q_width());
     let expect = cpu::paged_attention(&qkv, heads.qkv_width(), &kc, &vc, &refs, h, kvh, d, bs, scale);
-    check(&format!("paged_attention h={h} kvh={kvh} d={d} bs={bs} seqs={:?}", case.seqs), &got, &expect);
+    let kind = if b.kv_dtype() == DType::F32 { "f32 cache" } else { "bf16 cache" };
+    check(&format!("paged_attention ({kind}) h={h} kvh={kvh} d={d} bs={bs} seqs={:?}", case.seqs), &got, &expect);
     // Twice in a row: the split counters must have been left at zero.
     b.paged_attention(&qb, &kb, &vb, &meta, &mut ob, heads, bs, scale).unwrap();
     check("paged_attention (second launch)", &download(b, &ob, n * heads.q_width()), &expect);
@@ -258,6 +262,11 @@ fn decode_attention_matches_cpu() {
     for (i, c) in cases.iter().enumerate() {
         run_attention(&b, c, 100 + i as u64);
     }
+    // f32 cache (precise mode) for the first two shapes.
+    let precise = b.with_precise(true);
+    for (i, c) in cases.iter().take(2).enumerate() {
+        run_attention(&precise, c, 150 + i as u64);
+    }
 }
 
 #[test]
@@ -274,6 +283,10 @@ fn prefill_attention_matches_cpu() {
     ];
     for (i, c) in cases.iter().enumerate() {
         run_attention(&b, c, 200 + i as u64);
+    }
+    let precise = b.with_precise(true);
+    for (i, c) in cases.iter().take(2).enumerate() {
+        run_attention(&precise, c, 250 + i as u64);
     }
 }
 
