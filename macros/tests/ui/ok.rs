@@ -32,7 +32,10 @@ fn main() {
     slots.set_queue(1);
     let mut m = rt::mini::Scheduler::new();
     let t = m.step(&mut Rt, &slots).unwrap();
-    assert_eq!((t.from, t.to), (rt::mini::State::Idle, rt::mini::State::Run));
+    assert_eq!(
+        (t.from, t.to),
+        (rt::mini::State::Idle, rt::mini::State::Run)
+    );
     let t = m.step(&mut Rt, &slots).unwrap();
     assert_eq!(t.actions, vec![rt::Action::Work]);
     assert_eq!(slots.steps(), 1);
