@@ -173,21 +173,21 @@ fn story_prompt_continues_in_english() {
     );
 }
 
-#[test]
-#[ignore = "benchmark: run in release with --ignored --nocapture"]
-fn decode_speed_batch_1() {
-    let Some(s) = setup("decode_speed_batch_1") else {
-        return;
-    };
-    let prompt = s
-        .loaded
-        .tokenizer
-        .encode("Once upon a time, there was a little", true)
-        .expect("encode");
-    greedy(&s, &prompt, 8); // warm-up
-    let n = 128;
-    let total = prompt.len() + n;
-    let blocks = total.div_ceil(BLOCK_SIZE);
+/// CPU time of every thread of this process so far, in seconds (Linux `schedstat`; `None`
+/// elsewhere). Lets the benchmark show what decode costs apart from other load on the machine.
+fn process_cpu_seconds() -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 * 1e-9)
+}
+
+/// Decode of `n` tokens after `prompt` at batch 1: (prefill seconds, decode seconds, decode
+/// CPU seconds).
+fn timed_decode(s: &Setup, prompt: &[u32], n: usize) -> (f64, f64, Option<f64>) {
+    let blocks = (prompt.len() + n).div_ceil(BLOCK_SIZE);
     let mut kv: KvCache<CpuBackend> = s.model.new_kv_cache(blocks, BLOCK_SIZE).expect("cache");
     let table: Vec<u32> = (0..blocks as u32).collect();
     let t0 = Instant::now();
@@ -196,7 +196,7 @@ fn decode_speed_batch_1() {
         .forward(
             &mut kv,
             &[SeqChunk {
-                tokens: &prompt,
+                tokens: prompt,
                 start_pos: 0,
                 block_table: &table,
             }],
@@ -204,29 +204,51 @@ fn decode_speed_batch_1() {
         .expect("prefill");
     let prefill = t0.elapsed().as_secs_f64();
     let mut next = argmax(&logits);
+    let cpu0 = process_cpu_seconds();
     let t1 = Instant::now();
     for i in 0..n {
-        let pos = prompt.len() + i;
-        let logits = s
-            .model
-            .forward(
-                &mut kv,
-                &[SeqChunk {
-                    tokens: &[next],
-                    start_pos: pos,
-                    block_table: &table,
-                }],
-            )
-            .expect("decode");
-        next = argmax(&logits);
+        let chunk = [SeqChunk {
+            tokens: &[next],
+            start_pos: prompt.len() + i,
+            block_table: &table,
+        }];
+        next = argmax(&s.model.forward(&mut kv, &chunk).expect("decode"));
     }
     let decode = t1.elapsed().as_secs_f64();
-    println!(
-        "default model, CPU, {} threads: prefill {} tokens in {:.1} ms; decode {n} tokens at batch 1: {:.1} tok/s ({:.2} ms/token)",
-        s.model.backend().threads(),
-        prompt.len(),
-        prefill * 1e3,
-        n as f64 / decode,
-        decode * 1e3 / n as f64
-    );
+    let cpu = process_cpu_seconds().zip(cpu0).map(|(b, a)| b - a);
+    (prefill, decode, cpu)
+}
+
+#[test]
+#[ignore = "benchmark: run in release with --ignored --nocapture"]
+fn decode_speed_batch_1() {
+    let Some(s) = setup("decode_speed_batch_1") else {
+        return;
+    };
+    let threads = s.model.backend().threads();
+    let story = s
+        .loaded
+        .tokenizer
+        .encode("Once upon a time, there was a little", true)
+        .expect("encode");
+    greedy(&s, &story, 8); // warm-up
+    let long: Vec<u32> = story.iter().cycle().take(128).copied().collect();
+    for (label, prompt) in [("short prompt", &story), ("128-token prompt", &long)] {
+        let n = 128;
+        let (prefill, decode, cpu) = timed_decode(&s, prompt, n);
+        println!(
+            "default model, CPU backend, {threads} threads, {label}: prefill {} tokens in {:.1} ms ({:.0} tok/s); \
+             decode {n} tokens at batch 1: {:.1} tok/s ({:.2} ms/token wall{})",
+            prompt.len(),
+            prefill * 1e3,
+            prompt.len() as f64 / prefill,
+            n as f64 / decode,
+            decode * 1e3 / n as f64,
+            cpu.map(|c| format!(
+                ", {:.2} ms/token CPU time over all threads",
+                c * 1e3 / n as f64
+            ))
+            .unwrap_or_default(),
+        );
+    }
 }

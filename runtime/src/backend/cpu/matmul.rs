@@ -4,8 +4,9 @@
 //! - few rows (decode): a GEMV-style kernel reads each weight row once, widens it to f32 on the
 //!   fly and dots it with up to four activation rows at a time ([`super::dot`]); threads split the
 //!   weight rows. This path is bound by weight memory traffic, so 16-bit weights run ~2x faster.
-//! - many rows (prefill): f32 weights go straight to the `gemm` crate; 16-bit weights are widened
-//!   tile by tile (`TILE_ROWS` rows at a time, per thread) into f32 scratch and multiplied by `gemm`.
+//! - many rows (prefill; over 8 rows for f32 weights, over 40 for 16-bit ones): f32 weights go
+//!   straight to the `gemm` crate; 16-bit weights are widened tile by tile (`TILE_ROWS` rows at a
+//!   time, per thread) into f32 scratch and multiplied by `gemm`.
 
 use gemm::Parallelism;
 use half::{bf16, f16};
@@ -13,8 +14,12 @@ use rayon::prelude::*;
 
 use super::dot::{WeightRow, dot_rows};
 
-/// Activation row counts up to this use the GEMV kernel.
-const GEMV_MAX_ROWS: usize = 8;
+/// Activation row counts up to this use the GEMV kernel for f32 weights (`gemm` needs no
+/// widening pass for them, so it wins early).
+const GEMV_MAX_ROWS_F32: usize = 8;
+/// Activation row counts up to this use the GEMV kernel for 16-bit weights: the GEMM path first
+/// widens the whole matrix to f32, which costs about as much as ~40 rows of GEMV work.
+const GEMV_MAX_ROWS_16BIT: usize = 40;
 /// Weight rows widened to f32 per tile on the GEMM path.
 const TILE_ROWS: usize = 64;
 
@@ -74,7 +79,11 @@ pub fn matmul(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m:
         out[..n * m].fill(0.0);
         return;
     }
-    if n <= GEMV_MAX_ROWS {
+    let gemv_max_rows = match w {
+        Weights::F32(_) => GEMV_MAX_ROWS_F32,
+        Weights::F16(_) | Weights::BF16(_) => GEMV_MAX_ROWS_16BIT,
+    };
+    if n <= gemv_max_rows {
         gemv(x, w, out, n, k, m);
     } else {
         match w {
@@ -252,6 +261,7 @@ mod tests {
             (8, 64, 64),
             (9, 40, 70),
             (33, 576, 200),
+            (45, 64, 80),
         ] {
             let x = values(n as u64 * 31 + k as u64, n * k);
             let w32 = values(m as u64 * 17 + 3, m * k);
