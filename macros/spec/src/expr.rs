@@ -183,20 +183,18 @@ fn lex(text: &str) -> Result<Vec<(Tok, Range<usize>)>, ParseError> {
     Ok(out)
 }
 
-struct Parser<'a> {
+struct Parser {
     toks: Vec<(Tok, Range<usize>)>,
     pos: usize,
     len: usize,
-    _text: &'a str,
 }
 
-impl<'a> Parser<'a> {
-    fn new(text: &'a str) -> Result<Self, ParseError> {
+impl Parser {
+    fn new(text: &str) -> Result<Self, ParseError> {
         Ok(Self {
             toks: lex(text)?,
             pos: 0,
             len: text.len(),
-            _text: text,
         })
     }
 

@@ -32,7 +32,6 @@ enum Ty {
 /// A state's position in the file, for messages.
 struct StateSpans {
     key: Range<usize>,
-    transitions: Vec<Range<usize>>,
     targets: Vec<Option<SpannedStr>>,
 }
 
@@ -294,7 +293,6 @@ impl Checker<'_, '_> {
             let mut transitions = Vec::new();
             let mut state_spans = StateSpans {
                 key: key_span.clone(),
-                transitions: Vec::new(),
                 targets: Vec::new(),
             };
             let mut unguarded: Option<usize> = None;
@@ -327,7 +325,6 @@ impl Checker<'_, '_> {
                 }
                 let body = self.body(tt);
                 let target = self.r.req_string(tt, &span, "goto", &twhat);
-                state_spans.transitions.push(span);
                 state_spans.targets.push(target.clone());
                 if let (Some(guard), Some(body), Some(target)) = (guard, body, target) {
                     transitions.push(Transition {
@@ -629,14 +626,13 @@ impl Checker<'_, '_> {
                 .enum_slot(l)
                 .map(|x| (x, l, r))
                 .or_else(|| self.enum_slot(r).map(|x| (x, r, l)));
-            if let Some(((field, variants), slot_expr, other)) = enum_side {
+            if let Some(((field, variants), _, other)) = enum_side {
                 let field = field.clone();
                 let value = self.variant(&field, &variants, other, s)?;
                 let slot = TExpr::Slot {
                     name: field.name.clone(),
                     offset: field.offset,
                 };
-                let _ = slot_expr;
                 return Some((TExpr::Binary(op, Box::new(slot), Box::new(value)), Ty::Bool));
             }
         }
@@ -750,6 +746,5 @@ fn check_graph(r: &mut Reader<'_>, m: &Machine, spans: &[StateSpans]) {
                 ),
             );
         }
-        let _ = &span.transitions;
     }
 }
