@@ -16,8 +16,15 @@ const TOL: f64 = 1e-4;
 const VARIANTS: [&str; 3] = ["tiny_tied", "tiny_untied", "tiny_llama3"];
 const NUM_BLOCKS: usize = 64;
 
+/// The fixture's model; `tiny_untied` is built from owned tensors ([`LlamaModel::from_tensors`])
+/// so both construction paths are checked against transformers.
 fn model(f: &Fixture) -> LlamaModel<CpuBackend> {
-    LlamaModel::new(CpuBackend::new(), &f.config, &f.weights).expect("fixture builds")
+    if f.weights.contains_key("lm_head.weight") {
+        LlamaModel::from_tensors(CpuBackend::new(), &f.config, f.weights.clone())
+    } else {
+        LlamaModel::new(CpuBackend::new(), &f.config, &f.weights)
+    }
+    .expect("fixture builds")
 }
 
 /// Block tables from a scattered free list (odd ids descending, then even), so a table never

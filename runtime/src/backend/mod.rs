@@ -147,6 +147,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Uploads a weight matrix or embedding table, keeping or converting its dtype as the backend
     /// prefers (see the module doc). The result is `[numel]` in the tensor's row-major order.
     fn upload_weight(&self, tensor: &HostTensor) -> Result<Self::Buffer, BackendError>;
+    /// As [`Backend::upload_weight`], taking the tensor: a host-memory backend keeps its data
+    /// without a copy, so a large model never sits in host memory twice.
+    fn upload_weight_owned(&self, tensor: HostTensor) -> Result<Self::Buffer, BackendError> {
+        self.upload_weight(&tensor)
+    }
     /// Uploads f32 data as an f32 buffer `[data.len()]`.
     fn upload_f32(&self, data: &[f32]) -> Result<Self::Buffer, BackendError>;
     /// Uploads u32 data as a u32 buffer `[data.len()]` (token ids, positions, block tables, ...).

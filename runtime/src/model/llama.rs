@@ -13,6 +13,7 @@
 //! where `rows` are the last new token of each sequence ([`LlamaModel::forward`]) or every new
 //! token ([`LlamaModel::forward_all_logits`], for speculative verification).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::backend::{Backend, BatchMeta, DType, HeadShape};
@@ -24,7 +25,7 @@ use super::error::ModelError;
 use super::kv_cache::KvCache;
 use super::plan::{PlanLimits, StepPlan, plan};
 use super::rope;
-use super::weights::ModelWeights;
+use super::weights::{ModelWeights, TensorSource};
 
 /// A Llama-architecture model with its weights on backend `B`.
 pub struct LlamaModel<B: Backend> {
@@ -96,11 +97,31 @@ fn check_config(c: &LlamaConfig) -> Result<HeadShape, ModelError> {
 
 impl<B: Backend> LlamaModel<B> {
     /// Checks `config`, checks and uploads every weight (Hugging Face names, see
-    /// `crate::loader::tensor`) and precomputes the RoPE tables.
+    /// `crate::loader::tensor`) and precomputes the RoPE tables. The weights are copied; see
+    /// [`LlamaModel::from_tensors`] to move them instead.
     pub fn new(
         backend: B,
         config: &LlamaConfig,
         weights: &HashMap<String, HostTensor>,
+    ) -> Result<Self, ModelError> {
+        Self::build(backend, config, TensorSource::Borrowed(weights))
+    }
+
+    /// As [`LlamaModel::new`], consuming the tensors: each one is moved to the backend (no copy
+    /// on the CPU) and freed as soon as it is uploaded, so peak host memory stays near one copy
+    /// of the weights.
+    pub fn from_tensors(
+        backend: B,
+        config: &LlamaConfig,
+        weights: HashMap<String, HostTensor>,
+    ) -> Result<Self, ModelError> {
+        Self::build(backend, config, TensorSource::Owned(RefCell::new(weights)))
+    }
+
+    fn build(
+        backend: B,
+        config: &LlamaConfig,
+        weights: TensorSource<'_>,
     ) -> Result<Self, ModelError> {
         let heads = check_config(config)?;
         let model_weights = ModelWeights::load(&backend, config, weights)?;

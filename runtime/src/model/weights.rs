@@ -5,6 +5,8 @@
 //! `[2 * F, hidden]` matrix (the fused layout the backend ops read, see `crate::backend`), so a
 //! layer runs four matrix products instead of seven.
 
+use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::backend::Backend;
@@ -42,35 +44,49 @@ pub struct ModelWeights<B: Backend> {
     pub lm_head: Option<B::Buffer>,
 }
 
-/// Looks up a tensor and checks its shape.
-fn tensor<'a>(
-    weights: &'a HashMap<String, HostTensor>,
-    name: &str,
-    shape: &[usize],
-) -> Result<&'a HostTensor, ModelError> {
-    let t = weights.get(name).ok_or_else(|| ModelError::MissingTensor {
-        name: name.to_string(),
-    })?;
-    if t.shape != shape {
-        return Err(ModelError::WrongShape {
+/// Where the weights come from: borrowed (every upload copies) or owned (every tensor moves into
+/// the backend and leaves the map as soon as it is uploaded, so host memory holds one copy).
+pub enum TensorSource<'a> {
+    Borrowed(&'a HashMap<String, HostTensor>),
+    Owned(RefCell<HashMap<String, HostTensor>>),
+}
+
+impl<'a> TensorSource<'a> {
+    /// Takes tensor `name`, checking that it exists and has `shape`.
+    fn take(&self, name: &str, shape: &[usize]) -> Result<Cow<'a, HostTensor>, ModelError> {
+        let missing = || ModelError::MissingTensor {
+            name: name.to_string(),
+        };
+        let t = match self {
+            TensorSource::Borrowed(m) => Cow::Borrowed(m.get(name).ok_or_else(missing)?),
+            TensorSource::Owned(m) => Cow::Owned(m.borrow_mut().remove(name).ok_or_else(missing)?),
+        };
+        let wrong = |got: Vec<usize>| ModelError::WrongShape {
             name: name.to_string(),
             expected: shape.to_vec(),
-            got: t.shape.clone(),
-        });
+            got,
+        };
+        if t.shape != shape {
+            return Err(wrong(t.shape.clone()));
+        }
+        let len = match &t.data {
+            HostData::F32(v) => v.len(),
+            HostData::F16(v) => v.len(),
+            HostData::BF16(v) => v.len(),
+        };
+        if len != t.numel() {
+            return Err(wrong(vec![len]));
+        }
+        Ok(t)
     }
-    let len = match &t.data {
-        HostData::F32(v) => v.len(),
-        HostData::F16(v) => v.len(),
-        HostData::BF16(v) => v.len(),
-    };
-    if len != t.numel() {
-        return Err(ModelError::WrongShape {
-            name: name.to_string(),
-            expected: shape.to_vec(),
-            got: vec![len],
-        });
-    }
-    Ok(t)
+}
+
+/// Uploads a weight, moving it when owned.
+fn upload<B: Backend>(backend: &B, t: Cow<'_, HostTensor>) -> Result<B::Buffer, ModelError> {
+    Ok(match t {
+        Cow::Borrowed(t) => backend.upload_weight(t)?,
+        Cow::Owned(t) => backend.upload_weight_owned(t)?,
+    })
 }
 
 /// Concatenates row-major tensors along their first axis (all share the trailing dims). Keeps the
@@ -114,7 +130,7 @@ impl<B: Backend> ModelWeights<B> {
     pub fn load(
         backend: &B,
         config: &LlamaConfig,
-        weights: &HashMap<String, HostTensor>,
+        weights: TensorSource<'_>,
     ) -> Result<Self, ModelError> {
         let c = config;
         let hidden = c.hidden_size;
@@ -123,21 +139,25 @@ impl<B: Backend> ModelWeights<B> {
             c.num_key_value_heads * c.head_dim,
         );
         let f32_vec = |name: &str, len: usize| -> Result<B::Buffer, ModelError> {
-            Ok(backend.upload_f32(&tensor(weights, name, &[len])?.to_f32())?)
+            Ok(backend.upload_f32(&weights.take(name, &[len])?.to_f32())?)
         };
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<B::Buffer, ModelError> {
-            Ok(backend.upload_weight(tensor(weights, name, &[rows, cols])?)?)
+            upload(backend, weights.take(name, &[rows, cols])?)
         };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let attn = |w: &str| format!("{p}.self_attn.{w}_proj.weight");
-            let q = tensor(weights, &attn("q"), &[q_rows, hidden])?;
-            let k = tensor(weights, &attn("k"), &[kv_rows, hidden])?;
-            let v = tensor(weights, &attn("v"), &[kv_rows, hidden])?;
+            let qkv = {
+                let q = weights.take(&attn("q"), &[q_rows, hidden])?;
+                let k = weights.take(&attn("k"), &[kv_rows, hidden])?;
+                let v = weights.take(&attn("v"), &[kv_rows, hidden])?;
+                concat_rows(&[&q, &k, &v])
+            };
             let qkv_bias = if c.attention_bias {
                 let bias = |w: &str, len: usize| -> Result<Vec<f32>, ModelError> {
-                    Ok(tensor(weights, &format!("{p}.self_attn.{w}_proj.bias"), &[len])?.to_f32())
+                    let name = format!("{p}.self_attn.{w}_proj.bias");
+                    Ok(weights.take(&name, &[len])?.to_f32())
                 };
                 let mut b = bias("q", q_rows)?;
                 b.extend(bias("k", kv_rows)?);
@@ -147,15 +167,18 @@ impl<B: Backend> ModelWeights<B> {
                 None
             };
             let mlp = |w: &str| format!("{p}.mlp.{w}_proj.weight");
-            let gate = tensor(weights, &mlp("gate"), &[c.intermediate_size, hidden])?;
-            let up = tensor(weights, &mlp("up"), &[c.intermediate_size, hidden])?;
+            let gate_up = {
+                let gate = weights.take(&mlp("gate"), &[c.intermediate_size, hidden])?;
+                let up = weights.take(&mlp("up"), &[c.intermediate_size, hidden])?;
+                concat_rows(&[&gate, &up])
+            };
             layers.push(LayerWeights {
                 input_norm: f32_vec(&format!("{p}.input_layernorm.weight"), hidden)?,
-                qkv: backend.upload_weight(&concat_rows(&[q, k, v]))?,
+                qkv: backend.upload_weight_owned(qkv)?,
                 qkv_bias,
                 o_proj: matrix(&attn("o"), hidden, q_rows)?,
                 post_norm: f32_vec(&format!("{p}.post_attention_layernorm.weight"), hidden)?,
-                gate_up: backend.upload_weight(&concat_rows(&[gate, up]))?,
+                gate_up: backend.upload_weight_owned(gate_up)?,
                 down: matrix(&mlp("down"), hidden, c.intermediate_size)?,
             });
         }
@@ -199,23 +222,31 @@ mod tests {
     }
 
     #[test]
-    fn tensor_reports_missing_and_misshapen_tensors() {
+    fn take_reports_missing_and_misshapen_tensors() {
         let mut w = HashMap::new();
-        w.insert(
-            "x".to_string(),
-            HostTensor {
-                shape: vec![2, 3],
-                data: HostData::F32(vec![0.0; 6]),
-            },
-        );
+        let t = HostTensor {
+            shape: vec![2, 3],
+            data: HostData::F32(vec![0.0; 6]),
+        };
+        w.insert("x".to_string(), t);
+        let src = TensorSource::Borrowed(&w);
         assert!(matches!(
-            tensor(&w, "y", &[2, 3]),
+            src.take("y", &[2, 3]),
             Err(ModelError::MissingTensor { .. })
         ));
         assert!(matches!(
-            tensor(&w, "x", &[3, 2]),
+            src.take("x", &[3, 2]),
             Err(ModelError::WrongShape { .. })
         ));
-        assert!(tensor(&w, "x", &[2, 3]).is_ok());
+        assert!(matches!(src.take("x", &[2, 3]), Ok(Cow::Borrowed(_))));
+        let owned = TensorSource::Owned(RefCell::new(w));
+        assert!(matches!(owned.take("x", &[2, 3]), Ok(Cow::Owned(_))));
+        assert!(
+            matches!(
+                owned.take("x", &[2, 3]),
+                Err(ModelError::MissingTensor { .. })
+            ),
+            "moved out"
+        );
     }
 }

@@ -126,6 +126,26 @@ impl Backend for CpuBackend {
         Ok(buf)
     }
 
+    fn upload_weight_owned(&self, tensor: HostTensor) -> Result<CpuBuffer, BackendError> {
+        let numel = tensor.numel();
+        let buf = match tensor.data {
+            HostData::F32(v) => CpuBuffer::F32(v),
+            HostData::F16(v) => CpuBuffer::F16(v),
+            HostData::BF16(v) => CpuBuffer::BF16(v),
+        };
+        if buf.len() != numel {
+            return Err(shape_err(
+                "upload_weight_owned",
+                format!(
+                    "tensor of shape {:?} holds {} elements",
+                    tensor.shape,
+                    buf.len()
+                ),
+            ));
+        }
+        Ok(buf)
+    }
+
     fn upload_f32(&self, data: &[f32]) -> Result<CpuBuffer, BackendError> {
         Ok(CpuBuffer::F32(data.to_vec()))
     }
