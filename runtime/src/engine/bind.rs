@@ -3,8 +3,8 @@
 //! (pending_request_count, batch_size, kv_blocks_used, current_seq_id), so guards of the next step
 //! and any outside reader of the slot file see the truth.
 //!
-//! Side paths not built yet are explicit: `checkpoint` and `restore` count and trace themselves
-//! (the checkpoint issue binds them to the WORM store); `swap_out` preempts by recomputation (no
+//! Side paths: `checkpoint` and `restore` run the installed [`super::hook::CheckpointHook`] (the
+//! WORM store) and are counted no-ops without one; `swap_out` preempts by recomputation (no
 //! KV copy to host yet, so nothing is ever marked swapped and `swap_in` has nothing to do).
 
 use super::core::EngineCore;
@@ -64,12 +64,28 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
 
     fn checkpoint(&mut self) -> Result<(), EngineError> {
         self.checkpoints += 1;
-        Ok(())
+        match self.checkpoint_hook.take() {
+            Some(mut hook) => {
+                let r = hook.checkpoint(self);
+                self.checkpoint_hook = Some(hook);
+                self.publish();
+                r
+            }
+            None => Ok(()),
+        }
     }
 
     fn restore(&mut self) -> Result<(), EngineError> {
         self.restores += 1;
-        Ok(())
+        match self.checkpoint_hook.take() {
+            Some(mut hook) => {
+                let r = hook.restore(self);
+                self.checkpoint_hook = Some(hook);
+                self.publish();
+                r
+            }
+            None => Ok(()),
+        }
     }
 }
 

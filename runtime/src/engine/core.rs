@@ -15,6 +15,7 @@ use super::blocks::BlockManager;
 use super::codec::TextCodec;
 use super::error::EngineError;
 use super::forward::ForwardModel;
+use super::hook::CheckpointHook;
 use super::output::{FinishReason, Logprobs, Output};
 use super::sampler::sample;
 use super::sequence::Sequence;
@@ -74,6 +75,11 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) spec_accepted: u64,
     /// Wall time spent inside the model's forward passes.
     pub(crate) forward_time: std::time::Duration,
+    /// The machine driving this core and its state at the current step (set by the engine loop).
+    pub(crate) machine_name: &'static str,
+    pub(crate) machine_state: &'static str,
+    /// Work behind the checkpoint and restore actions, when installed.
+    pub(crate) checkpoint_hook: Option<Box<dyn CheckpointHook<F>>>,
 }
 
 impl<F: ForwardModel> EngineCore<F> {
@@ -95,6 +101,9 @@ impl<F: ForwardModel> EngineCore<F> {
             spec_proposed: 0,
             spec_accepted: 0,
             forward_time: std::time::Duration::ZERO,
+            machine_name: "",
+            machine_state: "",
+            checkpoint_hook: None,
         }
     }
 
@@ -139,6 +148,22 @@ impl<F: ForwardModel> EngineCore<F> {
     /// Checkpoint and restore actions run so far.
     pub fn checkpoint_counts(&self) -> (u64, u64) {
         (self.checkpoints, self.restores)
+    }
+
+    /// Installs the work behind the checkpoint and restore actions.
+    pub fn set_checkpoint_hook(&mut self, hook: Box<dyn CheckpointHook<F>>) {
+        self.checkpoint_hook = Some(hook);
+    }
+
+    /// Records which machine drives the core and its state (the engine loop calls this per step).
+    pub fn set_machine_state(&mut self, machine: &'static str, state: &'static str) {
+        self.machine_name = machine;
+        self.machine_state = state;
+    }
+
+    /// The machine's name and current state as last recorded.
+    pub fn machine_state(&self) -> (&'static str, &'static str) {
+        (self.machine_name, self.machine_state)
     }
 
     /// Wall time spent in model forward passes so far.

@@ -17,6 +17,7 @@ use super::codec::TextCodec;
 use super::core::{CoreConfig, EngineCore};
 use super::error::EngineError;
 use super::forward::ForwardModel;
+use super::hook::CheckpointHook;
 use super::intake::{IntakeLimits, build_sequence};
 use super::output::Output;
 use super::request::Request;
@@ -128,6 +129,16 @@ impl Engine {
         codec: Arc<dyn TextCodec>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
+        Self::start_with_hook::<M, F>(model, codec, config, None)
+    }
+
+    /// As [`Engine::start`], with the work behind the checkpoint and restore actions.
+    pub fn start_with_hook<M: Machine + 'static, F: ForwardModel + 'static>(
+        model: F,
+        codec: Arc<dyn TextCodec>,
+        config: EngineConfig,
+        hook: Option<Box<dyn CheckpointHook<F>>>,
+    ) -> Result<Self, EngineError> {
         let constant =
             |name: &str, default: i64| M::constant(name).unwrap_or(default).max(1) as usize;
         let block_size = constant("block_size", 16);
@@ -162,7 +173,10 @@ impl Engine {
         };
         let (tx, rx) = mpsc::channel::<Sequence>();
         let trace = Arc::new(Mutex::new(Vec::new()));
-        let core = EngineCore::new(model, codec.clone(), core_cfg, slots.clone());
+        let mut core = EngineCore::new(model, codec.clone(), core_cfg, slots.clone());
+        if let Some(hook) = hook {
+            core.set_checkpoint_hook(hook);
+        }
         let thread_trace = config.trace.then(|| trace.clone());
         let thread_slots = slots.clone();
         let abort = Arc::new(AtomicBool::new(false));
@@ -297,6 +311,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
         }
         core.publish();
         let from = machine.state_name();
+        core.set_machine_state(M::NAME, from);
         let t_step = Instant::now();
         match machine.step(&mut core, &slots) {
             Ok(t) => {

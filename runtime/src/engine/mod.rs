@@ -15,6 +15,7 @@ pub mod error;
 pub mod fake;
 pub mod forward;
 pub mod handle;
+pub mod hook;
 pub mod intake;
 pub mod llama;
 pub mod output;

@@ -56,6 +56,11 @@ impl TextStream {
         }
     }
 
+    /// The stop strings this stream cuts at.
+    pub fn stops(&self) -> &[String] {
+        &self.stop
+    }
+
     /// The full text so far (including what is held back).
     pub fn text(&self) -> &str {
         &self.text
