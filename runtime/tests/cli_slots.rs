@@ -42,7 +42,7 @@ fn slots_set_steers_a_running_generate() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let trace = dir.path().join("trace.jsonl");
-    let mut child = Command::new(SOV)
+    let child = Command::new(SOV)
         .args([
             "generate",
             "--prompt",
