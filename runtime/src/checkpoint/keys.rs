@@ -42,20 +42,29 @@ fn env_dir(var: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-fn home() -> Result<PathBuf> {
-    env_dir("HOME")
+/// The config directory from `$SOV_CONFIG_DIR`, `$XDG_CONFIG_HOME` and `$HOME`, in that order.
+fn resolve_config_dir(
+    sov: Option<PathBuf>,
+    xdg: Option<PathBuf>,
+    home: Option<PathBuf>,
+) -> Result<PathBuf> {
+    if let Some(d) = sov {
+        return Ok(d);
+    }
+    if let Some(d) = xdg {
+        return Ok(d.join("sov"));
+    }
+    home.map(|h| h.join(".config").join("sov"))
         .ok_or_else(|| CheckpointError::Usage("HOME is not set; set SOV_CONFIG_DIR".into()))
 }
 
 /// sov's configuration directory (holds the default key).
 pub fn config_dir() -> Result<PathBuf> {
-    if let Some(d) = env_dir("SOV_CONFIG_DIR") {
-        return Ok(d);
-    }
-    if let Some(d) = env_dir("XDG_CONFIG_HOME") {
-        return Ok(d.join("sov"));
-    }
-    Ok(home()?.join(".config").join("sov"))
+    resolve_config_dir(
+        env_dir("SOV_CONFIG_DIR"),
+        env_dir("XDG_CONFIG_HOME"),
+        env_dir("HOME"),
+    )
 }
 
 /// The verifier key (C2SP form) of a signing key.
@@ -212,6 +221,24 @@ mod tests {
         }
         fs::set_permissions(&files.private, fs::Permissions::from_mode(0o400)).unwrap();
         load_private(&files.private).unwrap();
+    }
+
+    #[test]
+    fn config_dir_precedence() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(
+            resolve_config_dir(p("/a"), p("/x"), p("/h")).unwrap(),
+            PathBuf::from("/a")
+        );
+        assert_eq!(
+            resolve_config_dir(None, p("/x"), p("/h")).unwrap(),
+            PathBuf::from("/x/sov")
+        );
+        assert_eq!(
+            resolve_config_dir(None, None, p("/h")).unwrap(),
+            PathBuf::from("/h/.config/sov")
+        );
+        assert!(resolve_config_dir(None, None, None).is_err());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod bench;
 pub(crate) mod fixture;
+mod overhead;
 mod resume;
 mod tamper;
 mod torn;
