@@ -94,6 +94,3 @@ __device__ __forceinline__ kv8 kv8_load(const kv_t* p) { return *(const uint4*)p
 __device__ __forceinline__ kv8 kv8_zero() { return make_uint4(0, 0, 0, 0); }
 __device__ __forceinline__ void kv8_unpack(const kv8& v, float* f) { unpack8(v, f); }
 #endif
-
-// Hint that `p` will be read soon: fetch its line into L2 without using registers.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }

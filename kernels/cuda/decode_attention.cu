@@ -93,17 +93,6 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
                 vreg[s] = kv8_zero();
             }
         }
-        // Start pulling the warp's next chunk into L2 while this one is computed.
-#pragma unroll
-        for (int s = 0; s < WSTEPS; s++) {
-            const int t = t0 + NWARPS * WCHUNK + s * TPW + row;
-            if (t < t_end) {
-                const size_t blk = bt[t / block_size];
-                const size_t base = (blk * block_size + (t % block_size)) * row_elems + head_off;
-                prefetch_l2(k_cache + base);
-                prefetch_l2(v_cache + base);
-            }
-        }
         // Scores: every lane of a token row ends with the full dot product.
         float sc[WSTEPS][G];
 #pragma unroll

@@ -56,7 +56,10 @@ impl HeadConfig {
         if dim_ok && (1..=8).contains(&self.group) {
             Ok(self)
         } else {
-            Err(UnsupportedHeads { head_dim: self.head_dim, group: self.group })
+            Err(UnsupportedHeads {
+                head_dim: self.head_dim,
+                group: self.group,
+            })
         }
     }
 }
@@ -126,7 +129,10 @@ impl KernelId {
     pub fn defines(self, heads: Option<HeadConfig>) -> Vec<String> {
         match (self.needs_heads(), heads) {
             (true, Some(h)) => {
-                let mut d = vec![format!("-DHEAD_DIM={}", h.head_dim), format!("-DGQA_GROUP={}", h.group)];
+                let mut d = vec![
+                    format!("-DHEAD_DIM={}", h.head_dim),
+                    format!("-DGQA_GROUP={}", h.group),
+                ];
                 if h.kv_f32 {
                     d.push("-DKV_F32".to_string());
                 }
@@ -151,8 +157,16 @@ mod tests {
     fn every_unit_inlines_the_header_and_defines_its_functions() {
         for id in KernelId::ALL {
             let src = id.source();
-            assert!(!src.contains(INCLUDE_LINE), "{} still includes the header", id.file_name());
-            assert!(src.contains("__device__ __forceinline__ float bf2f"), "{}", id.file_name());
+            assert!(
+                !src.contains(INCLUDE_LINE),
+                "{} still includes the header",
+                id.file_name()
+            );
+            assert!(
+                src.contains("__device__ __forceinline__ float bf2f"),
+                "{}",
+                id.file_name()
+            );
             for f in id.functions() {
                 assert!(
                     src.contains(&format!("{f}(")),
@@ -165,13 +179,56 @@ mod tests {
 
     #[test]
     fn head_shapes_are_validated() {
-        assert!(HeadConfig { head_dim: 128, group: 4, kv_f32: false }.validate().is_ok());
-        assert!(HeadConfig { head_dim: 64, group: 3, kv_f32: true }.validate().is_ok());
-        assert!(HeadConfig { head_dim: 96, group: 4, kv_f32: false }.validate().is_err());
-        assert!(HeadConfig { head_dim: 128, group: 9, kv_f32: false }.validate().is_err());
-        let d = KernelId::DecodeAttention.defines(Some(HeadConfig { head_dim: 64, group: 3, kv_f32: false }));
-        assert_eq!(d, vec!["-DHEAD_DIM=64".to_string(), "-DGQA_GROUP=3".to_string()]);
-        let d = KernelId::PrefillAttention.defines(Some(HeadConfig { head_dim: 64, group: 3, kv_f32: true }));
+        assert!(
+            HeadConfig {
+                head_dim: 128,
+                group: 4,
+                kv_f32: false
+            }
+            .validate()
+            .is_ok()
+        );
+        assert!(
+            HeadConfig {
+                head_dim: 64,
+                group: 3,
+                kv_f32: true
+            }
+            .validate()
+            .is_ok()
+        );
+        assert!(
+            HeadConfig {
+                head_dim: 96,
+                group: 4,
+                kv_f32: false
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            HeadConfig {
+                head_dim: 128,
+                group: 9,
+                kv_f32: false
+            }
+            .validate()
+            .is_err()
+        );
+        let d = KernelId::DecodeAttention.defines(Some(HeadConfig {
+            head_dim: 64,
+            group: 3,
+            kv_f32: false,
+        }));
+        assert_eq!(
+            d,
+            vec!["-DHEAD_DIM=64".to_string(), "-DGQA_GROUP=3".to_string()]
+        );
+        let d = KernelId::PrefillAttention.defines(Some(HeadConfig {
+            head_dim: 64,
+            group: 3,
+            kv_f32: true,
+        }));
         assert_eq!(d.last().map(String::as_str), Some("-DKV_F32"));
         assert!(KernelId::Elementwise.defines(None).is_empty());
     }

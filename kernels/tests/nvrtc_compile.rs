@@ -13,7 +13,10 @@ fn nvrtc_present() -> bool {
 fn compile(id: KernelId, heads: Option<HeadConfig>) {
     let mut options = vec!["--gpu-architecture=compute_90".to_string()];
     options.extend(id.defines(heads));
-    let opts = CompileOptions { options, ..Default::default() };
+    let opts = CompileOptions {
+        options,
+        ..Default::default()
+    };
     if let Err(e) = compile_ptx_with_opts(id.source(), opts) {
         panic!("{} ({heads:?}) failed to compile: {e:?}", id.file_name());
     }
@@ -29,9 +32,23 @@ fn every_unit_compiles_for_sm90() {
         if id.needs_heads() {
             for head_dim in [16, 32, 64, 128, 256] {
                 for group in [1, 2, 3, 4, 8] {
-                    compile(id, Some(HeadConfig { head_dim, group, kv_f32: false }));
+                    compile(
+                        id,
+                        Some(HeadConfig {
+                            head_dim,
+                            group,
+                            kv_f32: false,
+                        }),
+                    );
                 }
-                compile(id, Some(HeadConfig { head_dim, group: 4, kv_f32: true }));
+                compile(
+                    id,
+                    Some(HeadConfig {
+                        head_dim,
+                        group: 4,
+                        kv_f32: true,
+                    }),
+                );
             }
         } else {
             compile(id, None);

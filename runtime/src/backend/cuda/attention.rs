@@ -29,13 +29,21 @@ pub(super) struct SplitPlan {
 }
 
 /// Split-K plan for `seqs` sequences of up to `max_ctx` tokens on `sm_count` SMs.
-pub(super) fn plan_splits(seqs: usize, kv_heads: usize, max_ctx: usize, sm_count: usize) -> SplitPlan {
+pub(super) fn plan_splits(
+    seqs: usize,
+    kv_heads: usize,
+    max_ctx: usize,
+    sm_count: usize,
+) -> SplitPlan {
     let ctas = (seqs * kv_heads).max(1);
     let target = 4 * sm_count.max(1);
     let max_tiles = max_ctx.div_ceil(DECODE_TILE).max(1);
     let splits = target.div_ceil(ctas).clamp(1, max_tiles.min(MAX_SPLITS));
     let split_tokens = max_ctx.div_ceil(splits).div_ceil(DECODE_TILE).max(1) * DECODE_TILE;
-    SplitPlan { splits: max_ctx.div_ceil(split_tokens).max(1), split_tokens }
+    SplitPlan {
+        splits: max_ctx.div_ceil(split_tokens).max(1),
+        split_tokens,
+    }
 }
 
 impl CudaBackend {
@@ -52,28 +60,55 @@ impl CudaBackend {
         scale: f32,
     ) -> Result<(), BackendError> {
         const OP: &str = "paged_attention";
-        if heads.n_kv_heads == 0 || heads.n_heads % heads.n_kv_heads != 0 {
-            return Err(BackendError::Shape { op: OP, detail: format!("{heads:?}") });
+        if heads.n_kv_heads == 0 || !heads.n_heads.is_multiple_of(heads.n_kv_heads) {
+            return Err(BackendError::Shape {
+                op: OP,
+                detail: format!("{heads:?}"),
+            });
         }
-        let kv_dtype = if self.precise { DType::F32 } else { DType::BF16 };
-        let cfg = HeadConfig { head_dim: heads.head_dim, group: heads.n_heads / heads.n_kv_heads, kv_f32: self.precise }
-            .validate()
-            .map_err(|e| BackendError::Unsupported(e.to_string()))?;
+        let kv_dtype = if self.precise {
+            DType::F32
+        } else {
+            DType::BF16
+        };
+        let cfg = HeadConfig {
+            head_dim: heads.head_dim,
+            group: heads.n_heads / heads.n_kv_heads,
+            kv_f32: self.precise,
+        }
+        .validate()
+        .map_err(|e| BackendError::Unsupported(e.to_string()))?;
         let n = meta.n_tokens;
         check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
         check_buffer(OP, "out", out, DType::F32, n * heads.q_width())?;
-        check_buffer(OP, "k_cache", k_cache, kv_dtype, block_size * heads.kv_width())?;
+        check_buffer(
+            OP,
+            "k_cache",
+            k_cache,
+            kv_dtype,
+            block_size * heads.kv_width(),
+        )?;
         check_buffer(OP, "v_cache", v_cache, kv_dtype, k_cache.len)?;
         check_buffer(OP, "ctx_lens", &meta.ctx_lens, DType::U32, meta.n_seqs)?;
         check_buffer(OP, "q_starts", &meta.q_starts, DType::U32, meta.n_seqs + 1)?;
-        check_buffer(OP, "block_tables", &meta.block_tables, DType::U32, meta.n_seqs * meta.max_blocks_per_seq)?;
+        check_buffer(
+            OP,
+            "block_tables",
+            &meta.block_tables,
+            DType::U32,
+            meta.n_seqs * meta.max_blocks_per_seq,
+        )?;
         if n == 0 || meta.n_seqs == 0 {
             return Ok(());
         }
         if meta.max_q_len == 1 && n == meta.n_seqs {
-            self.decode_attention(qkv, k_cache, v_cache, meta, out, heads, cfg, block_size, scale)
+            self.decode_attention(
+                qkv, k_cache, v_cache, meta, out, heads, cfg, block_size, scale,
+            )
         } else {
-            self.prefill_attention(qkv, k_cache, v_cache, meta, out, heads, cfg, block_size, scale)
+            self.prefill_attention(
+                qkv, k_cache, v_cache, meta, out, heads, cfg, block_size, scale,
+            )
         }
     }
 
@@ -92,26 +127,44 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let seqs = meta.n_seqs;
         let plan = plan_splits(seqs, heads.n_kv_heads, meta.max_ctx_len, self.sm_count);
-        let f = self.modules.function(KernelId::DecodeAttention, Some(cfg), "paged_decode_attention")?;
+        let f = self.modules.function(
+            KernelId::DecodeAttention,
+            Some(cfg),
+            "paged_decode_attention",
+        )?;
         let mut scratch = self
             .scratch
             .lock()
             .map_err(|_| BackendError::Device("scratch lock poisoned".into()))?;
         let rows = seqs * heads.n_kv_heads * plan.splits * cfg.group;
-        if scratch.part_o.as_ref().is_none_or(|b| b.len < rows * cfg.head_dim) {
-            scratch.part_o = Some(self.alloc_zeroed(DType::F32, (rows * cfg.head_dim).next_power_of_two())?);
+        if scratch
+            .part_o
+            .as_ref()
+            .is_none_or(|b| b.len < rows * cfg.head_dim)
+        {
+            scratch.part_o =
+                Some(self.alloc_zeroed(DType::F32, (rows * cfg.head_dim).next_power_of_two())?);
         }
         if scratch.part_ml.as_ref().is_none_or(|b| b.len < rows * 2) {
             scratch.part_ml = Some(self.alloc_zeroed(DType::F32, (rows * 2).next_power_of_two())?);
         }
-        if scratch.counters.as_ref().is_none_or(|b| b.len < seqs * heads.n_kv_heads) {
+        if scratch
+            .counters
+            .as_ref()
+            .is_none_or(|b| b.len < seqs * heads.n_kv_heads)
+        {
             scratch.counters =
                 Some(self.alloc_zeroed(DType::U32, (seqs * heads.n_kv_heads).next_power_of_two())?);
         }
-        let (Some(po), Some(pml), Some(cnt)) = (&scratch.part_o, &scratch.part_ml, &scratch.counters) else {
+        let (Some(po), Some(pml), Some(cnt)) =
+            (&scratch.part_o, &scratch.part_ml, &scratch.counters)
+        else {
             return Err(BackendError::Device("decode scratch missing".into()));
         };
-        let (out_stride, q_stride) = (to_i32(heads.q_width(), "q width")?, to_i32(heads.qkv_width(), "qkv width")?);
+        let (out_stride, q_stride) = (
+            to_i32(heads.q_width(), "q width")?,
+            to_i32(heads.qkv_width(), "qkv width")?,
+        );
         let max_blocks = to_i32(meta.max_blocks_per_seq, "max blocks")?;
         let kvh = to_i32(heads.n_kv_heads, "kv heads")?;
         let bs = to_i32(block_size, "block size")?;
@@ -134,9 +187,20 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&ptrs[0]).arg(&out_stride).arg(&ptrs[1]).arg(&q_stride);
-        b.arg(&ptrs[2]).arg(&ptrs[3]).arg(&ptrs[4]).arg(&max_blocks).arg(&ptrs[5]);
-        b.arg(&ptrs[6]).arg(&ptrs[7]).arg(&ptrs[8]).arg(&kvh).arg(&bs);
+        b.arg(&ptrs[0])
+            .arg(&out_stride)
+            .arg(&ptrs[1])
+            .arg(&q_stride);
+        b.arg(&ptrs[2])
+            .arg(&ptrs[3])
+            .arg(&ptrs[4])
+            .arg(&max_blocks)
+            .arg(&ptrs[5]);
+        b.arg(&ptrs[6])
+            .arg(&ptrs[7])
+            .arg(&ptrs[8])
+            .arg(&kvh)
+            .arg(&bs);
         b.arg(&split_tokens).arg(&max_splits).arg(&scale);
         // SAFETY: buffers checked by the caller, scratch sized for this plan above; block tables
         // reference blocks inside the cache by the engine's contract.
@@ -157,9 +221,14 @@ impl CudaBackend {
         block_size: usize,
         scale: f32,
     ) -> Result<(), BackendError> {
-        let f = self.modules.function(KernelId::PrefillAttention, Some(cfg), "prefill_attention")?;
+        let f =
+            self.modules
+                .function(KernelId::PrefillAttention, Some(cfg), "prefill_attention")?;
         let q_tile = 64 / cfg.group;
-        let (out_stride, q_stride) = (to_i32(heads.q_width(), "q width")?, to_i32(heads.qkv_width(), "qkv width")?);
+        let (out_stride, q_stride) = (
+            to_i32(heads.q_width(), "q width")?,
+            to_i32(heads.qkv_width(), "qkv width")?,
+        );
         let max_blocks = to_i32(meta.max_blocks_per_seq, "max blocks")?;
         let kvh = to_i32(heads.n_kv_heads, "kv heads")?;
         let bs = to_i32(block_size, "block size")?;
@@ -173,12 +242,19 @@ impl CudaBackend {
             meta.ctx_lens.ptr(),
         ];
         let launch = LaunchConfig {
-            grid_dim: (meta.max_q_len.div_ceil(q_tile) as u32, heads.n_kv_heads as u32, meta.n_seqs as u32),
+            grid_dim: (
+                meta.max_q_len.div_ceil(q_tile) as u32,
+                heads.n_kv_heads as u32,
+                meta.n_seqs as u32,
+            ),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: sov_kernels::prefill_shared_bytes(cfg.head_dim) as u32,
         };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&ptrs[0]).arg(&out_stride).arg(&ptrs[1]).arg(&q_stride);
+        b.arg(&ptrs[0])
+            .arg(&out_stride)
+            .arg(&ptrs[1])
+            .arg(&q_stride);
         b.arg(&ptrs[2]).arg(&ptrs[3]).arg(&ptrs[4]).arg(&max_blocks);
         b.arg(&ptrs[5]).arg(&ptrs[6]).arg(&kvh).arg(&bs).arg(&scale);
         // SAFETY: as for decode; the dynamic shared memory limit was raised when the unit loaded.

@@ -8,7 +8,10 @@ use crate::backend::{Backend, BackendError, BatchMeta, DType, HeadShape, check_b
 use crate::loader::tensor::{HostData, HostTensor};
 
 fn range_err(op: &'static str, what: &str, end: usize, len: usize) -> BackendError {
-    BackendError::Shape { op, detail: format!("{what} ends at element {end}, buffer holds {len}") }
+    BackendError::Shape {
+        op,
+        detail: format!("{what} ends at element {end}, buffer holds {len}"),
+    }
 }
 
 impl Backend for CudaBackend {
@@ -59,7 +62,12 @@ impl Backend for CudaBackend {
         self.download_raw(buf, 0, bytemuck::cast_slice_mut(out))
     }
 
-    fn read_bytes(&self, buf: &CudaBuffer, elem_offset: usize, n_elems: usize) -> Result<Vec<u8>, BackendError> {
+    fn read_bytes(
+        &self,
+        buf: &CudaBuffer,
+        elem_offset: usize,
+        n_elems: usize,
+    ) -> Result<Vec<u8>, BackendError> {
         let end = elem_offset + n_elems;
         if end > buf.len {
             return Err(range_err("read_bytes", "range", end, buf.len));
@@ -70,9 +78,14 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn write_bytes(&self, buf: &mut CudaBuffer, elem_offset: usize, bytes: &[u8]) -> Result<(), BackendError> {
+    fn write_bytes(
+        &self,
+        buf: &mut CudaBuffer,
+        elem_offset: usize,
+        bytes: &[u8],
+    ) -> Result<(), BackendError> {
         let size = buf.dtype.size_bytes();
-        if bytes.len() % size != 0 {
+        if !bytes.len().is_multiple_of(size) {
             return Err(BackendError::Shape {
                 op: "write_bytes",
                 detail: format!("{} bytes is not a multiple of {size}", bytes.len()),
@@ -98,13 +111,24 @@ impl Backend for CudaBackend {
             }
         }
         if src_offset.abs_diff(dst_offset) < n_elems {
-            return Err(BackendError::Shape { op: "copy_within", detail: "ranges overlap".into() });
+            return Err(BackendError::Shape {
+                op: "copy_within",
+                detail: "ranges overlap".into(),
+            });
         }
-        self.copy_raw(buf.ptr_at(dst_offset), buf.ptr_at(src_offset), n_elems * buf.dtype.size_bytes())
+        self.copy_raw(
+            buf.ptr_at(dst_offset),
+            buf.ptr_at(src_offset),
+            n_elems * buf.dtype.size_bytes(),
+        )
     }
 
     fn kv_dtype(&self) -> DType {
-        if self.precise { DType::F32 } else { DType::BF16 }
+        if self.precise {
+            DType::F32
+        } else {
+            DType::BF16
+        }
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
@@ -147,7 +171,16 @@ impl Backend for CudaBackend {
         eps: f32,
     ) -> Result<(), BackendError> {
         check_buffer("add_rms_norm", "residual", residual, DType::F32, n * d)?;
-        self.rms_norm_impl("add_rms_norm", residual.ptr(), Some(x), weight, out, n, d, eps)
+        self.rms_norm_impl(
+            "add_rms_norm",
+            residual.ptr(),
+            Some(x),
+            weight,
+            out,
+            n,
+            d,
+            eps,
+        )
     }
 
     fn matmul(
@@ -162,7 +195,13 @@ impl Backend for CudaBackend {
         self.matmul_impl(x, w, out, n, k, m)
     }
 
-    fn add_bias(&self, x: &mut CudaBuffer, bias: &CudaBuffer, n: usize, m: usize) -> Result<(), BackendError> {
+    fn add_bias(
+        &self,
+        x: &mut CudaBuffer,
+        bias: &CudaBuffer,
+        n: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
         self.add_bias_impl(x, bias, n, m)
     }
 
@@ -204,7 +243,13 @@ impl Backend for CudaBackend {
         self.paged_attention_impl(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
     }
 
-    fn silu_mul(&self, gate_up: &CudaBuffer, out: &mut CudaBuffer, n: usize, f: usize) -> Result<(), BackendError> {
+    fn silu_mul(
+        &self,
+        gate_up: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        f: usize,
+    ) -> Result<(), BackendError> {
         self.silu_mul_impl(gate_up, out, n, f)
     }
 

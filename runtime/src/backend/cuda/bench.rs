@@ -11,6 +11,7 @@
 //!   with eager launches and once with decode steps replayed from a CUDA graph.
 //! - `bench_llama8b_model_forward`: the same shape through `LlamaModel<CudaBackend>::forward`
 //!   (logits downloaded, argmax on the host), as the engine drives it today.
+//!
 //! Times are CUDA-event medians after warm-up.
 
 use std::time::Instant;
@@ -59,8 +60,15 @@ fn copy_bandwidth(b: &CudaBackend) -> R<f64> {
 fn bench_decode_attention() -> R<()> {
     let Some(b) = device() else { return Ok(()) };
     let copy = copy_bandwidth(&b)?;
-    println!("BENCH copy_d2d bytes=2GiB bandwidth={:.1} GB/s (read+write)", copy / 1e9);
-    let heads = HeadShape { n_heads: 32, n_kv_heads: 8, head_dim: 128 };
+    println!(
+        "BENCH copy_d2d bytes=2GiB bandwidth={:.1} GB/s (read+write)",
+        copy / 1e9
+    );
+    let heads = HeadShape {
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+    };
     let bs = 16;
     let mut rng = StdRng::seed_from_u64(7);
     for (batch, ctx) in [(1usize, 4096usize), (64, 2048), (256, 1024)] {
@@ -73,7 +81,9 @@ fn bench_decode_attention() -> R<()> {
         b.fill_random_bf16(&mut vc, 2, 1.0)?;
         let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
         ids.shuffle(&mut rng);
-        let q: Vec<f32> = (0..batch * heads.qkv_width()).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let q: Vec<f32> = (0..batch * heads.qkv_width())
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
         let meta = BatchMeta::<CudaBackend> {
             n_tokens: batch,
             n_seqs: batch,
@@ -132,7 +142,11 @@ const HIDDEN: usize = 4096;
 const INTER: usize = 14336;
 const LAYERS: usize = 32;
 const VOCAB: usize = 128256;
-const HEADS: HeadShape = HeadShape { n_heads: 32, n_kv_heads: 8, head_dim: 128 };
+const HEADS: HeadShape = HeadShape {
+    n_heads: 32,
+    n_kv_heads: 8,
+    head_dim: 128,
+};
 
 fn random_weight(b: &CudaBackend, len: usize, seed: u32, fan_in: usize) -> R<CudaBuffer> {
     let mut w = b.alloc(DType::BF16, len)?;
@@ -218,15 +232,40 @@ fn forward_logits(
         if l == 0 {
             b.rms_norm(&a.residual, &layer.attn_norm, &mut a.h, n, HIDDEN, eps)?;
         } else {
-            b.add_rms_norm(&mut a.residual, &a.proj, &layer.attn_norm, &mut a.h, n, HIDDEN, eps)?;
+            b.add_rms_norm(
+                &mut a.residual,
+                &a.proj,
+                &layer.attn_norm,
+                &mut a.h,
+                n,
+                HIDDEN,
+                eps,
+            )?;
         }
         b.matmul(&a.h, &layer.wqkv, &mut a.qkv, n, HIDDEN, HEADS.qkv_width())?;
         b.rope(&mut a.qkv, &meta.positions, &m.cos, &m.sin, n, HEADS)?;
         let (kc, vc) = &mut kv[l];
         b.kv_write(&a.qkv, &meta.slot_mapping, kc, vc, n, HEADS)?;
-        b.paged_attention(&a.qkv, kc, vc, meta, &mut a.attn, HEADS, 16, 1.0 / (128f32).sqrt())?;
+        b.paged_attention(
+            &a.qkv,
+            kc,
+            vc,
+            meta,
+            &mut a.attn,
+            HEADS,
+            16,
+            1.0 / (128f32).sqrt(),
+        )?;
         b.matmul(&a.attn, &layer.wo, &mut a.proj, n, HEADS.q_width(), HIDDEN)?;
-        b.add_rms_norm(&mut a.residual, &a.proj, &layer.mlp_norm, &mut a.h, n, HIDDEN, eps)?;
+        b.add_rms_norm(
+            &mut a.residual,
+            &a.proj,
+            &layer.mlp_norm,
+            &mut a.h,
+            n,
+            HIDDEN,
+            eps,
+        )?;
         b.matmul(&a.h, &layer.w_gate_up, &mut a.gate_up, n, HIDDEN, 2 * INTER)?;
         b.silu_mul(&a.gate_up, &mut a.act, n, INTER)?;
         b.matmul(&a.act, &layer.w_down, &mut a.proj, n, INTER, HIDDEN)?;
@@ -264,7 +303,10 @@ fn bench_llama8b_decode() -> R<()> {
     let t0 = Instant::now();
     let model = build_llama(&b, max_ctx + 1)?;
     b.synchronize()?;
-    println!("BENCH llama8b random bf16 weights ready in {:.1}s", t0.elapsed().as_secs_f64());
+    println!(
+        "BENCH llama8b random bf16 weights ready in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
     let blocks_per_seq = max_ctx.div_ceil(bs);
     for batch in [1usize, 16, 64, 256] {
         let num_blocks = batch * blocks_per_seq;
@@ -278,9 +320,14 @@ fn bench_llama8b_decode() -> R<()> {
         let tables: Vec<u32> = (0..num_blocks as u32).collect();
         let slot = |s: usize, p: usize| (s * blocks_per_seq * bs + p) as u32;
         let mut a = acts(&b, batch * prompt, batch)?;
-        let prompt_ids: Vec<u32> = (0..batch * prompt).map(|i| ((i * 2654435761) % VOCAB) as u32).collect();
+        let prompt_ids: Vec<u32> = (0..batch * prompt)
+            .map(|i| ((i * 2654435761) % VOCAB) as u32)
+            .collect();
 
-        let run = |a: &mut Acts, kv: &mut Vec<(CudaBuffer, CudaBuffer)>, steps: usize| -> R<(f64, f64, Vec<u32>)> {
+        let run = |a: &mut Acts,
+                   kv: &mut Vec<(CudaBuffer, CudaBuffer)>,
+                   steps: usize|
+         -> R<(f64, f64, Vec<u32>)> {
             let start = Instant::now();
             let meta = BatchMeta::<CudaBackend> {
                 n_tokens: batch * prompt,
@@ -288,14 +335,27 @@ fn bench_llama8b_decode() -> R<()> {
                 max_q_len: prompt,
                 max_ctx_len: prompt,
                 max_blocks_per_seq: blocks_per_seq,
-                positions: b.upload_u32(&(0..batch * prompt).map(|i| (i % prompt) as u32).collect::<Vec<_>>())?,
-                slot_mapping: b.upload_u32(&(0..batch * prompt).map(|i| slot(i / prompt, i % prompt)).collect::<Vec<_>>())?,
-                q_starts: b.upload_u32(&(0..=batch).map(|s| (s * prompt) as u32).collect::<Vec<_>>())?,
+                positions: b.upload_u32(
+                    &(0..batch * prompt)
+                        .map(|i| (i % prompt) as u32)
+                        .collect::<Vec<_>>(),
+                )?,
+                slot_mapping: b.upload_u32(
+                    &(0..batch * prompt)
+                        .map(|i| slot(i / prompt, i % prompt))
+                        .collect::<Vec<_>>(),
+                )?,
+                q_starts: b
+                    .upload_u32(&(0..=batch).map(|s| (s * prompt) as u32).collect::<Vec<_>>())?,
                 ctx_lens: b.upload_u32(&vec![prompt as u32; batch])?,
                 block_tables: b.upload_u32(&tables)?,
             };
             let ids = b.upload_u32(&prompt_ids)?;
-            let last = b.upload_u32(&(0..batch).map(|s| (s * prompt + prompt - 1) as u32).collect::<Vec<_>>())?;
+            let last = b.upload_u32(
+                &(0..batch)
+                    .map(|s| (s * prompt + prompt - 1) as u32)
+                    .collect::<Vec<_>>(),
+            )?;
             let mut next = forward(&b, &model, kv, a, &ids, &meta, &last)?;
             let prefill_s = start.elapsed().as_secs_f64();
             let mut first_tokens = next.clone();
@@ -310,7 +370,8 @@ fn bench_llama8b_decode() -> R<()> {
                     max_ctx_len: pos + 1,
                     max_blocks_per_seq: blocks_per_seq,
                     positions: b.upload_u32(&vec![pos as u32; batch])?,
-                    slot_mapping: b.upload_u32(&(0..batch).map(|s| slot(s, pos)).collect::<Vec<_>>())?,
+                    slot_mapping: b
+                        .upload_u32(&(0..batch).map(|s| slot(s, pos)).collect::<Vec<_>>())?,
                     q_starts: b.upload_u32(&q_starts)?,
                     ctx_lens: b.upload_u32(&vec![pos as u32 + 1; batch])?,
                     block_tables: b.upload_u32(&tables)?,
@@ -325,7 +386,10 @@ fn bench_llama8b_decode() -> R<()> {
         };
         // The same run with decode steps replayed from a CUDA graph captured at step 2 (step 1 runs
         // eagerly on the same fixed-address buffers, warming scratch and library workspaces).
-        let run_graph = |a: &mut Acts, kv: &mut Vec<(CudaBuffer, CudaBuffer)>, steps: usize| -> R<(f64, f64, Vec<u32>)> {
+        let run_graph = |a: &mut Acts,
+                         kv: &mut Vec<(CudaBuffer, CudaBuffer)>,
+                         steps: usize|
+         -> R<(f64, f64, Vec<u32>)> {
             let start = Instant::now();
             let meta = BatchMeta::<CudaBackend> {
                 n_tokens: batch * prompt,
@@ -333,14 +397,27 @@ fn bench_llama8b_decode() -> R<()> {
                 max_q_len: prompt,
                 max_ctx_len: prompt,
                 max_blocks_per_seq: blocks_per_seq,
-                positions: b.upload_u32(&(0..batch * prompt).map(|i| (i % prompt) as u32).collect::<Vec<_>>())?,
-                slot_mapping: b.upload_u32(&(0..batch * prompt).map(|i| slot(i / prompt, i % prompt)).collect::<Vec<_>>())?,
-                q_starts: b.upload_u32(&(0..=batch).map(|s| (s * prompt) as u32).collect::<Vec<_>>())?,
+                positions: b.upload_u32(
+                    &(0..batch * prompt)
+                        .map(|i| (i % prompt) as u32)
+                        .collect::<Vec<_>>(),
+                )?,
+                slot_mapping: b.upload_u32(
+                    &(0..batch * prompt)
+                        .map(|i| slot(i / prompt, i % prompt))
+                        .collect::<Vec<_>>(),
+                )?,
+                q_starts: b
+                    .upload_u32(&(0..=batch).map(|s| (s * prompt) as u32).collect::<Vec<_>>())?,
                 ctx_lens: b.upload_u32(&vec![prompt as u32; batch])?,
                 block_tables: b.upload_u32(&tables)?,
             };
             let ids = b.upload_u32(&prompt_ids)?;
-            let last = b.upload_u32(&(0..batch).map(|s| (s * prompt + prompt - 1) as u32).collect::<Vec<_>>())?;
+            let last = b.upload_u32(
+                &(0..batch)
+                    .map(|s| (s * prompt + prompt - 1) as u32)
+                    .collect::<Vec<_>>(),
+            )?;
             let mut next = forward(&b, &model, kv, a, &ids, &meta, &last)?;
             let prefill_s = start.elapsed().as_secs_f64();
             let mut first_tokens = next.clone();
@@ -363,13 +440,24 @@ fn bench_llama8b_decode() -> R<()> {
                 let pos = prompt + step - 1;
                 b.write_bytes(&mut ids, 0, u32_bytes(&next))?;
                 b.write_bytes(&mut meta.positions, 0, u32_bytes(&vec![pos as u32; batch]))?;
-                b.write_bytes(&mut meta.slot_mapping, 0, u32_bytes(&(0..batch).map(|s| slot(s, pos)).collect::<Vec<_>>()))?;
-                b.write_bytes(&mut meta.ctx_lens, 0, u32_bytes(&vec![pos as u32 + 1; batch]))?;
+                b.write_bytes(
+                    &mut meta.slot_mapping,
+                    0,
+                    u32_bytes(&(0..batch).map(|s| slot(s, pos)).collect::<Vec<_>>()),
+                )?;
+                b.write_bytes(
+                    &mut meta.ctx_lens,
+                    0,
+                    u32_bytes(&vec![pos as u32 + 1; batch]),
+                )?;
                 if step == 1 {
                     forward_logits(&b, &model, kv, a, &ids, &meta, &rows)?;
                 } else {
                     if graph.is_none() {
-                        graph = Some(b.capture(|| forward_logits(&b, &model, kv, a, &ids, &meta, &rows))?);
+                        graph =
+                            Some(b.capture(|| {
+                                forward_logits(&b, &model, kv, a, &ids, &meta, &rows)
+                            })?);
                     }
                     if let Some(g) = &graph {
                         b.replay(g)?;
@@ -415,16 +503,21 @@ fn host_random(shape: Vec<usize>, seed: u64, scale: f32) -> crate::loader::tenso
     use rayon::prelude::*;
     let n: usize = shape.iter().product();
     let mut data = vec![half::bf16::ZERO; n];
-    data.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
-        let mut z = seed ^ ((c as u64 + 1) * 0x9e3779b97f4a7c15);
-        for v in chunk {
-            z ^= z << 13;
-            z ^= z >> 7;
-            z ^= z << 17;
-            *v = half::bf16::from_f32(((z >> 40) as f32 / 16777216.0 * 2.0 - 1.0) * scale);
-        }
-    });
-    crate::loader::tensor::HostTensor { shape, data: crate::loader::tensor::HostData::BF16(data) }
+    data.par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut z = seed ^ ((c as u64 + 1) * 0x9e3779b97f4a7c15);
+            for v in chunk {
+                z ^= z << 13;
+                z ^= z >> 7;
+                z ^= z << 17;
+                *v = half::bf16::from_f32(((z >> 40) as f32 / 16777216.0 * 2.0 - 1.0) * scale);
+            }
+        });
+    crate::loader::tensor::HostTensor {
+        shape,
+        data: crate::loader::tensor::HostData::BF16(data),
+    }
 }
 
 #[test]
@@ -458,33 +551,69 @@ fn bench_llama8b_model_forward() -> R<()> {
         data: crate::loader::tensor::HostData::F32(vec![1.0; n]),
     };
     let s = |fan_in: usize| (3.0 / fan_in as f32).sqrt();
-    w.insert("model.embed_tokens.weight".to_string(), host_random(vec![VOCAB, HIDDEN], 1, 1.0));
-    w.insert("lm_head.weight".to_string(), host_random(vec![VOCAB, HIDDEN], 2, s(HIDDEN)));
+    w.insert(
+        "model.embed_tokens.weight".to_string(),
+        host_random(vec![VOCAB, HIDDEN], 1, 1.0),
+    );
+    w.insert(
+        "lm_head.weight".to_string(),
+        host_random(vec![VOCAB, HIDDEN], 2, s(HIDDEN)),
+    );
     w.insert("model.norm.weight".to_string(), ones(HIDDEN));
     for l in 0..LAYERS {
         let p = format!("model.layers.{l}");
         let seed = 100 + 10 * l as u64;
         w.insert(format!("{p}.input_layernorm.weight"), ones(HIDDEN));
         w.insert(format!("{p}.post_attention_layernorm.weight"), ones(HIDDEN));
-        w.insert(format!("{p}.self_attn.q_proj.weight"), host_random(vec![4096, HIDDEN], seed, s(HIDDEN)));
-        w.insert(format!("{p}.self_attn.k_proj.weight"), host_random(vec![1024, HIDDEN], seed + 1, s(HIDDEN)));
-        w.insert(format!("{p}.self_attn.v_proj.weight"), host_random(vec![1024, HIDDEN], seed + 2, s(HIDDEN)));
-        w.insert(format!("{p}.self_attn.o_proj.weight"), host_random(vec![HIDDEN, 4096], seed + 3, s(HIDDEN)));
-        w.insert(format!("{p}.mlp.gate_proj.weight"), host_random(vec![INTER, HIDDEN], seed + 4, s(HIDDEN)));
-        w.insert(format!("{p}.mlp.up_proj.weight"), host_random(vec![INTER, HIDDEN], seed + 5, s(HIDDEN)));
-        w.insert(format!("{p}.mlp.down_proj.weight"), host_random(vec![HIDDEN, INTER], seed + 6, s(INTER)));
+        w.insert(
+            format!("{p}.self_attn.q_proj.weight"),
+            host_random(vec![4096, HIDDEN], seed, s(HIDDEN)),
+        );
+        w.insert(
+            format!("{p}.self_attn.k_proj.weight"),
+            host_random(vec![1024, HIDDEN], seed + 1, s(HIDDEN)),
+        );
+        w.insert(
+            format!("{p}.self_attn.v_proj.weight"),
+            host_random(vec![1024, HIDDEN], seed + 2, s(HIDDEN)),
+        );
+        w.insert(
+            format!("{p}.self_attn.o_proj.weight"),
+            host_random(vec![HIDDEN, 4096], seed + 3, s(HIDDEN)),
+        );
+        w.insert(
+            format!("{p}.mlp.gate_proj.weight"),
+            host_random(vec![INTER, HIDDEN], seed + 4, s(HIDDEN)),
+        );
+        w.insert(
+            format!("{p}.mlp.up_proj.weight"),
+            host_random(vec![INTER, HIDDEN], seed + 5, s(HIDDEN)),
+        );
+        w.insert(
+            format!("{p}.mlp.down_proj.weight"),
+            host_random(vec![HIDDEN, INTER], seed + 6, s(INTER)),
+        );
     }
     let model = LlamaModel::new(CudaBackend::new(0)?, &config, &w)?;
     drop(w);
-    println!("BENCH model_forward: LlamaModel<CudaBackend> built in {:.1}s", t0.elapsed().as_secs_f64());
+    println!(
+        "BENCH model_forward: LlamaModel<CudaBackend> built in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
     let (prompt, new_tokens, bs) = (128usize, 256usize, 16usize);
     let per_seq = (prompt + new_tokens).div_ceil(bs);
     for batch in [1usize, 16, 64, 256] {
         let mut kv: KvCache<CudaBackend> = model.new_kv_cache(batch * per_seq, bs)?;
-        let tables: Vec<Vec<u32>> =
-            (0..batch).map(|s| (0..per_seq).map(|j| (s * per_seq + j) as u32).collect()).collect();
-        let mut seqs: Vec<Vec<u32>> =
-            (0..batch).map(|s| (0..prompt).map(|i| ((s * 7919 + i * 104729) % VOCAB) as u32).collect()).collect();
+        let tables: Vec<Vec<u32>> = (0..batch)
+            .map(|s| (0..per_seq).map(|j| (s * per_seq + j) as u32).collect())
+            .collect();
+        let mut seqs: Vec<Vec<u32>> = (0..batch)
+            .map(|s| {
+                (0..prompt)
+                    .map(|i| ((s * 7919 + i * 104729) % VOCAB) as u32)
+                    .collect()
+            })
+            .collect();
         let start = Instant::now();
         let mut fed = vec![0usize; batch];
         let mut prefill_s = 0.0;
@@ -493,7 +622,11 @@ fn bench_llama8b_model_forward() -> R<()> {
                 .iter()
                 .zip(&fed)
                 .zip(&tables)
-                .map(|((s, &f), t)| SeqChunk { tokens: &s[f..], start_pos: f, block_table: t })
+                .map(|((s, &f), t)| SeqChunk {
+                    tokens: &s[f..],
+                    start_pos: f,
+                    block_table: t,
+                })
                 .collect();
             let logits = model.forward(&mut kv, &chunks)?;
             for (i, s) in seqs.iter_mut().enumerate() {

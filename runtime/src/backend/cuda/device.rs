@@ -125,7 +125,11 @@ impl CudaBackend {
     }
 
     /// Allocates `len` elements of `dtype`, zero-filled.
-    pub(super) fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<CudaBuffer, BackendError> {
+    pub(super) fn alloc_zeroed(
+        &self,
+        dtype: DType,
+        len: usize,
+    ) -> Result<CudaBuffer, BackendError> {
         let bytes = len.max(1) * dtype.size_bytes();
         let mem = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| {
             if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
@@ -138,7 +142,11 @@ impl CudaBackend {
     }
 
     /// Uploads raw little-endian bytes as a buffer of `dtype`.
-    pub(super) fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<CudaBuffer, BackendError> {
+    pub(super) fn upload_bytes(
+        &self,
+        dtype: DType,
+        bytes: &[u8],
+    ) -> Result<CudaBuffer, BackendError> {
         let len = bytes.len() / dtype.size_bytes();
         let mut buf = self.alloc_zeroed(dtype, len)?;
         if !bytes.is_empty() {
@@ -150,7 +158,12 @@ impl CudaBackend {
     }
 
     /// Copies `out.len()` bytes starting at byte `offset` of `buf` to the host (synchronous).
-    pub(super) fn download_raw(&self, buf: &CudaBuffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+    pub(super) fn download_raw(
+        &self,
+        buf: &CudaBuffer,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
         if out.is_empty() {
             return Ok(());
         }
@@ -164,7 +177,12 @@ impl CudaBackend {
     }
 
     /// Writes `bytes` at byte `offset` of `buf`.
-    pub(super) fn upload_raw(&self, buf: &mut CudaBuffer, offset: usize, bytes: &[u8]) -> Result<(), BackendError> {
+    pub(super) fn upload_raw(
+        &self,
+        buf: &mut CudaBuffer,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<(), BackendError> {
         if bytes.is_empty() {
             return Ok(());
         }

@@ -39,8 +39,13 @@ impl CudaBackend {
             .lock()
             .map_err(|_| BackendError::Device("scratch lock poisoned".into()))?;
         let terms = if self.precise { 2 } else { 1 };
-        if scratch.x_bf16.as_ref().is_none_or(|b| b.len < terms * n * k) {
-            scratch.x_bf16 = Some(self.alloc_zeroed(DType::BF16, (terms * n * k).next_power_of_two())?);
+        if scratch
+            .x_bf16
+            .as_ref()
+            .is_none_or(|b| b.len < terms * n * k)
+        {
+            scratch.x_bf16 =
+                Some(self.alloc_zeroed(DType::BF16, (terms * n * k).next_power_of_two())?);
         }
         let Some(xb) = scratch.x_bf16.as_ref() else {
             return Err(BackendError::Device("matmul scratch missing".into()));
@@ -58,8 +63,14 @@ impl CudaBackend {
 
     /// Splits `len` f32 values at `src` into bf16 `hi` and `lo` terms.
     fn split_f32_bf16(&self, src: u64, hi: u64, lo: u64, len: usize) -> Result<(), BackendError> {
-        let f = self.modules.function(KernelId::Elementwise, None, "split_f32_bf16")?;
-        let cfg = LaunchConfig { grid_dim: (grid_for(len, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let f = self
+            .modules
+            .function(KernelId::Elementwise, None, "split_f32_bf16")?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(len, 256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.stream.launch_builder(&f);
         b.arg(&hi).arg(&lo).arg(&src).arg(&len);
         // SAFETY: hi and lo hold >= len bf16, src >= len f32 (checked by the caller).
@@ -69,8 +80,14 @@ impl CudaBackend {
 
     /// Rounds `len` f32 values at `src` into bf16 at `dst`.
     pub(super) fn cast_f32_bf16(&self, src: u64, dst: u64, len: usize) -> Result<(), BackendError> {
-        let f = self.modules.function(KernelId::Elementwise, None, "cast_f32_bf16")?;
-        let cfg = LaunchConfig { grid_dim: (grid_for(len, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let f = self
+            .modules
+            .function(KernelId::Elementwise, None, "cast_f32_bf16")?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(len, 256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.stream.launch_builder(&f);
         b.arg(&dst).arg(&src).arg(&len);
         // SAFETY: dst holds >= len bf16 and src >= len f32 (checked by the caller); the kernel
@@ -124,4 +141,3 @@ impl CudaBackend {
         .map_err(|e| BackendError::Device(format!("cuBLAS gemm ({n}x{k} @ {m}x{k}^T): {e:?}")))
     }
 }
-

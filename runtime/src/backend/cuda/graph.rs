@@ -19,14 +19,21 @@ pub struct StepGraph {
 
 impl CudaBackend {
     /// Records everything `step` enqueues on this backend's stream into a graph (nothing runs).
-    pub fn capture(&self, step: impl FnOnce() -> Result<(), BackendError>) -> Result<StepGraph, BackendError> {
+    pub fn capture(
+        &self,
+        step: impl FnOnce() -> Result<(), BackendError>,
+    ) -> Result<StepGraph, BackendError> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(driver_err)?;
         let result = step();
-        let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(driver_err);
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(driver_err);
         result?;
-        let graph = graph?.ok_or_else(|| BackendError::Device("graph capture recorded nothing".into()))?;
+        let graph =
+            graph?.ok_or_else(|| BackendError::Device("graph capture recorded nothing".into()))?;
         Ok(StepGraph { graph })
     }
 

@@ -70,11 +70,15 @@ impl ModuleCache {
             let h = heads.ok_or_else(|| {
                 BackendError::Device(format!("{} needs a head configuration", id.file_name()))
             })?;
-            h.validate().map_err(|e| BackendError::Unsupported(e.to_string()))?;
+            h.validate()
+                .map_err(|e| BackendError::Unsupported(e.to_string()))?;
         }
         let mut options = vec![format!("--gpu-architecture={}", self.arch)];
         options.extend(id.defines(heads));
-        let opts = CompileOptions { options, ..Default::default() };
+        let opts = CompileOptions {
+            options,
+            ..Default::default()
+        };
         let ptx = compile_ptx_with_opts(id.source(), opts).map_err(|e| {
             BackendError::Device(format!("NVRTC failed on {}: {e:?}", id.file_name()))
         })?;
@@ -98,6 +102,9 @@ impl ModuleCache {
             }
             functions.insert(name, f);
         }
-        Ok(Unit { _module: module, functions })
+        Ok(Unit {
+            _module: module,
+            functions,
+        })
     }
 }

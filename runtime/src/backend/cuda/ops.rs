@@ -13,12 +13,20 @@ pub(super) fn to_i32(v: usize, what: &str) -> Result<i32, BackendError> {
 }
 
 fn grid_stride(n: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (grid_for(n, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (grid_for(n, 256), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 fn per_row(rows: usize, width: usize) -> LaunchConfig {
     let threads = width.div_ceil(32).clamp(1, 32) as u32 * 32;
-    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 impl CudaBackend {
@@ -32,18 +40,26 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         const OP: &str = "embedding";
         if table.dtype != DType::BF16 {
-            return Err(BackendError::Unsupported(format!("{OP} table of dtype {:?}", table.dtype)));
+            return Err(BackendError::Unsupported(format!(
+                "{OP} table of dtype {:?}",
+                table.dtype
+            )));
         }
         let vocab = table.len / hidden.max(1);
         if vocab == 0 {
-            return Err(BackendError::Shape { op: OP, detail: "empty table".into() });
+            return Err(BackendError::Shape {
+                op: OP,
+                detail: "empty table".into(),
+            });
         }
         check_buffer(OP, "ids", ids, DType::U32, n)?;
         check_buffer(OP, "out", out, DType::F32, n * hidden)?;
         if n == 0 {
             return Ok(());
         }
-        let f = self.modules.function(KernelId::Elementwise, None, "embedding_gather")?;
+        let f = self
+            .modules
+            .function(KernelId::Elementwise, None, "embedding_gather")?;
         let (d, v) = (to_i32(hidden, "hidden")?, to_i32(vocab, "vocab")?);
         let (o, t, i) = (out.ptr(), table.ptr(), ids.ptr());
         let mut b = self.stream.launch_builder(&f);
@@ -74,7 +90,9 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.modules.function(KernelId::Elementwise, None, "rmsnorm_residual")?;
+        let f = self
+            .modules
+            .function(KernelId::Elementwise, None, "rmsnorm_residual")?;
         let di = to_i32(d, "d")?;
         let (o, w) = (out.ptr(), weight.ptr());
         let x = delta.map_or(0u64, |b| b.ptr());
@@ -86,14 +104,22 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn add_bias_impl(&self, x: &mut CudaBuffer, bias: &CudaBuffer, n: usize, m: usize) -> Result<(), BackendError> {
+    pub(super) fn add_bias_impl(
+        &self,
+        x: &mut CudaBuffer,
+        bias: &CudaBuffer,
+        n: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
         const OP: &str = "add_bias";
         check_buffer(OP, "x", x, DType::F32, n * m)?;
         check_buffer(OP, "bias", bias, DType::F32, m)?;
         if n * m == 0 {
             return Ok(());
         }
-        let f = self.modules.function(KernelId::Elementwise, None, "add_bias")?;
+        let f = self
+            .modules
+            .function(KernelId::Elementwise, None, "add_bias")?;
         let (ni, mi) = (to_i32(n, "n")?, to_i32(m, "m")?);
         let (xp, bp) = (x.ptr(), bias.ptr());
         let mut b = self.stream.launch_builder(&f);
@@ -121,7 +147,9 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.modules.function(KernelId::RopeKv, None, "rope_inplace")?;
+        let f = self
+            .modules
+            .function(KernelId::RopeKv, None, "rope_inplace")?;
         let rot = heads.n_heads + heads.n_kv_heads;
         let (ni, ri, di, si) = (
             to_i32(n, "n")?,
@@ -131,7 +159,14 @@ impl CudaBackend {
         );
         let (q, p, c, s) = (qkv.ptr(), positions.ptr(), cos.ptr(), sin.ptr());
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&q).arg(&p).arg(&c).arg(&s).arg(&ni).arg(&ri).arg(&di).arg(&si);
+        b.arg(&q)
+            .arg(&p)
+            .arg(&c)
+            .arg(&s)
+            .arg(&ni)
+            .arg(&ri)
+            .arg(&di)
+            .arg(&si);
         // SAFETY: sizes checked above; positions index rows of the tables, which the model sizes to
         // its max position (an out-of-range position is the caller's contract violation).
         unsafe { b.launch(grid_stride(n * rot * half)) }.map_err(driver_err)?;
@@ -150,16 +185,27 @@ impl CudaBackend {
         const OP: &str = "kv_write";
         check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
         check_buffer(OP, "slot_mapping", slot_mapping, DType::U32, n)?;
-        let kv_dtype = if self.precise { DType::F32 } else { DType::BF16 };
+        let kv_dtype = if self.precise {
+            DType::F32
+        } else {
+            DType::BF16
+        };
         check_buffer(OP, "k_cache", k_cache, kv_dtype, heads.kv_width())?;
         check_buffer(OP, "v_cache", v_cache, kv_dtype, k_cache.len)?;
-        if heads.kv_width() % 8 != 0 {
-            return Err(BackendError::Unsupported(format!("{OP}: KVH * D = {} not a multiple of 8", heads.kv_width())));
+        if !heads.kv_width().is_multiple_of(8) {
+            return Err(BackendError::Unsupported(format!(
+                "{OP}: KVH * D = {} not a multiple of 8",
+                heads.kv_width()
+            )));
         }
         if n == 0 {
             return Ok(());
         }
-        let (name, per_thread) = if self.precise { ("kv_write_f32", 4) } else { ("kv_write", 8) };
+        let (name, per_thread) = if self.precise {
+            ("kv_write_f32", 4)
+        } else {
+            ("kv_write", 8)
+        };
         let f = self.modules.function(KernelId::RopeKv, None, name)?;
         let (ni, qw, kw, rs) = (
             to_i32(n, "n")?,
@@ -169,20 +215,35 @@ impl CudaBackend {
         );
         let (kc, vc, q, s) = (k_cache.ptr(), v_cache.ptr(), qkv.ptr(), slot_mapping.ptr());
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&kc).arg(&vc).arg(&q).arg(&s).arg(&ni).arg(&qw).arg(&kw).arg(&rs);
+        b.arg(&kc)
+            .arg(&vc)
+            .arg(&q)
+            .arg(&s)
+            .arg(&ni)
+            .arg(&qw)
+            .arg(&kw)
+            .arg(&rs);
         // SAFETY: sizes checked above; slots are allocated by the engine inside the cache.
         unsafe { b.launch(grid_stride(n * heads.kv_width() / per_thread)) }.map_err(driver_err)?;
         Ok(())
     }
 
-    pub(super) fn silu_mul_impl(&self, gate_up: &CudaBuffer, out: &mut CudaBuffer, n: usize, f: usize) -> Result<(), BackendError> {
+    pub(super) fn silu_mul_impl(
+        &self,
+        gate_up: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        f: usize,
+    ) -> Result<(), BackendError> {
         const OP: &str = "silu_mul";
         check_buffer(OP, "gate_up", gate_up, DType::F32, n * 2 * f)?;
         check_buffer(OP, "out", out, DType::F32, n * f)?;
         if n * f == 0 {
             return Ok(());
         }
-        let func = self.modules.function(KernelId::Elementwise, None, "silu_mul")?;
+        let func = self
+            .modules
+            .function(KernelId::Elementwise, None, "silu_mul")?;
         let (ni, fi) = (to_i32(n, "n")?, to_i32(f, "f")?);
         let (o, g) = (out.ptr(), gate_up.ptr());
         let mut b = self.stream.launch_builder(&func);
@@ -207,7 +268,9 @@ impl CudaBackend {
         if r == 0 {
             return Ok(());
         }
-        let f = self.modules.function(KernelId::Elementwise, None, "gather_rows")?;
+        let f = self
+            .modules
+            .function(KernelId::Elementwise, None, "gather_rows")?;
         let di = to_i32(d, "d")?;
         let (o, xp, rp) = (out.ptr(), x.ptr(), rows.ptr());
         let mut b = self.stream.launch_builder(&f);
@@ -221,11 +284,21 @@ impl CudaBackend {
 impl CudaBackend {
     /// Fills a bf16 buffer with `scale * U[-1, 1)` from a hash of (seed, index), on the device
     /// (benchmark weights and caches without a host round trip).
-    pub fn fill_random_bf16(&self, buf: &mut CudaBuffer, seed: u32, scale: f32) -> Result<(), BackendError> {
+    pub fn fill_random_bf16(
+        &self,
+        buf: &mut CudaBuffer,
+        seed: u32,
+        scale: f32,
+    ) -> Result<(), BackendError> {
         if buf.dtype != DType::BF16 {
-            return Err(BackendError::Unsupported(format!("fill_random_bf16 on {:?}", buf.dtype)));
+            return Err(BackendError::Unsupported(format!(
+                "fill_random_bf16 on {:?}",
+                buf.dtype
+            )));
         }
-        let f = self.modules.function(KernelId::Elementwise, None, "fill_random_bf16")?;
+        let f = self
+            .modules
+            .function(KernelId::Elementwise, None, "fill_random_bf16")?;
         let (p, n) = (buf.ptr(), buf.len);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&p).arg(&n).arg(&seed).arg(&scale);

@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use half::bf16;
 
 use super::tests::device;
-use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
 use crate::loader::hf::{config::parse_config, weights::read_safetensors};
 use crate::loader::tensor::{HostData, HostTensor};
 use crate::model::batch::SeqChunk;
@@ -36,13 +36,20 @@ fn load(name: &str) -> Option<(LlamaConfig, HashMap<String, HostTensor>)> {
     let dir = fixture_dir().join(name);
     let cfg_path = dir.join("config.json");
     let Ok(text) = std::fs::read_to_string(&cfg_path) else {
-        println!("skipping {name}: {} not found (set SOV_FIXTURE_DIR)", cfg_path.display());
+        println!(
+            "skipping {name}: {} not found (set SOV_FIXTURE_DIR)",
+            cfg_path.display()
+        );
         return None;
     };
     let config = parse_config(&cfg_path, &text).expect("fixture config parses");
     let mut tensors = HashMap::new();
-    read_safetensors(&dir.join("model.safetensors"), &mut tensors, &indicatif::ProgressBar::hidden())
-        .expect("fixture weights read");
+    read_safetensors(
+        &dir.join("model.safetensors"),
+        &mut tensors,
+        &indicatif::ProgressBar::hidden(),
+    )
+    .expect("fixture weights read");
     for t in tensors.values_mut() {
         let rounded: Vec<bf16> = t.to_f32().iter().map(|&x| bf16::from_f32(x)).collect();
         t.data = HostData::BF16(rounded);
@@ -62,13 +69,23 @@ fn argmax(x: &[f32]) -> u32 {
 
 /// Greedy continuation of every prompt, all sequences in one batch per step.
 /// Returns the tokens and the logits of every step (for diagnostics).
-fn greedy<B: Backend>(model: &LlamaModel<B>, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+fn greedy<B: Backend>(
+    model: &LlamaModel<B>,
+    prompts: &[Vec<u32>],
+) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
     let vocab = model.config().vocab_size;
     let per_seq = (prompts.iter().map(Vec::len).max().unwrap_or(0) + NEW).div_ceil(BLOCK);
-    let mut kv: KvCache<B> = model.new_kv_cache(per_seq * prompts.len(), BLOCK).expect("kv cache");
+    let mut kv: KvCache<B> = model
+        .new_kv_cache(per_seq * prompts.len(), BLOCK)
+        .expect("kv cache");
     // Interleaved, reversed block ids so tables are neither contiguous nor the identity.
     let tables: Vec<Vec<u32>> = (0..prompts.len())
-        .map(|s| (0..per_seq).rev().map(|j| (j * prompts.len() + s) as u32).collect())
+        .map(|s| {
+            (0..per_seq)
+                .rev()
+                .map(|j| (j * prompts.len() + s) as u32)
+                .collect()
+        })
         .collect();
     let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
     let mut fed: Vec<usize> = vec![0; prompts.len()];
@@ -78,7 +95,11 @@ fn greedy<B: Backend>(model: &LlamaModel<B>, prompts: &[Vec<u32>]) -> (Vec<Vec<u
             .iter()
             .zip(&fed)
             .zip(&tables)
-            .map(|((s, &f), t)| SeqChunk { tokens: &s[f..], start_pos: f, block_table: t })
+            .map(|((s, &f), t)| SeqChunk {
+                tokens: &s[f..],
+                start_pos: f,
+                block_table: t,
+            })
             .collect();
         let logits = model.forward(&mut kv, &chunks).expect("forward");
         for (i, s) in seqs.iter_mut().enumerate() {
@@ -87,7 +108,11 @@ fn greedy<B: Backend>(model: &LlamaModel<B>, prompts: &[Vec<u32>]) -> (Vec<Vec<u
         }
         all_logits.push(logits);
     }
-    let new = seqs.iter().zip(prompts).map(|(s, p)| s[p.len()..].to_vec()).collect();
+    let new = seqs
+        .iter()
+        .zip(prompts)
+        .map(|(s, p)| s[p.len()..].to_vec())
+        .collect();
     (new, all_logits)
 }
 
@@ -97,14 +122,22 @@ fn tiny_fixtures_greedy_tokens_match_cpu() {
         return;
     }
     for name in ["tiny_llama3", "tiny_tied", "tiny_untied"] {
-        let Some((config, weights)) = load(name) else { return };
+        let Some((config, weights)) = load(name) else {
+            return;
+        };
         let v = config.vocab_size as u32;
         let prompts: Vec<Vec<u32>> = [1usize, 5, 16, 17, 40]
             .iter()
-            .map(|&len| (0..len as u32).map(|i| (i * 37 + len as u32 * 11 + 3) % v).collect())
+            .map(|&len| {
+                (0..len as u32)
+                    .map(|i| (i * 37 + len as u32 * 11 + 3) % v)
+                    .collect()
+            })
             .collect();
         let cpu_model = LlamaModel::new(CpuBackend::new(), &config, &weights).expect("cpu model");
-        let gpu = super::CudaBackend::new(0).expect("device opened above").with_precise(true);
+        let gpu = super::CudaBackend::new(0)
+            .expect("device opened above")
+            .with_precise(true);
         let gpu_model = LlamaModel::new(gpu, &config, &weights).expect("cuda model");
         let fast = super::CudaBackend::new(0).expect("device opened above");
         let fast_model = LlamaModel::new(fast, &config, &weights).expect("cuda model");
@@ -117,19 +150,32 @@ fn tiny_fixtures_greedy_tokens_match_cpu() {
             .map(|(f, c)| f.iter().zip(c).position(|(a, b)| a != b))
             .collect();
         let fast_err = super::reference::rel_err(&fast_logits[0], &cpu_logits[0]);
-        println!("{name}: fast mode: first-step logits rel err {fast_err:.2e}, first differing token per prompt {first_diff:?}");
+        println!(
+            "{name}: fast mode: first-step logits rel err {fast_err:.2e}, first differing token per prompt {first_diff:?}"
+        );
         let worst = cpu_logits
             .iter()
             .zip(&gpu_logits)
             .map(|(c, g)| super::reference::rel_err(g, c))
             .fold(0f64, f64::max);
         println!("{name}: batched, worst logits rel err over {NEW} steps {worst:.2e}");
-        assert_eq!(gpu_tokens, cpu_tokens, "{name}: batched greedy tokens differ");
+        assert_eq!(
+            gpu_tokens, cpu_tokens,
+            "{name}: batched greedy tokens differ"
+        );
         for p in &prompts {
             let (c, _) = greedy(&cpu_model, std::slice::from_ref(p));
             let (g, _) = greedy(&gpu_model, std::slice::from_ref(p));
-            assert_eq!(g, c, "{name}: greedy tokens differ for prompt of {} tokens", p.len());
+            assert_eq!(
+                g,
+                c,
+                "{name}: greedy tokens differ for prompt of {} tokens",
+                p.len()
+            );
         }
-        println!("{name}: {} prompts x {NEW} greedy tokens equal on CPU and CUDA", prompts.len());
+        println!(
+            "{name}: {} prompts x {NEW} greedy tokens equal on CPU and CUDA",
+            prompts.len()
+        );
     }
 }

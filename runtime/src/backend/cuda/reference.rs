@@ -12,7 +12,9 @@ pub fn random(n: usize, scale: f32, seed: u64) -> Vec<f32> {
 
 /// Values rounded through bf16, as the device stores them.
 pub fn round_bf16(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect()
+    x.iter()
+        .map(|&v| half::bf16::from_f32(v).to_f32())
+        .collect()
 }
 
 /// ‖out − ref‖ / ‖ref‖.
@@ -65,13 +67,24 @@ pub fn silu_mul(gate_up: &[f32], n: usize, f: usize) -> Vec<f32> {
 }
 
 /// RoPE (rotate_half) on the first `rot_heads` heads of each row, tables `[max_pos, d/2]`.
-pub fn rope(qkv: &mut [f32], pos: &[u32], cos: &[f32], sin: &[f32], row: usize, rot_heads: usize, d: usize) {
+pub fn rope(
+    qkv: &mut [f32],
+    pos: &[u32],
+    cos: &[f32],
+    sin: &[f32],
+    row: usize,
+    rot_heads: usize,
+    d: usize,
+) {
     let half = d / 2;
     for (t, &p) in pos.iter().enumerate() {
         for h in 0..rot_heads {
             let base = t * row + h * d;
             for j in 0..half {
-                let (c, s) = (cos[p as usize * half + j] as f64, sin[p as usize * half + j] as f64);
+                let (c, s) = (
+                    cos[p as usize * half + j] as f64,
+                    sin[p as usize * half + j] as f64,
+                );
                 let (a, b) = (qkv[base + j] as f64, qkv[base + j + half] as f64);
                 qkv[base + j] = (a * c - b * s) as f32;
                 qkv[base + j + half] = (b * c + a * s) as f32;
@@ -115,11 +128,18 @@ pub fn paged_attention(
             for head in 0..h {
                 let g = head / group;
                 let qv = &q[row * q_stride + head * d..row * q_stride + (head + 1) * d];
-                let slot = |j: usize| (s.blocks[j / block_size] as usize * block_size + j % block_size) * kvh * d + g * d;
+                let slot = |j: usize| {
+                    (s.blocks[j / block_size] as usize * block_size + j % block_size) * kvh * d
+                        + g * d
+                };
                 let scores: Vec<f64> = (0..=pos)
                     .map(|j| {
                         let k = &k_cache[slot(j)..slot(j) + d];
-                        qv.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64
+                        qv.iter()
+                            .zip(k)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * scale as f64
                     })
                     .collect();
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -151,7 +171,13 @@ pub fn argmax(x: &[f32]) -> u32 {
 /// logit of the candidate set): margin is the smaller
 /// of the probability-mass distances of `u` from the nearest CDF step and of `top_p` from the
 /// cumulative masses around the cut, so callers can skip razor-edge cases that rounding decides.
-pub fn sample(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, u: f32) -> (u32, f64, f32) {
+pub fn sample(
+    logits: &[f32],
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    u: f32,
+) -> (u32, f64, f32) {
     let t = temperature as f64;
     let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let mut order: Vec<usize> = (0..logits.len()).collect();

@@ -24,36 +24,67 @@ pub struct SamplingRow {
 impl SamplingRow {
     /// Greedy decoding.
     pub fn greedy() -> Self {
-        Self { temperature: 0.0, top_k: 0, top_p: 1.0, uniform: 0.0 }
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            uniform: 0.0,
+        }
     }
 }
 
 impl CudaBackend {
     /// One token id per row of `logits: [rows.len(), vocab]` f32, chosen on the device.
-    pub fn sample(&self, logits: &CudaBuffer, vocab: usize, rows: &[SamplingRow]) -> Result<Vec<u32>, BackendError> {
+    pub fn sample(
+        &self,
+        logits: &CudaBuffer,
+        vocab: usize,
+        rows: &[SamplingRow],
+    ) -> Result<Vec<u32>, BackendError> {
         const OP: &str = "sample";
         check_buffer(OP, "logits", logits, DType::F32, rows.len() * vocab)?;
         if rows.is_empty() {
             return Ok(Vec::new());
         }
         if vocab == 0 {
-            return Err(BackendError::Shape { op: OP, detail: "vocab is 0".into() });
+            return Err(BackendError::Shape {
+                op: OP,
+                detail: "vocab is 0".into(),
+            });
         }
         let temps: Vec<f32> = rows.iter().map(|r| r.temperature).collect();
-        let top_k: Vec<i32> = rows.iter().map(|r| r.top_k.min(i32::MAX as u32) as i32).collect();
+        let top_k: Vec<i32> = rows
+            .iter()
+            .map(|r| r.top_k.min(i32::MAX as u32) as i32)
+            .collect();
         let top_p: Vec<f32> = rows.iter().map(|r| r.top_p).collect();
-        let uniform: Vec<f32> = rows.iter().map(|r| r.uniform.clamp(0.0, 1.0 - f32::EPSILON)).collect();
+        let uniform: Vec<f32> = rows
+            .iter()
+            .map(|r| r.uniform.clamp(0.0, 1.0 - f32::EPSILON))
+            .collect();
         let t = self.upload_bytes(DType::F32, bytemuck::cast_slice(&temps))?;
         let k = self.upload_bytes(DType::I32, bytemuck::cast_slice(&top_k))?;
         let p = self.upload_bytes(DType::F32, bytemuck::cast_slice(&top_p))?;
         let u = self.upload_bytes(DType::F32, bytemuck::cast_slice(&uniform))?;
         let out = self.alloc_zeroed(DType::U32, rows.len())?;
-        let f = self.modules.function(KernelId::Sampling, None, "sample_tokens")?;
+        let f = self
+            .modules
+            .function(KernelId::Sampling, None, "sample_tokens")?;
         let v = to_i32(vocab, "vocab")?;
         let ptrs = [out.ptr(), logits.ptr(), t.ptr(), k.ptr(), p.ptr(), u.ptr()];
-        let cfg = LaunchConfig { grid_dim: (rows.len() as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (rows.len() as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&v).arg(&ptrs[2]).arg(&ptrs[3]).arg(&ptrs[4]).arg(&ptrs[5]);
+        b.arg(&ptrs[0])
+            .arg(&ptrs[1])
+            .arg(&v)
+            .arg(&ptrs[2])
+            .arg(&ptrs[3])
+            .arg(&ptrs[4])
+            .arg(&ptrs[5]);
         // SAFETY: every buffer holds rows.len() entries (logits rows * vocab), checked above.
         unsafe { b.launch(cfg) }.map_err(driver_err)?;
         let mut ids = vec![0u32; rows.len()];

@@ -33,7 +33,10 @@ fn download(b: &CudaBackend, buf: &CudaBuffer, n: usize) -> Vec<f32> {
 }
 
 fn weight(b: &CudaBackend, data: &[f32], shape: Vec<usize>) -> CudaBuffer {
-    let t = HostTensor { shape, data: HostData::BF16(data.iter().map(|&x| bf16::from_f32(x)).collect()) };
+    let t = HostTensor {
+        shape,
+        data: HostData::BF16(data.iter().map(|&x| bf16::from_f32(x)).collect()),
+    };
     b.upload_weight(&t).unwrap()
 }
 
@@ -55,7 +58,10 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
         let ib = b.upload_u32(&ids).unwrap();
         let mut eb = b.alloc(DType::F32, n * d).unwrap();
         b.embedding(&tb, &ib, &mut eb, n, d).unwrap();
-        let emb_ref: Vec<f32> = ids.iter().flat_map(|&i| table[i as usize * d..(i as usize + 1) * d].to_vec()).collect();
+        let emb_ref: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| table[i as usize * d..(i as usize + 1) * d].to_vec())
+            .collect();
         assert_eq!(download(&b, &eb, n * d), emb_ref, "embedding n={n} d={d}");
 
         let x = cpu::random(n * d, 2.0, seed + 1);
@@ -64,15 +70,28 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
         let wb = b.upload_f32(&w).unwrap();
         let mut ob = b.alloc(DType::F32, n * d).unwrap();
         b.rms_norm(&xb, &wb, &mut ob, n, d, 1e-5).unwrap();
-        check(&format!("rms_norm n={n} d={d}"), &download(&b, &ob, n * d), &cpu::rms_norm(&x, &w, d, 1e-5));
+        check(
+            &format!("rms_norm n={n} d={d}"),
+            &download(&b, &ob, n * d),
+            &cpu::rms_norm(&x, &w, d, 1e-5),
+        );
 
         let delta = cpu::random(n * d, 1.0, seed + 3);
         let mut rb = b.upload_f32(&x).unwrap();
         let db = b.upload_f32(&delta).unwrap();
-        b.add_rms_norm(&mut rb, &db, &wb, &mut ob, n, d, 1e-6).unwrap();
+        b.add_rms_norm(&mut rb, &db, &wb, &mut ob, n, d, 1e-6)
+            .unwrap();
         let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, c)| a + c).collect();
-        check(&format!("add_rms_norm residual n={n}"), &download(&b, &rb, n * d), &sum);
-        check(&format!("add_rms_norm n={n} d={d}"), &download(&b, &ob, n * d), &cpu::rms_norm(&sum, &w, d, 1e-6));
+        check(
+            &format!("add_rms_norm residual n={n}"),
+            &download(&b, &rb, n * d),
+            &sum,
+        );
+        check(
+            &format!("add_rms_norm n={n} d={d}"),
+            &download(&b, &ob, n * d),
+            &cpu::rms_norm(&sum, &w, d, 1e-6),
+        );
 
         let bias = cpu::random(d, 1.0, seed + 4);
         let bb = b.upload_f32(&bias).unwrap();
@@ -85,13 +104,20 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
         let gub = b.upload_f32(&gu).unwrap();
         let mut sb = b.alloc(DType::F32, n * f).unwrap();
         b.silu_mul(&gub, &mut sb, n, f).unwrap();
-        check(&format!("silu_mul n={n} f={f}"), &download(&b, &sb, n * f), &cpu::silu_mul(&gu, n, f));
+        check(
+            &format!("silu_mul n={n} f={f}"),
+            &download(&b, &sb, n * f),
+            &cpu::silu_mul(&gu, n, f),
+        );
 
         let rows: Vec<u32> = (0..n as u32).rev().step_by(2).collect();
         let rbuf = b.upload_u32(&rows).unwrap();
         let mut gb = b.alloc(DType::F32, rows.len() * d).unwrap();
         b.gather_rows(&xb, &rbuf, &mut gb, rows.len(), d).unwrap();
-        let gathered: Vec<f32> = rows.iter().flat_map(|&r| x[r as usize * d..(r as usize + 1) * d].to_vec()).collect();
+        let gathered: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| x[r as usize * d..(r as usize + 1) * d].to_vec())
+            .collect();
         assert_eq!(download(&b, &gb, rows.len() * d), gathered, "gather_rows");
     }
 }
@@ -99,8 +125,16 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
 #[test]
 fn matmul_matches_cpu() {
     let Some(b) = device() else { return };
-    let Some(precise) = device().map(|d| d.with_precise(true)) else { return };
-    for (n, k, m) in [(1, 64, 256), (3, 576, 1536), (17, 333, 129), (64, 4096, 1024), (1, 4096, 6144)] {
+    let Some(precise) = device().map(|d| d.with_precise(true)) else {
+        return;
+    };
+    for (n, k, m) in [
+        (1, 64, 256),
+        (3, 576, 1536),
+        (17, 333, 129),
+        (64, 4096, 1024),
+        (1, 4096, 6144),
+    ] {
         let seed = (n * 7 + k * 3 + m) as u64;
         let x = cpu::random(n * k, 1.0, seed);
         let w = cpu::round_bf16(&cpu::random(m * k, 0.5, seed + 1));
@@ -109,7 +143,11 @@ fn matmul_matches_cpu() {
         let mut ob = b.alloc(DType::F32, n * m).unwrap();
         b.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
         let expect = cpu::matmul(&x, &w, n, k, m);
-        check(&format!("matmul {n}x{k} @ {m}x{k}^T"), &download(&b, &ob, n * m), &expect);
+        check(
+            &format!("matmul {n}x{k} @ {m}x{k}^T"),
+            &download(&b, &ob, n * m),
+            &expect,
+        );
         precise.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
         let e = cpu::rel_err(&download(&precise, &ob, n * m), &expect);
         println!("matmul precise {n}x{k} @ {m}x{k}^T: rel err {e:.2e}");
@@ -121,7 +159,11 @@ fn matmul_matches_cpu() {
 fn rope_and_kv_write_match_cpu() {
     let Some(b) = device() else { return };
     for (h, kvh, d, n) in [(4, 2, 16, 5), (9, 3, 64, 19), (32, 8, 128, 3)] {
-        let heads = HeadShape { n_heads: h, n_kv_heads: kvh, head_dim: d };
+        let heads = HeadShape {
+            n_heads: h,
+            n_kv_heads: kvh,
+            head_dim: d,
+        };
         let row = heads.qkv_width();
         let max_pos = 5000;
         let half = d / 2;
@@ -139,7 +181,11 @@ fn rope_and_kv_write_match_cpu() {
         let pos: Vec<u32> = (0..n).map(|_| rng.gen_range(0..max_pos as u32)).collect();
         let qkv = cpu::random(n * row, 2.0, 11 + d as u64);
         let mut qkv_b = b.upload_f32(&qkv).unwrap();
-        let (pb, cb, sb) = (b.upload_u32(&pos).unwrap(), b.upload_f32(&cos).unwrap(), b.upload_f32(&sin).unwrap());
+        let (pb, cb, sb) = (
+            b.upload_u32(&pos).unwrap(),
+            b.upload_f32(&cos).unwrap(),
+            b.upload_f32(&sin).unwrap(),
+        );
         b.rope(&mut qkv_b, &pb, &cb, &sb, n, heads).unwrap();
         let mut expect = qkv.clone();
         cpu::rope(&mut expect, &pos, &cos, &sin, row, h + kvh, d);
@@ -147,7 +193,10 @@ fn rope_and_kv_write_match_cpu() {
         check(&format!("rope h={h} kvh={kvh} d={d}"), &got, &expect);
         // v heads untouched.
         for t in 0..n {
-            assert_eq!(got[t * row + (h + kvh) * d..(t + 1) * row], qkv[t * row + (h + kvh) * d..(t + 1) * row]);
+            assert_eq!(
+                got[t * row + (h + kvh) * d..(t + 1) * row],
+                qkv[t * row + (h + kvh) * d..(t + 1) * row]
+            );
         }
 
         // KV write into distinct random slots of a cache pre-filled with random values.
@@ -161,17 +210,25 @@ fn rope_and_kv_write_match_cpu() {
         let mut kc = weight(&b, &init, vec![slots_total * kvw]);
         let mut vc = weight(&b, &init, vec![slots_total * kvw]);
         let sbuf = b.upload_u32(slots).unwrap();
-        b.kv_write(&qkv_b, &sbuf, &mut kc, &mut vc, n, heads).unwrap();
+        b.kv_write(&qkv_b, &sbuf, &mut kc, &mut vc, n, heads)
+            .unwrap();
         let kbytes = b.read_bytes(&kc, 0, slots_total * kvw).unwrap();
         let vbytes = b.read_bytes(&vc, 0, slots_total * kvw).unwrap();
-        let kgot: Vec<f32> = kbytes.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
-        let vgot: Vec<f32> = vbytes.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
+        let kgot: Vec<f32> = kbytes
+            .chunks(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect();
+        let vgot: Vec<f32> = vbytes
+            .chunks(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect();
         let mut kexp = init.clone();
         let mut vexp = init.clone();
         for (t, &s) in slots.iter().enumerate() {
             for i in 0..kvw {
                 kexp[s as usize * kvw + i] = bf16::from_f32(got[t * row + h * d + i]).to_f32();
-                vexp[s as usize * kvw + i] = bf16::from_f32(got[t * row + (h + kvh) * d + i]).to_f32();
+                vexp[s as usize * kvw + i] =
+                    bf16::from_f32(got[t * row + (h + kvh) * d + i]).to_f32();
             }
         }
         assert_eq!(kgot, kexp, "kv_write K d={d}");
@@ -189,7 +246,12 @@ struct AttnCase {
 
 fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
     let heads = case.heads;
-    let (h, kvh, d, bs) = (heads.n_heads, heads.n_kv_heads, heads.head_dim, case.block_size);
+    let (h, kvh, d, bs) = (
+        heads.n_heads,
+        heads.n_kv_heads,
+        heads.head_dim,
+        case.block_size,
+    );
     let mut rng = StdRng::seed_from_u64(seed);
     let blocks_needed: usize = case.seqs.iter().map(|&(c, _)| c.div_ceil(bs)).sum();
     let num_blocks = blocks_needed + 3;
@@ -200,7 +262,12 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
     for &(ctx, n_new) in &case.seqs {
         let nb = ctx.div_ceil(bs);
         let blocks: Vec<u32> = free.drain(..nb).collect();
-        refs.push(cpu::RefSeq { ctx, n_new, q_start, blocks });
+        refs.push(cpu::RefSeq {
+            ctx,
+            n_new,
+            q_start,
+            blocks,
+        });
         q_start += n_new;
     }
     let n = q_start;
@@ -217,7 +284,10 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
     }
     let mut q_starts: Vec<u32> = refs.iter().map(|s| s.q_start as u32).collect();
     q_starts.push(n as u32);
-    let positions: Vec<u32> = refs.iter().flat_map(|s| (s.ctx - s.n_new..s.ctx).map(|p| p as u32)).collect();
+    let positions: Vec<u32> = refs
+        .iter()
+        .flat_map(|s| (s.ctx - s.n_new..s.ctx).map(|p| p as u32))
+        .collect();
     let meta = BatchMeta::<CudaBackend> {
         n_tokens: n,
         n_seqs: refs.len(),
@@ -227,37 +297,122 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
         positions: b.upload_u32(&positions).unwrap(),
         slot_mapping: b.upload_u32(&vec![u32::MAX; n]).unwrap(),
         q_starts: b.upload_u32(&q_starts).unwrap(),
-        ctx_lens: b.upload_u32(&refs.iter().map(|s| s.ctx as u32).collect::<Vec<_>>()).unwrap(),
+        ctx_lens: b
+            .upload_u32(&refs.iter().map(|s| s.ctx as u32).collect::<Vec<_>>())
+            .unwrap(),
         block_tables: b.upload_u32(&tables).unwrap(),
     };
     let (kb, vb) = if b.kv_dtype() == DType::F32 {
         (b.upload_f32(&kc).unwrap(), b.upload_f32(&vc).unwrap())
     } else {
-        (weight(b, &kc, vec![cache_len]), weight(b, &vc, vec![cache_len]))
+        (
+            weight(b, &kc, vec![cache_len]),
+            weight(b, &vc, vec![cache_len]),
+        )
     };
     let qb = b.upload_f32(&qkv).unwrap();
     let mut ob = b.alloc(DType::F32, n * heads.q_width()).unwrap();
-    b.paged_attention(&qb, &kb, &vb, &meta, &mut ob, heads, bs, scale).unwrap();
+    b.paged_attention(&qb, &kb, &vb, &meta, &mut ob, heads, bs, scale)
+        .unwrap();
     let got = download(b, &ob, n * heads.q_width());
-    let expect = cpu::paged_attention(&qkv, heads.qkv_width(), &kc, &vc, &refs, h, kvh, d, bs, scale);
-    let kind = if b.kv_dtype() == DType::F32 { "f32 cache" } else { "bf16 cache" };
-    check(&format!("paged_attention ({kind}) h={h} kvh={kvh} d={d} bs={bs} seqs={:?}", case.seqs), &got, &expect);
+    let expect = cpu::paged_attention(
+        &qkv,
+        heads.qkv_width(),
+        &kc,
+        &vc,
+        &refs,
+        h,
+        kvh,
+        d,
+        bs,
+        scale,
+    );
+    let kind = if b.kv_dtype() == DType::F32 {
+        "f32 cache"
+    } else {
+        "bf16 cache"
+    };
+    check(
+        &format!(
+            "paged_attention ({kind}) h={h} kvh={kvh} d={d} bs={bs} seqs={:?}",
+            case.seqs
+        ),
+        &got,
+        &expect,
+    );
     // Twice in a row: the split counters must have been left at zero.
-    b.paged_attention(&qb, &kb, &vb, &meta, &mut ob, heads, bs, scale).unwrap();
-    check("paged_attention (second launch)", &download(b, &ob, n * heads.q_width()), &expect);
+    b.paged_attention(&qb, &kb, &vb, &meta, &mut ob, heads, bs, scale)
+        .unwrap();
+    check(
+        "paged_attention (second launch)",
+        &download(b, &ob, n * heads.q_width()),
+        &expect,
+    );
 }
 
 #[test]
 fn decode_attention_matches_cpu() {
     let Some(b) = device() else { return };
-    let llama8b = HeadShape { n_heads: 32, n_kv_heads: 8, head_dim: 128 };
+    let llama8b = HeadShape {
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+    };
     let cases = [
-        AttnCase { heads: llama8b, block_size: 16, seqs: vec![(1, 1), (15, 1), (16, 1), (17, 1), (100, 1), (1000, 1), (4097, 1)] },
-        AttnCase { heads: llama8b, block_size: 16, seqs: vec![(5000, 1)] },
-        AttnCase { heads: HeadShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 }, block_size: 16, seqs: vec![(5, 1), (64, 1), (65, 1), (300, 1)] },
-        AttnCase { heads: HeadShape { n_heads: 4, n_kv_heads: 2, head_dim: 16 }, block_size: 16, seqs: vec![(1, 1), (2, 1), (33, 1), (129, 1)] },
-        AttnCase { heads: HeadShape { n_heads: 8, n_kv_heads: 8, head_dim: 32 }, block_size: 7, seqs: vec![(50, 1), (777, 1)] },
-        AttnCase { heads: HeadShape { n_heads: 16, n_kv_heads: 2, head_dim: 256 }, block_size: 32, seqs: vec![(31, 1), (1500, 1)] },
+        AttnCase {
+            heads: llama8b,
+            block_size: 16,
+            seqs: vec![
+                (1, 1),
+                (15, 1),
+                (16, 1),
+                (17, 1),
+                (100, 1),
+                (1000, 1),
+                (4097, 1),
+            ],
+        },
+        AttnCase {
+            heads: llama8b,
+            block_size: 16,
+            seqs: vec![(5000, 1)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 9,
+                n_kv_heads: 3,
+                head_dim: 64,
+            },
+            block_size: 16,
+            seqs: vec![(5, 1), (64, 1), (65, 1), (300, 1)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 4,
+                n_kv_heads: 2,
+                head_dim: 16,
+            },
+            block_size: 16,
+            seqs: vec![(1, 1), (2, 1), (33, 1), (129, 1)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 8,
+                n_kv_heads: 8,
+                head_dim: 32,
+            },
+            block_size: 7,
+            seqs: vec![(50, 1), (777, 1)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 16,
+                n_kv_heads: 2,
+                head_dim: 256,
+            },
+            block_size: 32,
+            seqs: vec![(31, 1), (1500, 1)],
+        },
     ];
     for (i, c) in cases.iter().enumerate() {
         run_attention(&b, c, 100 + i as u64);
@@ -272,14 +427,54 @@ fn decode_attention_matches_cpu() {
 #[test]
 fn prefill_attention_matches_cpu() {
     let Some(b) = device() else { return };
-    let llama8b = HeadShape { n_heads: 32, n_kv_heads: 8, head_dim: 128 };
+    let llama8b = HeadShape {
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+    };
     let cases = [
         // Fresh prompts of odd lengths, a chunk continuing a prefix, and decode rows, in one launch.
-        AttnCase { heads: llama8b, block_size: 16, seqs: vec![(1, 1), (17, 17), (45, 40), (170, 70), (130, 130), (300, 1)] },
-        AttnCase { heads: HeadShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 }, block_size: 16, seqs: vec![(23, 23), (100, 37), (64, 1)] },
-        AttnCase { heads: HeadShape { n_heads: 4, n_kv_heads: 2, head_dim: 16 }, block_size: 16, seqs: vec![(7, 7), (40, 33), (16, 16)] },
-        AttnCase { heads: HeadShape { n_heads: 8, n_kv_heads: 1, head_dim: 128 }, block_size: 5, seqs: vec![(81, 81)] },
-        AttnCase { heads: HeadShape { n_heads: 4, n_kv_heads: 4, head_dim: 256 }, block_size: 16, seqs: vec![(66, 66), (20, 3)] },
+        AttnCase {
+            heads: llama8b,
+            block_size: 16,
+            seqs: vec![(1, 1), (17, 17), (45, 40), (170, 70), (130, 130), (300, 1)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 9,
+                n_kv_heads: 3,
+                head_dim: 64,
+            },
+            block_size: 16,
+            seqs: vec![(23, 23), (100, 37), (64, 1)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 4,
+                n_kv_heads: 2,
+                head_dim: 16,
+            },
+            block_size: 16,
+            seqs: vec![(7, 7), (40, 33), (16, 16)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 8,
+                n_kv_heads: 1,
+                head_dim: 128,
+            },
+            block_size: 5,
+            seqs: vec![(81, 81)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 4,
+                n_kv_heads: 4,
+                head_dim: 256,
+            },
+            block_size: 16,
+            seqs: vec![(66, 66), (20, 3)],
+        },
     ];
     for (i, c) in cases.iter().enumerate() {
         run_attention(&b, c, 200 + i as u64);
@@ -301,31 +496,59 @@ fn sampling_matches_cpu() {
             logits[r * vocab + (r * 7919) % vocab] += 6.0 + r as f32;
         }
         let lb = b.upload_f32(&logits).unwrap();
-        let greedy = b.sample(&lb, vocab, &vec![SamplingRow::greedy(); rows]).unwrap();
+        let greedy = b
+            .sample(&lb, vocab, &vec![SamplingRow::greedy(); rows])
+            .unwrap();
         for r in 0..rows {
-            assert_eq!(greedy[r], cpu::argmax(&logits[r * vocab..(r + 1) * vocab]), "argmax row {r}");
+            assert_eq!(
+                greedy[r],
+                cpu::argmax(&logits[r * vocab..(r + 1) * vocab]),
+                "argmax row {r}"
+            );
         }
-        let topk1: Vec<SamplingRow> =
-            (0..rows).map(|r| SamplingRow { temperature: 0.7, top_k: 1, top_p: 1.0, uniform: r as f32 / 7.0 }).collect();
+        let topk1: Vec<SamplingRow> = (0..rows)
+            .map(|r| SamplingRow {
+                temperature: 0.7,
+                top_k: 1,
+                top_p: 1.0,
+                uniform: r as f32 / 7.0,
+            })
+            .collect();
         assert_eq!(b.sample(&lb, vocab, &topk1).unwrap(), greedy, "top_k = 1");
 
         let mut rng = StdRng::seed_from_u64(vocab as u64 + 1);
-        let settings = [(1.0, 0, 1.0), (0.8, 50, 1.0), (1.3, 0, 0.9), (0.6, 40, 0.8), (2.0, 1000, 0.95), (1.0, 5, 0.5)];
+        let settings = [
+            (1.0, 0, 1.0),
+            (0.8, 50, 1.0),
+            (1.3, 0, 0.9),
+            (0.6, 40, 0.8),
+            (2.0, 1000, 0.95),
+            (1.0, 5, 0.5),
+        ];
         let mut compared = 0;
         for _trial in 0..8 {
             let params: Vec<SamplingRow> = (0..rows)
                 .map(|r| {
                     let (temperature, top_k, top_p) = settings[r];
-                    SamplingRow { temperature, top_k, top_p, uniform: rng.gen_range(0.0..1.0) }
+                    SamplingRow {
+                        temperature,
+                        top_k,
+                        top_p,
+                        uniform: rng.gen_range(0.0..1.0),
+                    }
                 })
                 .collect();
             let got = b.sample(&lb, vocab, &params).unwrap();
             for (r, p) in params.iter().enumerate() {
                 let row = &logits[r * vocab..(r + 1) * vocab];
-                let (expect, margin, thr) = cpu::sample(row, p.temperature, p.top_k as usize, p.top_p, p.uniform);
+                let (expect, margin, thr) =
+                    cpu::sample(row, p.temperature, p.top_k as usize, p.top_p, p.uniform);
                 // Always: the token is in the top-k / top-p candidate set (unless the cut is a
                 // rounding-level tie, flagged by a tiny margin).
-                assert!(row[got[r] as usize] >= thr || margin < 1e-6, "vocab {vocab} row {r} {p:?}: outside the set");
+                assert!(
+                    row[got[r] as usize] >= thr || margin < 1e-6,
+                    "vocab {vocab} row {r} {p:?}: outside the set"
+                );
                 // The exact draw, wherever rounding cannot decide it.
                 if margin > 1e-5 {
                     assert_eq!(got[r], expect, "vocab {vocab} row {r} {p:?}");
@@ -333,7 +556,10 @@ fn sampling_matches_cpu() {
                 }
             }
         }
-        println!("sampling vocab {vocab}: {compared} of {} draws compared exactly", 8 * rows);
+        println!(
+            "sampling vocab {vocab}: {compared} of {} draws compared exactly",
+            8 * rows
+        );
         assert!(compared >= 24, "too few draws compared ({compared})");
     }
 }
