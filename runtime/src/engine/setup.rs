@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::CudaBackend;
 use crate::loader::tensor::HostTensor;
 use crate::loader::{ChatTemplate, LoadedModel};
 use crate::model::LlamaModel;
@@ -132,9 +133,11 @@ pub fn start_engine<M: Machine + 'static>(
     let parts = parts.into();
     match opts.device {
         Device::Cpu => start_on::<M, _>(CpuBackend::new(), parts, opts),
-        Device::Cuda(n) => Err(EngineError::Forward(format!(
-            "device cuda:{n}: this build's engine has no CUDA backend wired in yet; use --device cpu"
-        ))),
+        Device::Cuda(n) => {
+            let backend = CudaBackend::new(n)
+                .map_err(|e| EngineError::Forward(format!("device cuda:{n}: {e}")))?;
+            start_on::<M, _>(backend, parts, opts)
+        }
     }
 }
 
@@ -147,9 +150,9 @@ pub fn start_on<M: Machine + 'static, B: Backend>(
     let block_size = M::constant("block_size").unwrap_or(16).max(1) as usize;
     let per_token = kv_bytes_per_token(&parts.config, backend.kv_dtype().size_bytes()).max(1);
     let num_blocks = (opts.kv_memory_bytes / (per_token * block_size)).max(1);
-    let model = LlamaModel::new(backend, &parts.config, &parts.tensors)
+    // Weights move to the backend one tensor at a time: host memory never holds two copies.
+    let model = LlamaModel::from_tensors(backend, &parts.config, parts.tensors)
         .map_err(|e| EngineError::Forward(e.to_string()))?;
-    drop(parts.tensors);
     let runner = LlamaRunner::new(model, num_blocks, block_size)
         .map_err(|e| EngineError::Forward(e.to_string()))?;
     let context_len = opts
