@@ -28,9 +28,9 @@ pub struct ModelArgs {
     /// that shape (no download; text is raw bytes).
     #[arg(long)]
     pub model: Option<String>,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: Device,
+    /// cpu, cuda or cuda:N (default: cuda when a usable CUDA device is found, else cpu).
+    #[arg(long)]
+    pub device: Option<Device>,
     /// Scheduler machine (a spec compiled into this binary).
     #[arg(long, value_enum, default_value_t = MachineChoice::Seed)]
     pub machine: MachineChoice,
@@ -52,6 +52,18 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// The device asked for, or CUDA device 0 when one is usable (driver, NVRTC and cuBLAS
+    /// libraries present and a device found), else the CPU.
+    pub fn device(&self) -> Device {
+        self.device.unwrap_or_else(|| {
+            if crate::backend::cuda::probe(0).is_ok() {
+                Device::Cuda(0)
+            } else {
+                Device::Cpu
+            }
+        })
+    }
+
     /// Resolves and loads the model, then starts the engine; progress goes to stderr.
     pub fn start(&self, trace: bool) -> anyhow::Result<Started> {
         let t0 = Instant::now();
@@ -84,8 +96,9 @@ impl ModelArgs {
             }
             None => crate::engine::run_dir::create_run_dir()?,
         };
+        let device = self.device();
         let opts = EngineOptions {
-            device: self.device,
+            device,
             kv_memory_bytes: self.kv_memory_mb << 20,
             max_batch: self.max_batch,
             max_prefill_tokens: self.max_prefill_tokens,
@@ -100,7 +113,7 @@ impl ModelArgs {
         eprintln!(
             "sov: {} on {:?} loaded in {:.1}s; KV cache {} MiB; slots: {}",
             started.model_name,
-            self.device,
+            device,
             t0.elapsed().as_secs_f64(),
             self.kv_memory_mb,
             run_dir.join("slots").display()

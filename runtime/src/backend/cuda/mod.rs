@@ -32,6 +32,6 @@ mod reference;
 mod tests;
 
 pub use buffer::CudaBuffer;
-pub use device::CudaBackend;
+pub use device::{CudaBackend, probe};
 pub use graph::StepGraph;
 pub use sampling::SamplingRow;
