@@ -315,29 +315,12 @@ impl<F: ForwardModel> EngineCore<F> {
     pub fn decode(&mut self) -> Result<(), EngineError> {
         // The machine preempts before decoding when the cache is short; should it not have, preempt
         // here rather than fail the step.
-        while self.kv_exhausted() && self.running.len() > 1 {
-            self.preempt_newest();
-            self.notes.push("preempt(decode fallback)");
-        }
-        let idx: Vec<usize> = (0..self.running.len())
-            .filter(|&i| self.running[i].prefilled)
-            .collect();
+        let idx = self.preempt_until_growable("preempt(decode fallback)");
         if idx.is_empty() {
             return Ok(());
         }
-        {
-            let mut tables: Vec<(&mut Vec<u32>, usize)> = self
-                .running
-                .iter_mut()
-                .filter(|s| s.prefilled)
-                .map(|s| {
-                    let n = s.tokens.len();
-                    (&mut s.block_table, n)
-                })
-                .collect();
-            if self.blocks.grow_all(&mut tables).is_err() {
-                return Err(EngineError::KvExhausted);
-            }
+        if !self.grow_prefilled(|s| s.tokens.len()) {
+            return Err(EngineError::KvExhausted);
         }
         let chunks: Vec<SeqChunk<'_>> = idx
             .iter()
@@ -375,6 +358,34 @@ impl<F: ForwardModel> EngineCore<F> {
         }
         self.retire(finished);
         Ok(())
+    }
+
+    /// Preempts the newest sequences (keeping at least one) while a running sequence cannot get
+    /// its next block, noting `note` in the trace each time; returns the indices of the prefilled
+    /// running sequences, the rows of the coming forward pass.
+    pub(crate) fn preempt_until_growable(&mut self, note: &'static str) -> Vec<usize> {
+        while self.kv_exhausted() && self.running.len() > 1 {
+            self.preempt_newest();
+            self.notes.push(note);
+        }
+        (0..self.running.len())
+            .filter(|&i| self.running[i].prefilled)
+            .collect()
+    }
+
+    /// Grows the block table of every prefilled running sequence to hold `len(seq)` tokens, all
+    /// or nothing (the block manager checks before it commits); false when the cache is short.
+    pub(crate) fn grow_prefilled(&mut self, len: impl Fn(&Sequence) -> usize) -> bool {
+        let mut tables: Vec<(&mut Vec<u32>, usize)> = self
+            .running
+            .iter_mut()
+            .filter(|s| s.prefilled)
+            .map(|s| {
+                let n = len(s);
+                (&mut s.block_table, n)
+            })
+            .collect();
+        self.blocks.grow_all(&mut tables).is_ok()
     }
 
     /// Preempts the newest running sequence by recomputation.

@@ -87,43 +87,17 @@ impl<F: ForwardModel> EngineCore<F> {
 
     /// Verifies the drafts in one forward pass (plain decoding for sequences without a draft).
     pub fn verify(&mut self) -> Result<(), EngineError> {
-        while self.kv_exhausted() && self.running.len() > 1 {
-            self.preempt_newest();
-            self.notes.push("preempt(verify fallback)");
-        }
-        let idx: Vec<usize> = (0..self.running.len())
-            .filter(|&i| self.running[i].prefilled)
-            .collect();
+        let idx = self.preempt_until_growable("preempt(verify fallback)");
         if idx.is_empty() {
             return Ok(());
         }
-        {
-            let mut tables: Vec<(&mut Vec<u32>, usize)> = self
-                .running
-                .iter_mut()
-                .filter(|s| s.prefilled)
-                .map(|s| {
-                    let n = s.tokens.len() + s.draft.len();
-                    (&mut s.block_table, n)
-                })
-                .collect();
-            if self.blocks.grow_all(&mut tables).is_err() {
-                // Drafts no longer fit (the batch changed since `draft`): verify plain tokens.
-                for s in self.running.iter_mut() {
-                    s.draft.clear();
-                }
-                let mut tables: Vec<(&mut Vec<u32>, usize)> = self
-                    .running
-                    .iter_mut()
-                    .filter(|s| s.prefilled)
-                    .map(|s| {
-                        let n = s.tokens.len();
-                        (&mut s.block_table, n)
-                    })
-                    .collect();
-                self.blocks
-                    .grow_all(&mut tables)
-                    .map_err(|_| EngineError::KvExhausted)?;
+        if !self.grow_prefilled(|s| s.tokens.len() + s.draft.len()) {
+            // Drafts no longer fit (the batch changed since `draft`): verify plain tokens.
+            for s in self.running.iter_mut() {
+                s.draft.clear();
+            }
+            if !self.grow_prefilled(|s| s.tokens.len()) {
+                return Err(EngineError::KvExhausted);
             }
         }
         // Rows: per sequence, its pending token then each drafted token. [sum(1 + draft_len)]
