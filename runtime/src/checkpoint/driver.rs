@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::digest::{Digest, block_hash};
 use super::error::{CheckpointError, Result};
-use super::journal::RequestRecord;
+use super::journal::{FinishedRecord, RequestRecord};
 use super::snapshot::{FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot, Snapshot};
 use super::store::{CheckpointStore, ReceiptInfo, Restored};
 
@@ -117,6 +117,11 @@ impl Checkpointer {
     /// Journal an accepted request (fsync) before the engine admits it.
     pub fn accept(&mut self, request: &RequestRecord) -> Result<()> {
         self.store.accept(request)
+    }
+
+    /// Journal a finished request (fsync) before its final event is delivered.
+    pub fn finished(&mut self, record: &FinishedRecord) -> Result<()> {
+        self.store.finished(record)
     }
 
     /// Take a checkpoint of `engine`, reading KV through `kv` in `Blocks` mode.

@@ -388,22 +388,31 @@ pub fn restore_core<F: ForwardModel>(
             continue;
         }
         max_id = max_id.max(req.request_id);
-        let snap = SequenceSnapshot {
-            request_id: req.request_id,
-            prompt: req.prompt.clone(),
-            output: Vec::new(),
-            sampling: req.sampling.clone(),
-            rng_state: vec![req.sampling.seed, 0],
-            finish: FinishState::Waiting,
-            blocks: Vec::new(),
-            tail: Vec::new(),
-            tail_tokens: 0,
-        };
-        waiting.push_back(rebuild_sequence(&snap, codec.as_ref(), tx(req.request_id))?);
+        waiting.push_back(fresh_sequence(req, codec.as_ref(), tx(req.request_id))?);
     }
     *decode_steps = restored.snapshot.step;
     slots.load_raw(&restored_slots(restored));
     Ok(max_id)
+}
+
+/// A journaled request as a fresh sequence (nothing generated yet), ready to queue.
+pub fn fresh_sequence(
+    req: &RequestRecord,
+    codec: &dyn TextCodec,
+    tx: Sender<Output>,
+) -> Result<Sequence> {
+    let snap = SequenceSnapshot {
+        request_id: req.request_id,
+        prompt: req.prompt.clone(),
+        output: Vec::new(),
+        sampling: req.sampling.clone(),
+        rng_state: vec![req.sampling.seed, 0],
+        finish: FinishState::Waiting,
+        blocks: Vec::new(),
+        tail: Vec::new(),
+        tail_tokens: 0,
+    };
+    rebuild_sequence(&snap, codec, tx)
 }
 
 /// For models without KV access (`Recompute` mode only): pass as the `kv` argument.

@@ -35,6 +35,21 @@ pub struct RequestRecord {
     pub extra: Vec<u8>,
 }
 
+/// A request the engine finished, with what it delivered (so a resumed engine can report it
+/// without generating it again).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FinishedRecord {
+    pub request_id: u64,
+    /// Generated token ids (prompt excluded).
+    pub output: Vec<u32>,
+    /// The full generated text as delivered (stop strings removed).
+    pub text: String,
+    /// Why it ended, in OpenAI terms (`stop`, `length`, `error`).
+    pub reason: String,
+    /// Human-readable detail (the engine's finish reason, error text).
+    pub detail: String,
+}
+
 /// One journal record.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum JournalRecord {
@@ -42,6 +57,8 @@ pub enum JournalRecord {
     Accepted(RequestRecord),
     /// Checkpoint `height` committed with this receipt digest.
     Checkpoint { height: u64, receipt: Digest },
+    /// A request finished and its output was delivered.
+    Finished(FinishedRecord),
 }
 
 /// Encode one framed record.
@@ -89,16 +106,29 @@ impl JournalScan {
             .filter(|(at, _)| *at >= offset)
             .filter_map(|(_, r)| match r {
                 JournalRecord::Accepted(req) => Some(req.clone()),
-                JournalRecord::Checkpoint { .. } => None,
+                JournalRecord::Checkpoint { .. } | JournalRecord::Finished(_) => None,
             })
             .collect()
+    }
+
+    /// Every accepted request, in file order.
+    pub fn accepted(&self) -> Vec<RequestRecord> {
+        self.accepted_since(0)
+    }
+
+    /// Every finished request, in file order.
+    pub fn finished(&self) -> impl Iterator<Item = &FinishedRecord> {
+        self.records.iter().filter_map(|(_, r)| match r {
+            JournalRecord::Finished(f) => Some(f),
+            _ => None,
+        })
     }
 
     /// Checkpoint markers (height, receipt digest) in file order.
     pub fn markers(&self) -> impl Iterator<Item = (u64, &Digest)> {
         self.records.iter().filter_map(|(_, r)| match r {
             JournalRecord::Checkpoint { height, receipt } => Some((*height, receipt)),
-            JournalRecord::Accepted(_) => None,
+            JournalRecord::Accepted(_) | JournalRecord::Finished(_) => None,
         })
     }
 }

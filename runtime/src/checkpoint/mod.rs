@@ -50,6 +50,7 @@ pub mod blockstore;
 pub mod digest;
 pub mod driver;
 pub mod engine_bind;
+pub mod engine_hook;
 pub mod error;
 mod fsutil;
 pub mod journal;
@@ -67,7 +68,7 @@ pub(crate) mod tests;
 pub use audit::{Anchor, Audit, AuditOptions, audit};
 pub use digest::{Digest, block_hash, kv_root};
 pub use error::{CheckpointError, Result};
-pub use journal::{Journal, JournalRecord, RequestRecord};
+pub use journal::{FinishedRecord, Journal, JournalRecord, RequestRecord};
 pub use policy::Policy;
 pub use snapshot::{
     FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot, Snapshot, StoreCommit,

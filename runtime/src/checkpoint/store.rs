@@ -19,7 +19,7 @@ use super::blockstore::{BlockStore, ENTRY_LEN, INDEX_FILE, SEGMENT_FILE};
 use super::digest::{Digest, block_hash, kv_root, snapshot_digest, to_hex};
 use super::error::{CheckpointError, Result};
 use super::fsutil;
-use super::journal::{self, JOURNAL_FILE, Journal, JournalRecord, RequestRecord};
+use super::journal::{self, FinishedRecord, JOURNAL_FILE, Journal, JournalRecord, RequestRecord};
 use super::receipt::{self, ReceiptBody};
 use super::snapshot::{self, KvMode, Snapshot, StoreCommit};
 
@@ -182,6 +182,18 @@ impl CheckpointStore {
         self.journal
             .append(&JournalRecord::Accepted(request.clone()))
             .map(|_| ())
+    }
+
+    /// Journal a finished request durably (fsync) when its last output is delivered.
+    pub fn finished(&mut self, record: &FinishedRecord) -> Result<()> {
+        self.journal
+            .append(&JournalRecord::Finished(record.clone()))
+            .map(|_| ())
+    }
+
+    /// The whole journal as it stands (accepted, finished and checkpoint records).
+    pub fn journal_scan(&self) -> Result<journal::JournalScan> {
+        journal::scan(&self.dir)
     }
 
     /// Write a checkpoint: store the blocks among `new_blocks` not stored yet, then the snapshot and

@@ -1,5 +1,8 @@
 //! `sov generate`: run one or more prompts (plain or chat-formatted) and stream the text as it is
-//! generated; `--json` prints one JSON object per request instead.
+//! generated; `--json` prints one JSON object per request instead. Checkpoints (blocks mode) are on
+//! by default; SIGINT/SIGTERM checkpoint and exit 0 (a second signal exits at once), and
+//! `--resume RUN_DIR` continues every request of an interrupted or killed run and prints all of
+//! them, in request order, as an uninterrupted run would have.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,8 +11,15 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::json;
 
-use super::model_args::ModelArgs;
-use crate::engine::{Finished, Prompt, Request, SamplingParams};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Receiver;
+
+use super::model_args::{CheckpointChoice, ModelArgs, StartExtras};
+use crate::checkpoint::FinishedRecord;
+use crate::checkpoint::engine_hook::ResumedRequest;
+use crate::engine::setup::Started;
+use crate::engine::{Finished, Output, Prompt, Request, SamplingParams};
 use crate::loader::ChatMessage;
 
 /// Arguments of `sov generate`.
@@ -18,7 +28,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// A plain completion prompt (repeat for several requests run together).
-    #[arg(long, required_unless_present = "chat", conflicts_with = "chat")]
+    #[arg(long, required_unless_present_any = ["chat", "resume"], conflicts_with = "chat")]
     pub prompt: Vec<String>,
     /// A user message, formatted with the model's chat template (repeatable).
     #[arg(long)]
@@ -59,10 +69,23 @@ pub struct GenerateArgs {
     /// Write the scheduler's transition trace to this file (JSON lines).
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Continue the run in this run directory from its newest valid checkpoint (same model and
+    /// machine); prompts come from its journal.
+    #[arg(long, conflicts_with_all = ["prompt", "chat"])]
+    pub resume: Option<PathBuf>,
 }
 
-fn finished_json(f: &Finished) -> serde_json::Value {
+/// Where one request's result comes from.
+enum Pending {
+    /// Still generating in this engine.
+    Live(Receiver<Output>),
+    /// Delivered before an interruption (resume only).
+    Journaled(FinishedRecord),
+}
+
+fn finished_json(id: u64, f: &Finished) -> serde_json::Value {
     json!({
+        "request_id": id,
         "prompt_tokens": f.prompt_tokens,
         "tokens": f.output_tokens,
         "text": f.text,
@@ -73,10 +96,66 @@ fn finished_json(f: &Finished) -> serde_json::Value {
     })
 }
 
+fn journaled_json(f: &FinishedRecord) -> serde_json::Value {
+    json!({
+        "request_id": f.request_id,
+        "tokens": f.output,
+        "text": f.text,
+        "finish_reason": f.reason,
+        "finish_detail": f.detail,
+        "resumed": "finished before the interruption",
+    })
+}
+
+/// SIGINT and SIGTERM raise the returned flag; a second one exits at once.
+fn shutdown_flag() -> anyhow::Result<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flag = Arc::new(AtomicBool::new(false));
+    for (sig, code) in [(SIGINT, 130), (SIGTERM, 143)] {
+        signal_hook::flag::register_conditional_shutdown(sig, code, flag.clone())
+            .context("installing the signal handler")?;
+        signal_hook::flag::register(sig, flag.clone()).context("installing the signal handler")?;
+    }
+    Ok(flag)
+}
+
 /// Runs `sov generate`.
 pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
-    let started = args.model.start(args.trace.is_some())?;
+    let shutdown = shutdown_flag()?;
+    let started = args.model.start_with(StartExtras {
+        trace: args.trace.is_some(),
+        resume: args.resume.clone(),
+        shutdown: Some(shutdown.clone()),
+        default_checkpoint: Some(CheckpointChoice::Blocks),
+    })?;
     let engine = &started.engine;
+    let mut pending: Vec<Pending> = Vec::new();
+    if args.resume.is_some() {
+        let book = started
+            .checkpoints
+            .as_ref()
+            .context("--resume needs checkpoints")?
+            .book
+            .clone();
+        let mut book = book
+            .lock()
+            .map_err(|_| anyhow::anyhow!("resume book lock poisoned"))?;
+        eprintln!(
+            "sov: resumed {} requests from checkpoint height {} ({} finished before the interruption)",
+            book.requests.len(),
+            book.height,
+            book.requests
+                .values()
+                .filter(|r| matches!(r, ResumedRequest::Finished(_)))
+                .count()
+        );
+        for r in std::mem::take(&mut book.requests).into_values() {
+            pending.push(match r {
+                ResumedRequest::Live { rx, .. } => Pending::Live(rx),
+                ResumedRequest::Finished(f) => Pending::Journaled(f),
+            });
+        }
+    }
     let prompts: Vec<String> = if args.chat.is_empty() {
         args.prompt.clone()
     } else {
@@ -96,7 +175,6 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
             })
             .collect::<Result<_, _>>()?
     };
-    let mut receivers = Vec::new();
     for (i, p) in prompts.into_iter().enumerate() {
         let request = Request {
             prompt: Prompt::Text(p),
@@ -115,22 +193,51 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
         };
-        receivers.push(engine.submit(request)?);
+        pending.push(Pending::Live(engine.submit(request)?));
     }
-    let stream = receivers.len() == 1 && !args.json;
+    if let Some(c) = &started.checkpoints
+        && args.resume.is_none()
+    {
+        eprintln!(
+            "sov: accepted {} requests; resume with --resume {}",
+            pending.len(),
+            c.dir.parent().unwrap_or(&c.dir).display()
+        );
+    }
+    let stream = pending.len() == 1 && args.resume.is_none() && !args.json;
     let mut stdout = std::io::stdout().lock();
     let mut all_ok = true;
-    for rx in &receivers {
-        let finished = loop {
-            let out = rx
-                .recv()
-                .context("the engine stopped before the request finished")?;
+    for source in pending {
+        let rx = match source {
+            Pending::Journaled(f) => {
+                if args.json {
+                    writeln!(stdout, "{}", journaled_json(&f))?;
+                } else {
+                    writeln!(stdout, "{}\n---", f.text)?;
+                }
+                eprintln!(
+                    "sov: request {}: {} tokens, finish: {} (before the interruption)",
+                    f.request_id,
+                    f.output.len(),
+                    f.reason
+                );
+                continue;
+            }
+            Pending::Live(rx) => rx,
+        };
+        let (id, finished) = loop {
+            let Ok(out) = rx.recv() else {
+                if engine.interrupted() {
+                    return Ok(interrupted(&started, &mut stdout)?);
+                }
+                anyhow::bail!("the engine stopped before the request finished");
+            };
             if stream && !out.text.is_empty() {
                 stdout.write_all(out.text.as_bytes())?;
                 stdout.flush()?;
             }
             if let Some(f) = out.finished {
-                break f;
+                break (out.request_id, f);
             }
         };
         if let crate::engine::FinishReason::Error(e) = &finished.reason {
@@ -138,7 +245,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
             all_ok = false;
         }
         if args.json {
-            writeln!(stdout, "{}", finished_json(&finished))?;
+            writeln!(stdout, "{}", finished_json(id, &finished))?;
         } else if stream {
             writeln!(stdout)?;
         } else {
@@ -182,4 +289,22 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The engine checkpointed and stopped on SIGINT/SIGTERM: say where to resume; exit 0.
+fn interrupted(started: &Started, stdout: &mut impl Write) -> anyhow::Result<ExitCode> {
+    stdout.flush()?;
+    match &started.checkpoints {
+        Some(c) => {
+            let run_dir = c.dir.parent().unwrap_or(&c.dir);
+            eprintln!(
+                "\nsov: interrupted: checkpoint height {} in {}; continue with `sov generate --resume {}` and the same model options",
+                started.engine.slots().bft_quorum_height(),
+                c.dir.display(),
+                run_dir.display()
+            );
+        }
+        None => eprintln!("\nsov: interrupted (checkpoints were off: nothing to resume)"),
+    }
+    Ok(ExitCode::SUCCESS)
 }

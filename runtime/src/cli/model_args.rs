@@ -2,12 +2,18 @@
 //! device, which machine spec, how much KV cache; and starting an engine from them.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::checkpoint::KvMode;
+use crate::engine::battery::{BatteryWatcher, POWER_SUPPLY_DIR};
 use crate::engine::random_model::{WeightDtype, llama3_8b_config, tiny_config};
-use crate::engine::setup::{Device, EngineOptions, ModelParts, Started, start_engine};
+use crate::engine::setup::{
+    CheckpointOptions, Device, EngineOptions, ModelParts, Started, start_engine,
+};
 use crate::loader::{load_model, resolve_model};
 use crate::scheduler::{laptop, seed};
 
@@ -46,9 +52,42 @@ pub struct ModelArgs {
     /// Cap on the context length (default: the model's).
     #[arg(long)]
     pub max_context: Option<usize>,
-    /// Run directory for the slot file (default: a fresh one under sov's state directory).
+    /// Run directory for the slot file and checkpoints (default: a fresh one under sov's state
+    /// directory).
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
+    /// WORM checkpoints every `checkpoint_every` decode steps: `blocks` stores KV blocks (fast
+    /// restore), `recompute` stores tokens only (KV rebuilt by prefill on resume), `off`.
+    /// Default: blocks for `generate`, off for `bench`.
+    #[arg(long, value_enum)]
+    pub checkpoint: Option<CheckpointChoice>,
+    /// Private key that signs checkpoint receipts (PKCS#8 PEM, mode 0600; `sov keygen` makes
+    /// one). Default: sov's own key in its config directory, created on first use.
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Checkpoint at once when a discharging battery falls to this percent (Linux; 0 = off).
+    #[arg(long, default_value_t = 10)]
+    pub low_battery_percent: u32,
+}
+
+/// Checkpoint mode on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckpointChoice {
+    Blocks,
+    Recompute,
+    Off,
+}
+
+/// What a command adds to [`ModelArgs`] when it starts an engine.
+#[derive(Debug, Clone, Default)]
+pub struct StartExtras {
+    pub trace: bool,
+    /// Resume this run directory's newest checkpoint.
+    pub resume: Option<PathBuf>,
+    /// Raised by SIGINT/SIGTERM: checkpoint, then stop.
+    pub shutdown: Option<Arc<AtomicBool>>,
+    /// Checkpoint mode when `--checkpoint` is not given (None: off).
+    pub default_checkpoint: Option<CheckpointChoice>,
 }
 
 impl ModelArgs {
@@ -64,8 +103,18 @@ impl ModelArgs {
         })
     }
 
-    /// Resolves and loads the model, then starts the engine; progress goes to stderr.
+    /// Resolves and loads the model, then starts the engine (checkpoints off unless asked for);
+    /// progress goes to stderr.
     pub fn start(&self, trace: bool) -> anyhow::Result<Started> {
+        self.start_with(StartExtras {
+            trace,
+            ..StartExtras::default()
+        })
+    }
+
+    /// [`Self::start`] with checkpoints, resume and a shutdown flag.
+    pub fn start_with(&self, extras: StartExtras) -> anyhow::Result<Started> {
+        let trace = extras.trace;
         let t0 = Instant::now();
         let parts: ModelParts = match self
             .model
@@ -89,7 +138,11 @@ impl ModelArgs {
                     .into()
             }
         };
-        let run_dir = match &self.run_dir {
+        let run_dir = match extras.resume.as_ref().or(self.run_dir.as_ref()) {
+            Some(d) if extras.resume.is_some() => {
+                anyhow::ensure!(d.is_dir(), "--resume {}: not a directory", d.display());
+                d.clone()
+            }
             Some(d) => {
                 std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
                 d.clone()
@@ -105,11 +158,41 @@ impl ModelArgs {
             max_context: self.max_context,
             trace,
             run_dir: Some(run_dir.clone()),
+            checkpoints: match self.checkpoint.or(extras.default_checkpoint) {
+                None | Some(CheckpointChoice::Off) => {
+                    anyhow::ensure!(
+                        extras.resume.is_none(),
+                        "--resume needs checkpoints (drop --checkpoint off)"
+                    );
+                    None
+                }
+                Some(choice) => Some(CheckpointOptions {
+                    mode: if choice == CheckpointChoice::Recompute {
+                        KvMode::Recompute
+                    } else {
+                        KvMode::Blocks
+                    },
+                    key: self.key.clone(),
+                    resume: extras.resume.is_some(),
+                }),
+            },
+            shutdown: extras.shutdown.clone(),
         };
-        let started = match self.machine {
+        let mut started = match self.machine {
             MachineChoice::Seed => start_engine::<seed::Scheduler>(parts, &opts)?,
             MachineChoice::Laptop => start_engine::<laptop::Scheduler>(parts, &opts)?,
         };
+        // SOV_POWER_SUPPLY_DIR points the watcher at another sysfs-shaped tree (tests).
+        let (power_root, every) = match std::env::var_os("SOV_POWER_SUPPLY_DIR") {
+            Some(dir) => (PathBuf::from(dir), Duration::from_millis(50)),
+            None => (PathBuf::from(POWER_SUPPLY_DIR), Duration::from_secs(30)),
+        };
+        started.battery = BatteryWatcher::spawn(
+            power_root,
+            self.low_battery_percent,
+            every,
+            started.engine.slots().clone(),
+        );
         eprintln!(
             "sov: {} on {:?} loaded in {:.1}s; KV cache {} MiB; slots: {}",
             started.model_name,
@@ -118,6 +201,21 @@ impl ModelArgs {
             self.kv_memory_mb,
             run_dir.join("slots").display()
         );
+        if let Some(c) = &started.checkpoints {
+            for r in &c.recovered {
+                eprintln!("sov: recovered from an interrupted checkpoint: {r}");
+            }
+            let key = match (&c.public_key, c.key_created) {
+                (Some(p), true) => format!("; created signing key, public key {}", p.display()),
+                (Some(p), false) => format!("; public key {}", p.display()),
+                (None, _) => String::new(),
+            };
+            eprintln!(
+                "sov: checkpoints ({:?}) in {}{key}",
+                c.mode,
+                c.dir.display()
+            );
+        }
         Ok(started)
     }
 }

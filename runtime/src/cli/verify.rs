@@ -126,8 +126,9 @@ fn summary(args: &VerifyArgs, a: &Audit, policy: Option<&Policy>) -> String {
     let after = a.head().map_or(accepted, |h| {
         a.journal.accepted_since(h.commit.journal_len).len()
     });
+    let finished = a.journal.finished().count();
     out.push_str(&format!(
-        "journal: {} records, {accepted} requests accepted ({after} after the newest checkpoint), markers agree\n",
+        "journal: {} records, {accepted} requests accepted ({after} after the newest checkpoint), {finished} finished, markers agree\n",
         a.journal.records.len()
     ));
     if let Some(p) = policy {

@@ -490,6 +490,12 @@ impl<F: ForwardModel> EngineCore<F> {
                     .unwrap_or_default()
             };
             let done = s.finished(reason);
+            // Journaled before the client hears of it: a resumed engine reports it as delivered.
+            if let Some(hook) = self.checkpoint_hook.as_mut()
+                && let Err(e) = hook.finished(&s, &done)
+            {
+                tracing::error!("journaling finished request {}: {e}", s.id);
+            }
             let _ = s.tx.send(Output {
                 request_id: s.id,
                 tokens: Vec::new(),

@@ -39,4 +39,6 @@ pub enum EngineError {
     SlotFile { path: String, reason: String },
     #[error("scheduler: {0}")]
     Scheduler(String),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
 }

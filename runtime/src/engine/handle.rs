@@ -17,19 +17,19 @@ use super::codec::TextCodec;
 use super::core::{CoreConfig, EngineCore};
 use super::error::EngineError;
 use super::forward::ForwardModel;
-use super::hook::CheckpointHook;
+use super::hook::{CheckpointHook, RequestJournal};
 use super::intake::{IntakeLimits, build_sequence};
 use super::output::Output;
 use super::request::Request;
 use super::sequence::Sequence;
 use super::slot_file::SlotFile;
-use crate::scheduler::{Cause, Machine, SlotMemory, Slots};
+use crate::scheduler::{Cause, Machine, PowerState, SlotMemory, Slots};
 
 /// How long an idle engine waits for a request before looking at the slots again.
 const IDLE_POLL: Duration = Duration::from_millis(10);
 
 /// Engine settings that do not come from the machine spec.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// KV blocks the model's cache was built with.
     pub num_blocks: usize,
@@ -45,6 +45,20 @@ pub struct EngineConfig {
     pub trace: bool,
     /// Map the slots from `<dir>/slots` (the live control surface) instead of heap memory.
     pub run_dir: Option<PathBuf>,
+    /// Set (by a signal handler) to stop serving: the engine raises `power_state = suspend`, runs
+    /// one more step (the machine's suspend interrupt checkpoints) and exits its loop.
+    pub shutdown: Option<Arc<AtomicBool>>,
+}
+
+/// The checkpoint side of an engine (see [`super::hook`]).
+pub struct Durability<F: ForwardModel> {
+    /// Runs the `checkpoint` and `restore` actions and journals finished requests.
+    pub hook: Box<dyn CheckpointHook<F>>,
+    /// Journals accepted requests in `submit`.
+    pub journal: Option<Arc<dyn RequestJournal>>,
+    /// Restore before serving: the machine starts in its `resume` state and runs its first step
+    /// (the spec's restore) before [`Engine::start_durable`] returns.
+    pub resume: bool,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +71,7 @@ impl Default for EngineConfig {
             eos_ids: Vec::new(),
             trace: false,
             run_dir: None,
+            shutdown: None,
         }
     }
 }
@@ -117,6 +132,8 @@ pub struct Engine {
     slot_path: Option<PathBuf>,
     trace: Arc<Mutex<Vec<TraceEntry>>>,
     abort: Arc<AtomicBool>,
+    interrupted: Arc<AtomicBool>,
+    journal: Option<Arc<dyn RequestJournal>>,
     stats: Arc<Mutex<EngineStats>>,
     thread: Option<JoinHandle<Result<EngineStats, EngineError>>>,
 }
@@ -138,6 +155,22 @@ impl Engine {
         codec: Arc<dyn TextCodec>,
         config: EngineConfig,
         hook: Option<Box<dyn CheckpointHook<F>>>,
+    ) -> Result<Self, EngineError> {
+        let durability = hook.map(|hook| Durability {
+            hook,
+            journal: None,
+            resume: false,
+        });
+        Self::start_durable::<M, F>(model, codec, config, durability)
+    }
+
+    /// Starts an engine with checkpoints, a request journal and optionally a resume from disk.
+    /// With `resume`, the restore runs here (errors are returned) before the thread starts.
+    pub fn start_durable<M: Machine + 'static, F: ForwardModel + 'static>(
+        model: F,
+        codec: Arc<dyn TextCodec>,
+        config: EngineConfig,
+        durability: Option<Durability<F>>,
     ) -> Result<Self, EngineError> {
         let constant =
             |name: &str, default: i64| M::constant(name).unwrap_or(default).max(1) as usize;
@@ -174,9 +207,19 @@ impl Engine {
         let (tx, rx) = mpsc::channel::<Sequence>();
         let trace = Arc::new(Mutex::new(Vec::new()));
         let mut core = EngineCore::new(model, codec.clone(), core_cfg, slots.clone());
-        if let Some(hook) = hook {
-            core.set_checkpoint_hook(hook);
+        let mut machine = M::new();
+        let mut journal = None;
+        if let Some(d) = durability {
+            core.set_checkpoint_hook(d.hook);
+            journal = d.journal;
+            if d.resume {
+                resume_first::<M, F>(&mut machine, &mut core, &slots)?;
+            }
         }
+        let next_id = journal.as_ref().map_or(1, |j| j.next_id());
+        let interrupted = Arc::new(AtomicBool::new(false));
+        let thread_interrupted = interrupted.clone();
+        let shutdown = config.shutdown.clone();
         let thread_trace = config.trace.then(|| trace.clone());
         let thread_slots = slots.clone();
         let abort = Arc::new(AtomicBool::new(false));
@@ -187,11 +230,16 @@ impl Engine {
             .name("sov-engine".into())
             .spawn(move || {
                 run_loop::<M, F>(
+                    machine,
                     core,
                     rx,
                     thread_slots,
                     thread_trace,
-                    thread_abort,
+                    Stop {
+                        abort: thread_abort,
+                        shutdown,
+                        interrupted: thread_interrupted,
+                    },
                     thread_stats,
                 )
             })
@@ -200,11 +248,13 @@ impl Engine {
             tx: Some(tx),
             codec,
             limits,
-            next_id: AtomicU64::new(1),
+            next_id: AtomicU64::new(next_id),
             slots,
             slot_path,
             trace,
             abort,
+            interrupted,
+            journal,
             stats,
             thread: Some(thread),
         })
@@ -217,8 +267,16 @@ impl Engine {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let seq = build_sequence(id, request, self.codec.as_ref(), &self.limits, out_tx)?;
         let tx = self.tx.as_ref().ok_or(EngineError::EngineStopped)?;
+        if let Some(journal) = &self.journal {
+            journal.accept(&seq)?;
+        }
         tx.send(seq).map_err(|_| EngineError::EngineStopped)?;
         Ok(out_rx)
+    }
+
+    /// Whether the engine stopped because `shutdown` was raised (after its last checkpoint).
+    pub fn interrupted(&self) -> bool {
+        self.interrupted.load(Ordering::Relaxed)
     }
 
     /// The live control surface.
@@ -275,19 +333,67 @@ impl Drop for Engine {
     }
 }
 
+/// Puts `machine` in its `resume` state and runs one step there (the spec's restore), so a resume
+/// that fails is reported to the caller of `start`.
+fn resume_first<M: Machine, F: ForwardModel>(
+    machine: &mut M,
+    core: &mut EngineCore<F>,
+    slots: &Slots,
+) -> Result<(), EngineError> {
+    machine.set_state_by_name("resume").map_err(|_| {
+        EngineError::Scheduler(format!(
+            "machine `{}` has no `resume` state, so it cannot resume from a checkpoint",
+            M::NAME
+        ))
+    })?;
+    core.publish();
+    core.set_machine_state(M::NAME, machine.state_name());
+    let restores = core.checkpoint_counts().1;
+    machine.step(core, slots)?;
+    if core.checkpoint_counts().1 == restores {
+        return Err(EngineError::Scheduler(format!(
+            "machine `{}`: the `resume` state did not run `restore`",
+            M::NAME
+        )));
+    }
+    Ok(())
+}
+
+/// How the engine loop is told to stop, and how it says it stopped on request.
+struct Stop {
+    /// Drop of the handle: leave at once.
+    abort: Arc<AtomicBool>,
+    /// Checkpoint (through the machine's suspend interrupt), then leave.
+    shutdown: Option<Arc<AtomicBool>>,
+    /// Set when the loop left because of `shutdown`.
+    interrupted: Arc<AtomicBool>,
+}
+
 fn run_loop<M: Machine, F: ForwardModel>(
+    mut machine: M,
     mut core: EngineCore<F>,
     rx: Receiver<Sequence>,
     slots: Slots,
     trace: Option<Arc<Mutex<Vec<TraceEntry>>>>,
-    abort: Arc<AtomicBool>,
+    stop: Stop,
     live: Arc<Mutex<EngineStats>>,
 ) -> Result<EngineStats, EngineError> {
-    let mut machine = M::new();
     let mut stats = EngineStats::default();
     let mut wait = true;
     let mut open = true;
-    while !abort.load(Ordering::Relaxed) {
+    let mut stopping = false;
+    while !stop.abort.load(Ordering::Relaxed) {
+        if !stopping
+            && stop
+                .shutdown
+                .as_ref()
+                .is_some_and(|f| f.load(Ordering::Relaxed))
+        {
+            // The machine's suspend interrupt checkpoints on the next step; then the loop leaves.
+            stopping = true;
+            slots.set_power_state(PowerState::Suspend);
+            wait = false;
+        }
         if wait {
             if open {
                 match rx.recv_timeout(IDLE_POLL) {
@@ -306,7 +412,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
                 Err(mpsc::TryRecvError::Disconnected) => open = false,
             }
         }
-        if !open && core.is_idle() {
+        if !open && core.is_idle() && !stopping {
             break;
         }
         core.publish();
@@ -353,6 +459,10 @@ fn run_loop<M: Machine, F: ForwardModel>(
                 tracing::error!("scheduler step failed in state {from}: {e}");
                 wait = true;
             }
+        }
+        if stopping {
+            stop.interrupted.store(true, Ordering::Relaxed);
+            break;
         }
     }
     core.publish();

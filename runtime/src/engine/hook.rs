@@ -1,11 +1,17 @@
-//! The extension point for the checkpoint side path: the scheduler's `checkpoint` and `restore`
-//! actions call a [`CheckpointHook`] when one is installed (the WORM store of
-//! `crate::checkpoint`), and are counted no-ops otherwise. The hook gets the whole core, including
-//! the machine's name and current state, which the engine loop records before every step.
+//! The extension points for the checkpoint side path:
+//! - [`CheckpointHook`]: the scheduler's `checkpoint` and `restore` actions call it when one is
+//!   installed (the WORM store of `crate::checkpoint`), and are counted no-ops otherwise; the core
+//!   also tells it when a request finishes, so the outcome is journaled with what was delivered.
+//!   The hook gets the whole core, including the machine's name and current state, which the
+//!   engine loop records before every step.
+//! - [`RequestJournal`]: called by [`super::Engine::submit`] on the caller's thread, so a request is
+//!   durably recorded before `submit` returns (and before the engine thread can see it).
 
 use super::core::EngineCore;
 use super::error::EngineError;
 use super::forward::ForwardModel;
+use super::output::Finished;
+use super::sequence::Sequence;
 
 /// Work behind the `checkpoint` and `restore` actions.
 pub trait CheckpointHook<F: ForwardModel>: Send {
@@ -13,4 +19,18 @@ pub trait CheckpointHook<F: ForwardModel>: Send {
     fn checkpoint(&mut self, core: &mut EngineCore<F>) -> Result<(), EngineError>;
     /// Replace the core's sequences with the newest valid checkpoint's.
     fn restore(&mut self, core: &mut EngineCore<F>) -> Result<(), EngineError>;
+    /// `seq` finished with `done`; called before its final event is sent.
+    fn finished(&mut self, _seq: &Sequence, _done: &Finished) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+/// Durable record of accepted requests.
+pub trait RequestJournal: Send + Sync {
+    /// Record `seq` (already validated, id assigned) before the engine admits it.
+    fn accept(&self, seq: &Sequence) -> Result<(), EngineError>;
+    /// The first request id the engine may hand out (above every id already journaled).
+    fn next_id(&self) -> u64 {
+        1
+    }
 }

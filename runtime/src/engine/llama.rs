@@ -3,6 +3,7 @@
 //! tokenizer to [`TextCodec`].
 
 use crate::backend::Backend;
+use crate::checkpoint::driver::KvBlockIo;
 use crate::loader::Tokenizer;
 use crate::model::batch::SeqChunk;
 use crate::model::{KvCache, LlamaModel, ModelError};
@@ -37,6 +38,10 @@ impl<B: Backend> ForwardModel for LlamaRunner<B> {
         self.model
             .forward(&mut self.kv, chunks)
             .map_err(|e| e.to_string())
+    }
+
+    fn kv_io(&mut self) -> Option<&mut dyn KvBlockIo> {
+        Some(self)
     }
 }
 

@@ -8,6 +8,7 @@
 //! swap, speculative draft/verify). Outputs stream back per request over a channel.
 
 pub mod bind;
+pub mod battery;
 pub mod blocks;
 pub mod codec;
 pub mod core;

@@ -2,12 +2,16 @@
 //! build the model, start the engine thread with the machine chosen by the caller.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
-use crate::loader::tensor::HostTensor;
+use crate::checkpoint::engine_hook::{self, ResumeBook, Worm, WormConfig, checkpoint_dir};
+use crate::checkpoint::{Anchor, KvMode, keys};
+use crate::loader::tensor::{HostData, HostTensor};
 use crate::loader::{ChatTemplate, LoadedModel};
 use crate::model::LlamaModel;
 use crate::model::config::LlamaConfig;
@@ -15,9 +19,11 @@ use crate::scheduler::Machine;
 
 use super::codec::{ByteCodec, TextCodec};
 use super::error::EngineError;
-use super::handle::{Engine, EngineConfig};
+use super::handle::{Durability, Engine, EngineConfig};
+use super::hook::{CheckpointHook, RequestJournal};
 use super::llama::{LlamaRunner, TokenizerCodec};
 use super::random_model::{WeightDtype, random_weights};
+use super::run_dir::slot_path;
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +49,7 @@ impl std::str::FromStr for Device {
 }
 
 /// Engine options a command line exposes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct EngineOptions {
     pub device: Device,
     /// Bytes the KV cache may take.
@@ -54,6 +60,34 @@ pub struct EngineOptions {
     pub max_context: Option<usize>,
     pub trace: bool,
     pub run_dir: Option<std::path::PathBuf>,
+    /// WORM checkpoints into `<run_dir>/checkpoints` (needs `run_dir`); None: off.
+    pub checkpoints: Option<CheckpointOptions>,
+    /// Raised by a signal handler: checkpoint, then stop (see [`EngineConfig::shutdown`]).
+    pub shutdown: Option<Arc<AtomicBool>>,
+}
+
+/// How the engine checkpoints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointOptions {
+    pub mode: KvMode,
+    /// PKCS#8 PEM private key (None: sov's default key, created on first use).
+    pub key: Option<PathBuf>,
+    /// Continue the run directory's newest checkpoint and journal instead of starting afresh.
+    pub resume: bool,
+}
+
+/// What a front end needs to know about the engine's checkpoints.
+pub struct CheckpointInfo {
+    pub dir: PathBuf,
+    pub mode: KvMode,
+    /// The public key that verifies the receipts, when sov's default key is used.
+    pub public_key: Option<PathBuf>,
+    /// The default key was created by this start.
+    pub key_created: bool,
+    /// Torn leftovers of an interrupted checkpoint discarded at open.
+    pub recovered: Vec<String>,
+    /// Filled by a resume: every request the journal knows, live or finished.
+    pub book: Arc<Mutex<ResumeBook>>,
 }
 
 impl Default for EngineOptions {
@@ -66,6 +100,8 @@ impl Default for EngineOptions {
             max_context: None,
             trace: false,
             run_dir: None,
+            checkpoints: None,
+            shutdown: None,
         }
     }
 }
@@ -81,6 +117,9 @@ pub struct Started {
     pub chat_template: Option<ChatTemplate>,
     pub model_name: String,
     pub config: LlamaConfig,
+    pub checkpoints: Option<CheckpointInfo>,
+    /// Raises low_battery from the machine's battery (set by the front end; None: not watching).
+    pub battery: Option<super::battery::BatteryWatcher>,
 }
 
 /// Everything an engine needs from a model source.
@@ -150,6 +189,11 @@ pub fn start_on<M: Machine + 'static, B: Backend>(
     let block_size = M::constant("block_size").unwrap_or(16).max(1) as usize;
     let per_token = kv_bytes_per_token(&parts.config, backend.kv_dtype().size_bytes()).max(1);
     let num_blocks = (opts.kv_memory_bytes / (per_token * block_size)).max(1);
+    // Hashed before the weights move to the backend: receipts name the exact model.
+    let worm = match &opts.checkpoints {
+        Some(c) => Some(open_worm::<M>(c, opts.run_dir.as_deref(), &parts)?),
+        None => None,
+    };
     // Weights move to the backend one tensor at a time: host memory never holds two copies.
     let model = LlamaModel::from_tensors(backend, &parts.config, parts.tensors)
         .map_err(|e| EngineError::Forward(e.to_string()))?;
@@ -159,7 +203,18 @@ pub fn start_on<M: Machine + 'static, B: Backend>(
         .max_context
         .unwrap_or(usize::MAX)
         .min(parts.config.max_position_embeddings);
-    let engine = Engine::start::<M, _>(
+    let (durability, checkpoints) = match worm {
+        Some((worm, info)) => (
+            Some(Durability {
+                hook: Box::new(worm.hook) as Box<dyn CheckpointHook<_>>,
+                journal: Some(worm.acceptor as Arc<dyn RequestJournal>),
+                resume: opts.checkpoints.as_ref().is_some_and(|c| c.resume),
+            }),
+            Some(info),
+        ),
+        None => (None, None),
+    };
+    let engine = Engine::start_durable::<M, _>(
         runner,
         parts.codec,
         EngineConfig {
@@ -170,12 +225,109 @@ pub fn start_on<M: Machine + 'static, B: Backend>(
             eos_ids: parts.eos_ids,
             trace: opts.trace,
             run_dir: opts.run_dir.clone(),
+            shutdown: opts.shutdown.clone(),
         },
+        durability,
     )?;
     Ok(Started {
         engine,
         chat_template: parts.chat_template,
         model_name: parts.name,
         config: parts.config,
+        checkpoints,
+        battery: None,
     })
+}
+
+/// Opens the checkpoint store of `run_dir` for machine `M` and model `parts`.
+fn open_worm<M: Machine>(
+    c: &CheckpointOptions,
+    run_dir: Option<&Path>,
+    parts: &ModelParts,
+) -> Result<(Worm, CheckpointInfo), EngineError> {
+    let run_dir = run_dir
+        .ok_or_else(|| EngineError::Checkpoint("checkpoints need a run directory".into()))?;
+    let dir = checkpoint_dir(run_dir);
+    let has_chain = std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some());
+    if c.resume && !has_chain {
+        return Err(EngineError::Checkpoint(format!(
+            "nothing to resume: {} holds no checkpoint directory with a journal",
+            dir.display()
+        )));
+    }
+    if !c.resume && has_chain {
+        return Err(EngineError::Checkpoint(format!(
+            "{} already holds a run; continue it with --resume {} or use another run directory",
+            dir.display(),
+            run_dir.display()
+        )));
+    }
+    let ck = |e: crate::checkpoint::CheckpointError| EngineError::Checkpoint(e.to_string());
+    let (key, public_key, key_created) = match &c.key {
+        Some(path) => (keys::load_private(path).map_err(ck)?, None, false),
+        None => {
+            let (key, public, created) = keys::load_or_create_default().map_err(ck)?;
+            (key, Some(public), created)
+        }
+    };
+    // The slots of the interrupted run remember the chain head: a rolled-back directory is refused.
+    let anchor = if c.resume {
+        std::fs::read(slot_path(run_dir))
+            .ok()
+            .and_then(|bytes| slots_from_bytes(&bytes))
+            .and_then(|slots| Anchor::from_slots(&slots))
+    } else {
+        None
+    };
+    let worm = engine_hook::open(WormConfig {
+        dir: dir.clone(),
+        key,
+        spec_digest: M::SPEC_DIGEST,
+        model_digest: model_digest(parts),
+        anchor,
+        mode: c.mode,
+        resume: c.resume,
+    })
+    .map_err(ck)?;
+    let info = CheckpointInfo {
+        dir,
+        mode: c.mode,
+        public_key,
+        key_created,
+        recovered: worm.recovered.clone(),
+        book: worm.book.clone(),
+    };
+    Ok((worm, info))
+}
+
+/// The 32 slot words of a slot file's bytes (little-endian u32s), if it has them.
+fn slots_from_bytes(bytes: &[u8]) -> Option<[u32; 32]> {
+    let mut slots = [0u32; 32];
+    for (i, w) in bytes.get(..128)?.chunks_exact(4).enumerate() {
+        slots[i] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    }
+    Some(slots)
+}
+
+/// BLAKE3 over the model's name, its configuration and every tensor (name, shape, dtype, bytes,
+/// in name order): the `model` field of every receipt, so a resume with other weights is refused.
+pub fn model_digest(parts: &ModelParts) -> crate::checkpoint::Digest {
+    let mut h = blake3::Hasher::new();
+    h.update(b"sov model v1\0");
+    h.update(format!("{:?}\0", parts.config).as_bytes());
+    let mut names: Vec<&String> = parts.tensors.keys().collect();
+    names.sort();
+    for name in names {
+        let t = &parts.tensors[name];
+        h.update(name.as_bytes());
+        h.update(format!("\0{:?}\0", t.shape).as_bytes());
+        let (dtype, bytes): (&[u8], &[u8]) = match &t.data {
+            HostData::F32(v) => (b"f32", bytemuck::cast_slice(v)),
+            HostData::F16(v) => (b"f16", bytemuck::cast_slice(v)),
+            HostData::BF16(v) => (b"bf16", bytemuck::cast_slice(v)),
+        };
+        h.update(dtype);
+        h.update_rayon(bytes);
+    }
+    *h.finalize().as_bytes()
 }

@@ -1,0 +1,327 @@
+//! The checkpoint side path as the engine runs it: [`open`] gives a [`WormHook`] (the engine's
+//! `checkpoint` / `restore` actions and the journal of finished requests), a [`JournalAcceptor`]
+//! (journals each request in `Engine::submit`, before it is queued) and the [`ResumeBook`] a
+//! resumed engine fills in for its front end. Both share one [`Checkpointer`] behind a mutex: the
+//! journal is one append-only file.
+//!
+//! Design: the journal is the list of every request ever accepted, with a `Finished` record for
+//! each one delivered. A resume from disk reconciles it against the newest valid checkpoint:
+//! finished requests are reported from their record; unfinished ones in the snapshot continue
+//! from it (KV copied back in `Blocks` mode); every other accepted request (accepted after the
+//! snapshot, or still on its way into the engine when the snapshot was taken) starts again from its
+//! prompt with the seed it was given, which reproduces its output exactly. An in-process restore
+//! (the `resume` power event) treats the live sequences as the truth: a snapshot sequence is used
+//! only where it equals the live one (after a suspend nothing ran), others are recomputed, so a
+//! client never receives a token twice.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ed25519_dalek::SigningKey;
+
+use super::audit::Anchor;
+use super::digest::Digest;
+use super::driver::{Checkpointer, KvBlockIo};
+use super::engine_bind::{checkpoint_core, fresh_sequence, request_record, restore_core};
+use super::error::{CheckpointError, Result};
+use super::journal::{FinishedRecord, JournalRecord};
+use super::snapshot::{KvLayout, KvMode};
+use super::store::CheckpointStore;
+use crate::engine::core::EngineCore;
+use crate::engine::error::EngineError;
+use crate::engine::forward::ForwardModel;
+use crate::engine::hook::{CheckpointHook, RequestJournal};
+use crate::engine::output::{Finished, Output};
+use crate::engine::sequence::Sequence;
+
+/// One request a resumed engine reports: still generating, or finished before the interruption.
+pub enum ResumedRequest {
+    /// Continues in the engine; its remaining output arrives here (tokens delivered before the
+    /// checkpoint are in `prior_tokens` / `prior_text` only when the snapshot had them).
+    Live {
+        rx: Receiver<Output>,
+        prompt_tokens: usize,
+    },
+    /// Delivered before the interruption; the journal holds what was delivered.
+    Finished(FinishedRecord),
+}
+
+/// What a resume from disk found, for the front end.
+#[derive(Default)]
+pub struct ResumeBook {
+    /// Every accepted request by id.
+    pub requests: BTreeMap<u64, ResumedRequest>,
+    /// Height of the checkpoint resumed from (0: none existed; everything restarted from the journal).
+    pub height: u64,
+}
+
+/// Where and how an engine checkpoints.
+pub struct WormConfig {
+    /// The checkpoint directory (created when absent).
+    pub dir: PathBuf,
+    pub key: SigningKey,
+    pub spec_digest: Digest,
+    pub model_digest: Digest,
+    /// The chain head the persisted slots remember (refuses a rolled-back directory).
+    pub anchor: Option<Anchor>,
+    pub mode: KvMode,
+    /// The first restore reads the journal and disk (process start with `--resume`).
+    pub resume: bool,
+}
+
+/// The three handles [`open`] returns.
+pub struct Worm {
+    pub hook: WormHook,
+    pub acceptor: Arc<JournalAcceptor>,
+    pub book: Arc<Mutex<ResumeBook>>,
+    /// Torn leftovers of an interrupted checkpoint that opening discarded.
+    pub recovered: Vec<String>,
+    /// Height of the newest valid checkpoint at open.
+    pub height: u64,
+}
+
+/// Opens (creating) the checkpoint directory and builds the engine's handles.
+pub fn open(cfg: WormConfig) -> Result<Worm> {
+    let store = CheckpointStore::open_with(
+        &cfg.dir,
+        cfg.key,
+        cfg.spec_digest,
+        cfg.model_digest,
+        cfg.anchor,
+    )?;
+    let recovered = store.recovered().to_vec();
+    let height = store.height();
+    let next_id = store
+        .journal_scan()?
+        .records
+        .iter()
+        .filter_map(|(_, r)| match r {
+            JournalRecord::Accepted(a) => Some(a.request_id),
+            _ => None,
+        })
+        .max()
+        .map_or(1, |m| m + 1);
+    let cp = Arc::new(Mutex::new(Checkpointer::new(store, cfg.mode)));
+    let book = Arc::new(Mutex::new(ResumeBook::default()));
+    Ok(Worm {
+        hook: WormHook {
+            cp: cp.clone(),
+            book: book.clone(),
+            from_disk: cfg.resume,
+        },
+        acceptor: Arc::new(JournalAcceptor { cp, next_id }),
+        book,
+        recovered,
+        height,
+    })
+}
+
+fn lock(
+    cp: &Mutex<Checkpointer>,
+) -> std::result::Result<MutexGuard<'_, Checkpointer>, EngineError> {
+    cp.lock()
+        .map_err(|_| EngineError::Checkpoint("checkpoint store lock poisoned".into()))
+}
+
+fn engine_err(e: CheckpointError) -> EngineError {
+    EngineError::Checkpoint(e.to_string())
+}
+
+fn kv_of<F: ForwardModel>(model: &mut F) -> Option<&mut dyn KvBlockIo> {
+    model.kv_io()
+}
+
+/// The layout a `Blocks` checkpoint must match (a model without KV access has none).
+fn layout_of<F: ForwardModel>(model: &mut F) -> KvLayout {
+    model.kv_io().map_or(
+        KvLayout {
+            layers: 0,
+            kv_heads: 0,
+            head_dim: 0,
+            block_size: 0,
+            dtype: String::new(),
+        },
+        |io| io.kv_layout(),
+    )
+}
+
+/// Journals accepted requests from `Engine::submit`.
+pub struct JournalAcceptor {
+    cp: Arc<Mutex<Checkpointer>>,
+    next_id: u64,
+}
+
+impl RequestJournal for JournalAcceptor {
+    fn accept(&self, seq: &Sequence) -> std::result::Result<(), EngineError> {
+        let record = request_record(seq, seq.text.stops().to_vec());
+        lock(&self.cp)?.accept(&record).map_err(engine_err)
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id
+    }
+}
+
+/// The engine's `checkpoint` / `restore` actions over a WORM store.
+pub struct WormHook {
+    cp: Arc<Mutex<Checkpointer>>,
+    book: Arc<Mutex<ResumeBook>>,
+    /// The next restore is a resume from disk (journal reconciliation), not a power event.
+    from_disk: bool,
+}
+
+impl<F: ForwardModel> CheckpointHook<F> for WormHook {
+    fn checkpoint(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
+        let mut cp = lock(&self.cp)?;
+        let (machine, state) = core.machine_state();
+        checkpoint_core(&mut cp, core, machine, state, kv_of::<F>, &|s| {
+            s.text.stops().to_vec()
+        })
+        .map(|_| ())
+        .map_err(engine_err)
+    }
+
+    fn restore(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
+        let cp = lock(&self.cp)?;
+        let layout = layout_of(&mut core.model);
+        let restored = cp.latest(&layout).map_err(engine_err)?;
+        let scan = cp.store().journal_scan().map_err(engine_err)?;
+        let height = cp.store().height();
+        drop(cp);
+        let finished: HashMap<u64, FinishedRecord> =
+            scan.finished().map(|f| (f.request_id, f.clone())).collect();
+        if std::mem::take(&mut self.from_disk) {
+            let mut book = self
+                .book
+                .lock()
+                .map_err(|_| EngineError::Checkpoint("resume book lock poisoned".into()))?;
+            book.height = if restored.is_some() { height } else { 0 };
+            resume_from_disk(core, restored, scan.accepted(), &finished, &mut book)
+        } else {
+            resume_in_process(core, restored, &finished)
+        }
+    }
+
+    fn finished(
+        &mut self,
+        seq: &Sequence,
+        done: &Finished,
+    ) -> std::result::Result<(), EngineError> {
+        let record = FinishedRecord {
+            request_id: seq.id,
+            output: done.output_tokens.clone(),
+            text: done.text.clone(),
+            reason: done.reason.as_openai().to_string(),
+            detail: format!("{:?}", done.reason),
+        };
+        lock(&self.cp)?.finished(&record).map_err(engine_err)
+    }
+}
+
+/// Process start with `--resume`: the core is empty; every accepted request is accounted for.
+fn resume_from_disk<F: ForwardModel>(
+    core: &mut EngineCore<F>,
+    restored: Option<super::store::Restored>,
+    accepted: Vec<super::journal::RequestRecord>,
+    finished: &HashMap<u64, FinishedRecord>,
+    book: &mut ResumeBook,
+) -> std::result::Result<(), EngineError> {
+    let mut new_rx: HashMap<u64, Receiver<Output>> = HashMap::new();
+    let mut channel = |id: u64| -> Sender<Output> {
+        let (tx, rx) = mpsc::channel();
+        new_rx.insert(id, rx);
+        tx
+    };
+    let mut prompt_len: HashMap<u64, usize> = HashMap::new();
+    let mut seen = HashSet::new();
+    let mut again = Vec::new();
+    for req in accepted {
+        if !seen.insert(req.request_id) {
+            continue;
+        }
+        prompt_len.insert(req.request_id, req.prompt.len());
+        if let Some(f) = finished.get(&req.request_id) {
+            book.requests
+                .insert(req.request_id, ResumedRequest::Finished(f.clone()));
+        } else {
+            again.push(req);
+        }
+    }
+    match restored {
+        Some(mut r) => {
+            r.snapshot
+                .sequences
+                .retain(|s| !finished.contains_key(&s.request_id));
+            let in_snapshot: HashSet<u64> =
+                r.snapshot.sequences.iter().map(|s| s.request_id).collect();
+            r.pending = again
+                .into_iter()
+                .filter(|req| !in_snapshot.contains(&req.request_id))
+                .collect();
+            restore_core(core, &r, kv_of::<F>, &mut channel).map_err(engine_err)?;
+        }
+        None => {
+            for req in &again {
+                let seq = fresh_sequence(req, core.codec.as_ref(), channel(req.request_id))
+                    .map_err(engine_err)?;
+                core.waiting.push_back(seq);
+            }
+        }
+    }
+    for (id, rx) in new_rx {
+        let prompt_tokens = prompt_len.get(&id).copied().unwrap_or(0);
+        book.requests
+            .insert(id, ResumedRequest::Live { rx, prompt_tokens });
+    }
+    Ok(())
+}
+
+/// The `resume` power event in a running process: live sequences are the truth.
+fn resume_in_process<F: ForwardModel>(
+    core: &mut EngineCore<F>,
+    restored: Option<super::store::Restored>,
+    finished: &HashMap<u64, FinishedRecord>,
+) -> std::result::Result<(), EngineError> {
+    let Some(mut r) = restored else {
+        return Ok(()); // nothing checkpointed yet: keep serving what is live
+    };
+    let mut live: Vec<Sequence> = Vec::new();
+    for mut s in core.running.drain(..) {
+        core.blocks.release(&mut s.block_table);
+        live.push(s);
+    }
+    live.extend(core.waiting.drain(..));
+    let live_len: HashMap<u64, usize> = live.iter().map(|s| (s.id, s.tokens.len())).collect();
+    r.snapshot.sequences.retain(|s| {
+        !finished.contains_key(&s.request_id)
+            && live_len.get(&s.request_id) == Some(&(s.prompt.len() + s.output.len()))
+    });
+    r.pending.clear();
+    let from_snapshot: HashSet<u64> = r.snapshot.sequences.iter().map(|s| s.request_id).collect();
+    let senders: HashMap<u64, Sender<Output>> = live.iter().map(|s| (s.id, s.tx.clone())).collect();
+    restore_core(core, &r, kv_of::<F>, &mut |id| {
+        senders
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| mpsc::channel().0)
+    })
+    .map_err(engine_err)?;
+    for mut s in live {
+        if from_snapshot.contains(&s.id) {
+            continue;
+        }
+        // Ahead of the snapshot (or not in it): keep its tokens, recompute its KV.
+        s.computed = 0;
+        s.prefilled = false;
+        s.block_table.clear();
+        core.waiting.push_back(s);
+    }
+    Ok(())
+}
+
+/// The checkpoint directory inside a run directory.
+pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("checkpoints")
+}
