@@ -12,13 +12,14 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::checkpoint::digest::{from_hex, to_hex};
+use crate::checkpoint::engine_hook::checkpoint_dir;
 use crate::checkpoint::journal::JournalRecord;
 use crate::checkpoint::{Anchor, Audit, AuditOptions, Policy, audit, keys};
 
 /// Arguments of `sov verify`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct VerifyArgs {
-    /// Checkpoint directory to verify.
+    /// Checkpoint directory to verify (or a run directory holding one in `checkpoints/`).
     pub dir: PathBuf,
     /// Public key of the engine: a C2SP verifier-key line (checkpoint.pub) or an SPKI PEM file.
     #[arg(long)]
@@ -49,8 +50,14 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         eprintln!("FAIL {}: not a directory", args.dir.display());
         return Ok(ExitCode::from(1));
     }
+    let inner = checkpoint_dir(&args.dir);
+    let dir = if inner.is_dir() {
+        inner
+    } else {
+        args.dir.clone()
+    };
     match audit(
-        &args.dir,
+        &dir,
         AuditOptions {
             key: &key,
             policy: policy.as_ref(),
@@ -58,7 +65,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         },
     ) {
         Err(e) => {
-            eprintln!("FAIL {}: {e}", args.dir.display());
+            eprintln!("FAIL {}: {e}", dir.display());
             Ok(ExitCode::from(1))
         }
         Ok(a) => {
