@@ -1,0 +1,222 @@
+//! Power and interruption events through the `sov` binary: SIGTERM and SIGINT checkpoint and exit
+//! 0, and `--resume` then finishes every request exactly as an uninterrupted run; a low battery
+//! (a fake `/sys/class/power_supply` tree) checkpoints at once; a tampered checkpoint directory is
+//! refused by `--resume` with the problem named.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+fn sov(home: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sov"));
+    c.env("SOV_STATE_DIR", home.join("state"))
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("HOME", home)
+        .env_remove("SOV_POWER_SUPPLY_DIR");
+    c
+}
+
+/// Everything but the prompts (a resume takes them from its journal).
+const ARGS: [&str; 9] = [
+    "generate",
+    "--model",
+    "random:tiny",
+    "--device",
+    "cpu",
+    "--max-tokens",
+    "1500",
+    "--ignore-eos",
+    "--json",
+];
+const PROMPTS: [&str; 6] = ["--prompt", "one", "--prompt", "two", "--prompt", "three"];
+
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Request id -> the whole JSON line minus timing fields.
+fn outputs(stdout: &[u8]) -> Vec<(u64, serde_json::Value, String)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["request_id"].as_u64().unwrap(),
+                v["tokens"].clone(),
+                v["text"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Starts a generation, waits until its requests are accepted, returns the child and run dir.
+fn start(home: &Path) -> (std::process::Child, PathBuf) {
+    let mut child = sov(home)
+        .args(ARGS)
+        .args(PROMPTS)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while stderr.read_line(&mut line).unwrap() > 0 {
+        if let Some(rest) = line.trim().split("resume with --resume ").nth(1) {
+            let dir = PathBuf::from(rest);
+            // Keep draining stderr so the child never blocks on a full pipe.
+            std::thread::spawn(move || {
+                let mut sink = String::new();
+                while stderr.read_line(&mut sink).unwrap_or(0) > 0 {
+                    sink.clear();
+                }
+            });
+            return (child, dir);
+        }
+        line.clear();
+    }
+    panic!("sov generate never printed its run directory");
+}
+
+fn signal_then_resume(signal: &str) {
+    let home = tempfile::tempdir().unwrap();
+    let want = run_ok(
+        sov(home.path())
+            .args(ARGS)
+            .args(PROMPTS)
+            .args(["--checkpoint", "off"]),
+    );
+    let (child, run_dir) = start(home.path());
+    std::thread::sleep(Duration::from_millis(150));
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{signal}: sov generate should checkpoint and exit 0, got {:?}",
+        out.status
+    );
+    let receipts = std::fs::read_dir(run_dir.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("receipt-"))
+        .count();
+    assert!(receipts >= 1, "{signal}: no checkpoint was written");
+    let resumed = run_ok(sov(home.path()).args(ARGS).arg("--resume").arg(&run_dir));
+    assert_eq!(
+        outputs(&resumed.stdout),
+        outputs(&want.stdout),
+        "{signal}: resumed outputs differ from the uninterrupted run"
+    );
+}
+
+#[test]
+fn sigterm_checkpoints_exits_zero_and_resumes_exactly() {
+    signal_then_resume("TERM");
+}
+
+#[test]
+fn sigint_checkpoints_exits_zero_and_resumes_exactly() {
+    signal_then_resume("INT");
+}
+
+#[test]
+fn low_battery_checkpoints_at_once() {
+    let home = tempfile::tempdir().unwrap();
+    let bat = home.path().join("power_supply/BAT0");
+    std::fs::create_dir_all(&bat).unwrap();
+    std::fs::write(bat.join("type"), "Battery\n").unwrap();
+    std::fs::write(bat.join("capacity"), "4\n").unwrap();
+    std::fs::write(bat.join("status"), "Discharging\n").unwrap();
+    let run_dir = home.path().join("run");
+    // 20 tokens: far fewer decode steps than checkpoint_every (64), so only the battery can
+    // have caused a checkpoint.
+    run_ok(
+        sov(home.path())
+            .env("SOV_POWER_SUPPLY_DIR", home.path().join("power_supply"))
+            .args(["generate", "--model", "random:tiny", "--device", "cpu"])
+            .args(["--max-tokens", "20", "--ignore-eos", "--prompt", "x"])
+            .arg("--run-dir")
+            .arg(&run_dir),
+    );
+    assert!(
+        run_dir.join("checkpoints/receipt-00000001.note").exists(),
+        "low battery did not checkpoint"
+    );
+    // Above the threshold (or charging) nothing fires.
+    std::fs::write(bat.join("status"), "Charging\n").unwrap();
+    let run_dir2 = home.path().join("run2");
+    run_ok(
+        sov(home.path())
+            .env("SOV_POWER_SUPPLY_DIR", home.path().join("power_supply"))
+            .args(["generate", "--model", "random:tiny", "--device", "cpu"])
+            .args(["--max-tokens", "20", "--ignore-eos", "--prompt", "x"])
+            .arg("--run-dir")
+            .arg(&run_dir2),
+    );
+    assert!(!run_dir2.join("checkpoints/receipt-00000001.note").exists());
+}
+
+#[test]
+fn resume_refuses_a_tampered_or_foreign_directory() {
+    let home = tempfile::tempdir().unwrap();
+    let (child, run_dir) = start(home.path());
+    std::thread::sleep(Duration::from_millis(300));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait_with_output().unwrap();
+    let ckpt = run_dir.join("checkpoints");
+    let snap = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+        .max()
+        .expect("a snapshot");
+    let mut bytes = std::fs::read(&snap).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&snap, &bytes).unwrap();
+    let out = sov(home.path())
+        .args(ARGS)
+        .arg("--resume")
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a flipped snapshot byte was accepted"
+    );
+    assert!(
+        err.contains(&*snap.file_name().unwrap().to_string_lossy()),
+        "the error should name the file: {err}"
+    );
+    // Undo the flip: resuming with another key is refused too.
+    bytes[at] ^= 0x01;
+    std::fs::write(&snap, &bytes).unwrap();
+    let keys = home.path().join("other");
+    run_ok(sov(home.path()).args(["keygen", "--out"]).arg(&keys));
+    let out = sov(home.path())
+        .args(ARGS)
+        .arg("--key")
+        .arg(keys.join("checkpoint.key"))
+        .arg("--resume")
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a foreign key's resume was accepted");
+    // And with the right key it resumes.
+    run_ok(sov(home.path()).args(ARGS).arg("--resume").arg(&run_dir));
+}
