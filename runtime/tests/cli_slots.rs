@@ -1,6 +1,6 @@
 //! `sov slots get/set` against a running `sov generate` process: suspending through the slot file
 //! stops token generation, setting speculative_draft_len switches the machine to draft/verify at
-//! its next step, resuming finishes the request. Runs on the default model (skips, saying why, when
+//! its next step, resuming (which restores the suspend's checkpoint) finishes the request. Runs on the default model (skips, saying why, when
 //! it is not in sov's cache: a random tiny model finishes before a second process can steer it).
 
 use std::path::Path;
@@ -68,6 +68,13 @@ fn slots_set_steers_a_running_generate() {
     wait_for("the suspend interrupt", || {
         slots(&run, &["get", "power_state"]) == "active"
     });
+    // The suspend checkpointed: the chain head in the slots names a receipt on disk.
+    let height: u32 = slots(&run, &["get", "bft_quorum_height"]).parse().unwrap();
+    assert!(height >= 1, "suspend took no checkpoint");
+    assert!(
+        run.join(format!("checkpoints/receipt-{height:08}.note")).exists(),
+        "no receipt for height {height}"
+    );
     let listing = slots(&run, &["get"]);
     assert!(listing.contains("kv_blocks_used"), "{listing}");
     // Suspended: the decode counter stands still.

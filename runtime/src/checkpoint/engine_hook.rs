@@ -301,6 +301,9 @@ fn resume_in_process<F: ForwardModel>(
     r.pending.clear();
     let from_snapshot: HashSet<u64> = r.snapshot.sequences.iter().map(|s| s.request_id).collect();
     let senders: HashMap<u64, Sender<Output>> = live.iter().map(|s| (s.id, s.tx.clone())).collect();
+    // The live slots stay: an operator may have changed a control (speculative_draft_len) since
+    // the snapshot, and the chain head in them is already the newest receipt.
+    let live_slots = core.slots.raw();
     restore_core(core, &r, kv_of::<F>, &mut |id| {
         senders
             .get(&id)
@@ -308,6 +311,7 @@ fn resume_in_process<F: ForwardModel>(
             .unwrap_or_else(|| mpsc::channel().0)
     })
     .map_err(engine_err)?;
+    core.slots.load_raw(&live_slots);
     for mut s in live {
         if from_snapshot.contains(&s.id) {
             continue;
