@@ -153,6 +153,17 @@ impl<B: Backend> LlamaModel<B> {
         &self.config
     }
 
+    /// The weights on the backend, for backend-specific step runners (the CUDA decode graphs)
+    /// that run the same ops as [`LlamaModel::forward`] on buffers they keep.
+    pub fn weights(&self) -> &ModelWeights<B> {
+        &self.weights
+    }
+
+    /// RoPE tables `(cos, sin)`, each `[max_positions, D/2]` f32.
+    pub fn rope_tables(&self) -> (&B::Buffer, &B::Buffer) {
+        (&self.rope_cos, &self.rope_sin)
+    }
+
     /// Allocates a KV cache for this model on its backend.
     pub fn new_kv_cache(
         &self,
