@@ -1,6 +1,7 @@
 #!/bin/bash
-# Builds the GPU test binaries (release; cudarc loads CUDA at run time, so no CUDA is needed here)
-# and copies them into .gpu/ (git-ignored) for kernels/gpu-check.sh on the GPU machine.
+# Builds the GPU test binaries and the sov binary (release; cudarc loads CUDA at run time, so no
+# CUDA is needed here), strips them and copies them into .gpu/ (git-ignored) for
+# kernels/gpu-check.sh on the GPU machine.
 # Usage (repository root): kernels/build-gpu.sh [source-tree]   (default: this checkout)
 set -e
 SRC=${1:-.}
@@ -11,4 +12,7 @@ cp "$bin" .gpu/sov-lib-tests
 json=$(cd "$SRC" && cargo test --release -p sov-kernels --test nvrtc_compile --no-run --message-format=json 2>/dev/null)
 bin=$(echo "$json" | grep -o '"executable":"[^"]*"' | grep nvrtc_compile | tail -1 | cut -d'"' -f4)
 cp "$bin" .gpu/nvrtc-compile
+(cd "$SRC" && cargo build --release -p sov --bin sov 2>/dev/null)
+cp "$SRC/target/release/sov" .gpu/sov
+strip .gpu/sov-lib-tests .gpu/nvrtc-compile .gpu/sov
 ls -la .gpu

@@ -30,9 +30,31 @@
 #define NWARPS (NTHREADS / 32)
 #define LPT (D / 8)              // lanes per token row (each lane holds 8 dims = 16 bytes)
 #define TPW (32 / LPT)           // token rows per warp step
+#ifndef WSTEPS
 #define WSTEPS 4                 // steps per warp chunk
+#endif
 #define WCHUNK (TPW * WSTEPS)    // tokens per warp chunk
 #define MAX_SPLITS 256           // the host never plans more splits
+
+// Loads the K and V pieces of one warp chunk starting at token t0 (zeros past t_end).
+__device__ __forceinline__ void load_chunk(kv8* kreg, kv8* vreg, int t0, int row, int t_end,
+                                           const u32* __restrict__ bt, int block_size, size_t row_elems,
+                                           size_t head_off, const kv_t* __restrict__ k_cache,
+                                           const kv_t* __restrict__ v_cache) {
+#pragma unroll
+    for (int s = 0; s < WSTEPS; s++) {
+        const int t = t0 + s * TPW + row;
+        if (t < t_end) {
+            const size_t blk = bt[t / block_size];
+            const size_t base = (blk * block_size + (t % block_size)) * row_elems + head_off;
+            kreg[s] = kv8_load(k_cache + base);
+            vreg[s] = kv8_load(v_cache + base);
+        } else {
+            kreg[s] = kv8_zero();
+            vreg[s] = kv8_zero();
+        }
+    }
+}
 
 // out: [batch, out_stride] f32, query head h at h * D.  q: [batch, q_stride] f32 likewise (the q part
 // of a fused qkv row). block_tables: [batch, max_blocks] u32. context_lens: [batch] u32 (0 = skip).
@@ -78,21 +100,25 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
     const size_t row_elems = (size_t)n_kv_heads * D;
     const size_t head_off = (size_t)kvh * D + sub * 8;
 
+#ifdef PREFETCH
+    // Software pipelining: the next chunk's loads are in flight while this chunk is computed.
+    kv8 knext[WSTEPS], vnext[WSTEPS];
+    load_chunk(knext, vnext, t_begin + warp * WCHUNK, row, t_end, bt, block_size, row_elems, head_off,
+               k_cache, v_cache);
+#endif
     for (int t0 = t_begin + warp * WCHUNK; t0 < t_end; t0 += NWARPS * WCHUNK) {
         kv8 kreg[WSTEPS], vreg[WSTEPS];
+#ifdef PREFETCH
 #pragma unroll
         for (int s = 0; s < WSTEPS; s++) {
-            const int t = t0 + s * TPW + row;
-            if (t < t_end) {
-                const size_t blk = bt[t / block_size];
-                const size_t base = (blk * block_size + (t % block_size)) * row_elems + head_off;
-                kreg[s] = kv8_load(k_cache + base);
-                vreg[s] = kv8_load(v_cache + base);
-            } else {
-                kreg[s] = kv8_zero();
-                vreg[s] = kv8_zero();
-            }
+            kreg[s] = knext[s];
+            vreg[s] = vnext[s];
         }
+        load_chunk(knext, vnext, t0 + NWARPS * WCHUNK, row, t_end, bt, block_size, row_elems, head_off,
+                   k_cache, v_cache);
+#else
+        load_chunk(kreg, vreg, t0, row, t_end, bt, block_size, row_elems, head_off, k_cache, v_cache);
+#endif
         // Scores: every lane of a token row ends with the full dot product.
         float sc[WSTEPS][G];
 #pragma unroll

@@ -75,6 +75,56 @@ __device__ u32 radix_select(const float* __restrict__ row, int vocab, u32 min_ke
     return prefix;
 }
 
+// Argmax of one row exactly as the host sampler defines it (engine/sampler.rs `argmax`): the largest
+// value, the lowest index among ties; NaN never wins, except that an all-NaN row gives the last index
+// (where the host's scan ends). Index 0x7fffffff marks "no non-NaN value seen yet".
+#define NO_INDEX 0x7fffffff
+
+__device__ __forceinline__ void take_better(float& bv, int& bi, float ov, int oi) {
+    if (oi == NO_INDEX) return;
+    if (bi == NO_INDEX || ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+    }
+}
+
+__device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        take_better(bv, bi, ov, oi);
+    }
+}
+
+// out: [batch] token ids. logits: [batch, vocab] f32. Grid: batch, block: NT. Only enqueues reads of
+// its arguments, so a decode step that ends with it can be replayed from a CUDA graph.
+extern "C" __global__ void __launch_bounds__(NT)
+argmax_rows(u32* __restrict__ out, const float* __restrict__ logits, int vocab) {
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float* row = logits + (size_t)b * vocab;
+    float bv = -SOV_INF;
+    int bi = NO_INDEX;
+    for (int i = tid; i < vocab; i += NT) {
+        const float x = row[i];
+        if (x == x) take_better(bv, bi, x, i);
+    }
+    warp_argmax(bv, bi);
+    if (lane == 0) {
+        best_v[warp] = bv;
+        best_i[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        bv = best_v[lane];
+        bi = best_i[lane];
+        warp_argmax(bv, bi);
+        if (lane == 0) out[b] = (u32)(bi == NO_INDEX ? vocab - 1 : bi);
+    }
+}
+
 // out: [batch] token ids. logits: [batch, vocab] f32. temperature, top_p, uniform: [batch] f32;
 // top_k: [batch] int (0 = off); uniform in [0, 1). Grid: batch, block: NT.
 extern "C" __global__ void __launch_bounds__(NT)

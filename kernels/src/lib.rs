@@ -25,6 +25,8 @@ pub enum KernelId {
     RopeKv,
     /// On-device argmax and temperature / top-k / top-p sampling.
     Sampling,
+    /// Matrix-vector products for a few rows (decode at batch 1-4), bound by the weight stream.
+    Gemv,
 }
 
 /// Compile-time parameters of the attention units.
@@ -66,12 +68,13 @@ impl HeadConfig {
 
 impl KernelId {
     /// Every unit, for tools that compile them all.
-    pub const ALL: [KernelId; 5] = [
+    pub const ALL: [KernelId; 6] = [
         KernelId::DecodeAttention,
         KernelId::PrefillAttention,
         KernelId::Elementwise,
         KernelId::RopeKv,
         KernelId::Sampling,
+        KernelId::Gemv,
     ];
 
     /// File name under `kernels/cuda/`.
@@ -82,6 +85,7 @@ impl KernelId {
             KernelId::Elementwise => "elementwise.cu",
             KernelId::RopeKv => "rope_kv.cu",
             KernelId::Sampling => "sampling.cu",
+            KernelId::Gemv => "gemv.cu",
         }
     }
 
@@ -92,6 +96,7 @@ impl KernelId {
             KernelId::Elementwise => include_str!("../cuda/elementwise.cu"),
             KernelId::RopeKv => include_str!("../cuda/rope_kv.cu"),
             KernelId::Sampling => include_str!("../cuda/sampling.cu"),
+            KernelId::Gemv => include_str!("../cuda/gemv.cu"),
         }
     }
 
@@ -116,7 +121,8 @@ impl KernelId {
                 "split_f32_bf16",
             ],
             KernelId::RopeKv => &["rope_inplace", "kv_write", "kv_write_f32"],
-            KernelId::Sampling => &["sample_tokens"],
+            KernelId::Sampling => &["argmax_rows", "sample_tokens"],
+            KernelId::Gemv => &["gemv_bf16"],
         }
     }
 

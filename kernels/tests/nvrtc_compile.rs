@@ -11,14 +11,22 @@ fn nvrtc_present() -> bool {
 }
 
 fn compile(id: KernelId, heads: Option<HeadConfig>) {
+    compile_with(id, heads, &[]);
+}
+
+fn compile_with(id: KernelId, heads: Option<HeadConfig>, extra: &[&str]) {
     let mut options = vec!["--gpu-architecture=compute_90".to_string()];
     options.extend(id.defines(heads));
+    options.extend(extra.iter().map(|s| s.to_string()));
     let opts = CompileOptions {
         options,
         ..Default::default()
     };
     if let Err(e) = compile_ptx_with_opts(id.source(), opts) {
-        panic!("{} ({heads:?}) failed to compile: {e:?}", id.file_name());
+        panic!(
+            "{} ({heads:?} {extra:?}) failed to compile: {e:?}",
+            id.file_name()
+        );
     }
 }
 
@@ -53,5 +61,18 @@ fn every_unit_compiles_for_sm90() {
         } else {
             compile(id, None);
         }
+    }
+    // The decode-attention tuning variants (SOV_DECODE_ATTENTION_DEFINES).
+    let heads = Some(HeadConfig {
+        head_dim: 128,
+        group: 4,
+        kv_f32: false,
+    });
+    for extra in [
+        &["-DWSTEPS=8"][..],
+        &["-DPREFETCH"],
+        &["-DPREFETCH", "-DWSTEPS=2"],
+    ] {
+        compile_with(KernelId::DecodeAttention, heads, extra);
     }
 }

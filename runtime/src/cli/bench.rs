@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Run the benchmark once per listed batch size B (B requests, concurrency B) on one loaded
+    /// model, e.g. `--sweep 1,16,64,256`; overrides --num-prompts and --concurrency.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep: Vec<usize>,
 }
 
 /// The benchmark's result.
@@ -169,6 +173,34 @@ fn run_requests(
 pub fn run(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
     let started = args.model.start(false)?;
     let engine = &started.engine;
+    let runs: Vec<BenchArgs> = if args.sweep.is_empty() {
+        vec![args.clone()]
+    } else {
+        args.sweep
+            .iter()
+            .map(|&b| BenchArgs {
+                num_prompts: b.max(1),
+                concurrency: Some(b.max(1)),
+                ..args.clone()
+            })
+            .collect()
+    };
+    let mut all_ok = true;
+    for run_args in &runs {
+        if !args.sweep.is_empty() && !args.json {
+            println!("sweep: batch {}", run_args.num_prompts);
+        }
+        all_ok &= measure(engine, run_args, &started.model_name)?;
+    }
+    Ok(if all_ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    })
+}
+
+/// One benchmark run on a started engine; prints its report and says whether no request failed.
+fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Result<bool> {
     let limits = engine.limits();
     let eos: Vec<u32> = Vec::new();
     // Warm-up: one short request (page in weights, size buffers).
@@ -180,11 +212,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         ignore_eos: true,
     })?;
     collect(warm).context("warm-up request failed")?;
-    let work = workload(&args, limits.vocab_size, &eos);
+    let work = workload(args, limits.vocab_size, &eos);
     let total_input_tokens: usize = work.iter().map(|w| w.0.len()).sum();
     let max_concurrency = args.concurrency.unwrap_or(work.len());
     let before = engine.stats();
-    let (results, failed, duration) = run_requests(engine, &args, work);
+    let (results, failed, duration) = run_requests(engine, args, work);
     let after = engine.stats();
     let busy = (after.busy_time - before.busy_time).as_secs_f64();
     let forward = (after.forward_time - before.forward_time).as_secs_f64();
@@ -208,7 +240,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         .collect();
     let e2els: Vec<Duration> = results.iter().map(|r| r.1).collect();
     let result = BenchResult {
-        model: started.model_name.clone(),
+        model: model_name.to_string(),
         num_prompts: args.num_prompts,
         completed: results.len(),
         failed,
@@ -232,11 +264,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
     } else {
         print_report(&result);
     }
-    Ok(if failed == 0 {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::from(1)
-    })
+    Ok(failed == 0)
 }
 
 fn print_report(r: &BenchResult) {

@@ -14,10 +14,10 @@ use std::time::Instant;
 use super::blocks::BlockManager;
 use super::codec::TextCodec;
 use super::error::EngineError;
-use super::forward::ForwardModel;
+use super::forward::{ForwardModel, PickedRows, RowPick};
 use super::hook::CheckpointHook;
 use super::output::{FinishReason, Logprobs, Output};
-use super::sampler::sample;
+use super::sampler::{Sampled, sample};
 use super::sequence::Sequence;
 use crate::model::batch::SeqChunk;
 use crate::scheduler::Slots;
@@ -278,13 +278,25 @@ impl<F: ForwardModel> EngineCore<F> {
                     }
                 })
                 .collect();
+            // Only chunks that finish their prompt need a token.
+            let picks: Vec<RowPick> = plan
+                .iter()
+                .map(|&(i, take)| {
+                    let s = &self.running[i];
+                    if s.computed + take == s.tokens.len() {
+                        self.row_pick(i)
+                    } else {
+                        RowPick::Skip
+                    }
+                })
+                .collect();
             let t_fwd = Instant::now();
-            let result = self.model.forward(&chunks);
+            let result = self.model.forward_pick(&chunks, &picks);
             self.forward_time += t_fwd.elapsed();
             drop(chunks);
             let indices: Vec<usize> = plan.iter().map(|p| p.0).collect();
-            let logits = match result {
-                Ok(l) => l,
+            let picked = match self.check_picked(result, &picks) {
+                Ok(p) => p,
                 Err(e) => {
                     self.fail(&indices, &e);
                     continue;
@@ -292,15 +304,18 @@ impl<F: ForwardModel> EngineCore<F> {
             };
             let now = Instant::now();
             let vocab = self.model.vocab_size();
+            let mut host_rows = picked.logits.chunks_exact(vocab);
             let mut finished = Vec::new();
             for (row, &(i, take)) in plan.iter().enumerate() {
                 let s = &mut self.running[i];
                 s.computed += take;
                 if s.computed == s.tokens.len() {
                     s.prefilled = true;
-                    if let Some(reason) =
-                        self.append_sampled(i, &logits[row * vocab..(row + 1) * vocab], now)
-                    {
+                    let logits = match picks[row] {
+                        RowPick::Logits => host_rows.next().unwrap_or_default(),
+                        RowPick::Skip | RowPick::Argmax => &[],
+                    };
+                    if let Some(reason) = self.append_picked(i, picked.tokens[row], logits, now) {
                         finished.push((i, reason));
                     }
                 }
@@ -333,13 +348,14 @@ impl<F: ForwardModel> EngineCore<F> {
                 }
             })
             .collect();
+        let picks: Vec<RowPick> = idx.iter().map(|&i| self.row_pick(i)).collect();
         let t_fwd = Instant::now();
-        let result = self.model.forward(&chunks);
+        let result = self.model.forward_pick(&chunks, &picks);
         self.forward_time += t_fwd.elapsed();
         drop(chunks);
         self.decode_steps += 1;
-        let logits = match result {
-            Ok(l) => l,
+        let picked = match self.check_picked(result, &picks) {
+            Ok(p) => p,
             Err(e) => {
                 self.fail(&idx, &e);
                 return Ok(());
@@ -347,17 +363,89 @@ impl<F: ForwardModel> EngineCore<F> {
         };
         let now = Instant::now();
         let vocab = self.model.vocab_size();
+        let mut host_rows = picked.logits.chunks_exact(vocab);
         let mut finished = Vec::new();
         for (row, &i) in idx.iter().enumerate() {
             self.running[i].computed += 1;
-            if let Some(reason) =
-                self.append_sampled(i, &logits[row * vocab..(row + 1) * vocab], now)
-            {
+            let logits = match picks[row] {
+                RowPick::Logits => host_rows.next().unwrap_or_default(),
+                RowPick::Skip | RowPick::Argmax => &[],
+            };
+            if let Some(reason) = self.append_picked(i, picked.tokens[row], logits, now) {
                 finished.push((i, reason));
             }
         }
         self.retire(finished);
         Ok(())
+    }
+
+    /// How running sequence `i`'s next token is chosen: by the model where its logits are when
+    /// it is their plain argmax (greedy, no penalties, no logprobs: the host sampler would take
+    /// `argmax` of the unchanged row), else by the host sampler from the downloaded row.
+    fn row_pick(&self, i: usize) -> RowPick {
+        let p = &self.running[i].sampling;
+        let plain = p.logprobs.is_none()
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0;
+        if p.is_greedy() && plain {
+            RowPick::Argmax
+        } else {
+            RowPick::Logits
+        }
+    }
+
+    /// The model's answer to `picks`, or why it cannot be used (a failed pass, or rows missing).
+    fn check_picked(
+        &self,
+        result: Result<PickedRows, String>,
+        picks: &[RowPick],
+    ) -> Result<PickedRows, String> {
+        let picked = result?;
+        let want = |p: RowPick| picks.iter().filter(|&&x| x == p).count();
+        let vocab = self.model.vocab_size();
+        let argmax_ok = picks
+            .iter()
+            .zip(&picked.tokens)
+            .all(|(p, t)| *p != RowPick::Argmax || t.is_some());
+        if picked.tokens.len() != picks.len()
+            || !argmax_ok
+            || vocab == 0
+            || picked.logits.len() != want(RowPick::Logits) * vocab
+        {
+            return Err(format!(
+                "model answered {} of {} rows with {} logits",
+                picked.tokens.len(),
+                picks.len(),
+                picked.logits.len()
+            ));
+        }
+        Ok(picked)
+    }
+
+    /// Appends the next token of running sequence `i`: `token` when the model chose it (an
+    /// [`RowPick::Argmax`] row), else one sampled here from `logits`; says whether it finished.
+    fn append_picked(
+        &mut self,
+        i: usize,
+        token: Option<u32>,
+        logits: &[f32],
+        now: Instant,
+    ) -> Option<FinishReason> {
+        match token {
+            Some(token) => {
+                // The host sampler takes one draw per token, greedy too: keep the counter in step
+                // so a checkpoint or a later host-sampled step sees the same RNG state.
+                self.running[i].rng.next_uniform();
+                let sampled = Sampled {
+                    token,
+                    logprob: None,
+                    top: Vec::new(),
+                };
+                self.append_token(i, sampled, now)
+            }
+            None => self.append_sampled(i, logits, now),
+        }
     }
 
     /// Preempts the newest sequences (keeping at least one) while a running sequence cannot get
@@ -414,10 +502,17 @@ impl<F: ForwardModel> EngineCore<F> {
         logits: &[f32],
         now: Instant,
     ) -> Option<FinishReason> {
-        let cfg = &self.cfg;
         let s = &mut self.running[i];
         let (prompt, output) = s.tokens.split_at(s.prompt_len);
         let sampled = sample(logits, &s.sampling, prompt, output, &mut s.rng);
+        self.append_token(i, sampled, now)
+    }
+
+    /// Appends `sampled` to running sequence `i`, streams it, and says whether the sequence
+    /// finished.
+    fn append_token(&mut self, i: usize, sampled: Sampled, now: Instant) -> Option<FinishReason> {
+        let cfg = &self.cfg;
+        let s = &mut self.running[i];
         let token = sampled.token;
         s.tokens.push(token);
         s.note_token_time(now);

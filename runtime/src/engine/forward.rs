@@ -2,6 +2,7 @@
 //! paged KV cache the model owns. [`crate::model::LlamaModel`] implements it on every backend; tests
 //! of scheduling logic use [`super::fake::FakeModel`].
 
+use super::sampler::argmax;
 use crate::checkpoint::driver::KvBlockIo;
 use crate::model::batch::SeqChunk;
 
@@ -12,6 +13,17 @@ pub trait ForwardModel: Send {
     /// Runs `chunks` (prefill chunks and decode tokens mixed) and returns the logits of the last
     /// token of each chunk, `[chunks.len(), vocab_size]` row-major.
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<f32>, String>;
+    /// Runs `chunks` as [`ForwardModel::forward`] does and returns what `picks` asks of each
+    /// chunk's last token: the argmax token chosen by the model (on its device when it can), or
+    /// the logits row for the engine to sample on the host. The default runs `forward` and takes
+    /// the argmax on the host, with the sampler's own [`argmax`].
+    fn forward_pick(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+    ) -> Result<PickedRows, String> {
+        pick_on_host(self.vocab_size(), self.forward(chunks)?, picks)
+    }
     /// Block-level access to the KV cache, for checkpoints that store KV (`KvMode::Blocks`);
     /// None when the model keeps no KV the engine can read (then only `Recompute` mode works).
     fn kv_io(&mut self) -> Option<&mut dyn KvBlockIo> {
@@ -26,7 +38,67 @@ impl<T: ForwardModel + ?Sized> ForwardModel for Box<T> {
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<f32>, String> {
         (**self).forward(chunks)
     }
+    fn forward_pick(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+    ) -> Result<PickedRows, String> {
+        (**self).forward_pick(chunks, picks)
+    }
     fn kv_io(&mut self) -> Option<&mut dyn KvBlockIo> {
         (**self).kv_io()
     }
+}
+
+/// What the engine needs from one chunk's last token after a forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowPick {
+    /// Nothing (a prompt chunk that does not finish its prompt).
+    Skip,
+    /// The largest logit, the lowest token id among ties (greedy sampling without penalties or
+    /// logprobs): the model may choose it where the logits are, so only the id travels.
+    Argmax,
+    /// The logits row, for the host sampler.
+    Logits,
+}
+
+/// Result of [`ForwardModel::forward_pick`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PickedRows {
+    /// Per chunk: the chosen token of an [`RowPick::Argmax`] row, None for the others.
+    pub tokens: Vec<Option<u32>>,
+    /// Logits of the [`RowPick::Logits`] rows, in chunk order: `[count of those rows, vocab]`.
+    pub logits: Vec<f32>,
+}
+
+/// [`ForwardModel::forward_pick`] from a full `[picks.len(), vocab]` logits matrix, on the host.
+pub fn pick_on_host(
+    vocab: usize,
+    logits: Vec<f32>,
+    picks: &[RowPick],
+) -> Result<PickedRows, String> {
+    if vocab == 0 || logits.len() != picks.len() * vocab {
+        return Err(format!(
+            "forward returned {} logits for {} rows of {vocab}",
+            logits.len(),
+            picks.len()
+        ));
+    }
+    if picks.iter().all(|p| *p == RowPick::Logits) {
+        return Ok(PickedRows {
+            tokens: vec![None; picks.len()],
+            logits,
+        });
+    }
+    let mut out = PickedRows::default();
+    for (pick, row) in picks.iter().zip(logits.chunks_exact(vocab.max(1))) {
+        out.tokens.push(match pick {
+            RowPick::Argmax => Some(argmax(row)),
+            RowPick::Skip | RowPick::Logits => None,
+        });
+        if *pick == RowPick::Logits {
+            out.logits.extend_from_slice(row);
+        }
+    }
+    Ok(out)
 }

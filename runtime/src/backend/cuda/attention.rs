@@ -28,15 +28,16 @@ pub(super) struct SplitPlan {
     pub(super) split_tokens: usize,
 }
 
-/// Split-K plan for `seqs` sequences of up to `max_ctx` tokens on `sm_count` SMs.
+/// Split-K plan for `seqs` sequences of up to `max_ctx` tokens, aiming at about `target_ctas`
+/// CTAs in flight (see [`CudaBackend::split_target_ctas`]).
 pub(super) fn plan_splits(
     seqs: usize,
     kv_heads: usize,
     max_ctx: usize,
-    sm_count: usize,
+    target_ctas: usize,
 ) -> SplitPlan {
     let ctas = (seqs * kv_heads).max(1);
-    let target = 4 * sm_count.max(1);
+    let target = target_ctas.max(1);
     let max_tiles = max_ctx.div_ceil(DECODE_TILE).max(1);
     let splits = target.div_ceil(ctas).clamp(1, max_tiles.min(MAX_SPLITS));
     let split_tokens = max_ctx.div_ceil(splits).div_ceil(DECODE_TILE).max(1) * DECODE_TILE;
@@ -126,7 +127,12 @@ impl CudaBackend {
         scale: f32,
     ) -> Result<(), BackendError> {
         let seqs = meta.n_seqs;
-        let plan = plan_splits(seqs, heads.n_kv_heads, meta.max_ctx_len, self.sm_count);
+        let plan = plan_splits(
+            seqs,
+            heads.n_kv_heads,
+            meta.max_ctx_len,
+            self.split_target_ctas,
+        );
         let f = self.modules.function(
             KernelId::DecodeAttention,
             Some(cfg),
@@ -144,9 +150,11 @@ impl CudaBackend {
         {
             scratch.part_o =
                 Some(self.alloc_zeroed(DType::F32, (rows * cfg.head_dim).next_power_of_two())?);
+            scratch.generation += 1;
         }
         if scratch.part_ml.as_ref().is_none_or(|b| b.len < rows * 2) {
             scratch.part_ml = Some(self.alloc_zeroed(DType::F32, (rows * 2).next_power_of_two())?);
+            scratch.generation += 1;
         }
         if scratch
             .counters
@@ -155,6 +163,7 @@ impl CudaBackend {
         {
             scratch.counters =
                 Some(self.alloc_zeroed(DType::U32, (seqs * heads.n_kv_heads).next_power_of_two())?);
+            scratch.generation += 1;
         }
         let (Some(po), Some(pml), Some(cnt)) =
             (&scratch.part_o, &scratch.part_ml, &scratch.counters)
@@ -270,16 +279,16 @@ mod tests {
     #[test]
     fn split_plans_fill_the_gpu_and_cover_the_context() {
         // One sequence, long context: many splits of whole tiles.
-        let p = plan_splits(1, 8, 4096, 132);
+        let p = plan_splits(1, 8, 4096, 4 * 132);
         assert_eq!(p.split_tokens % DECODE_TILE, 0);
         assert!(p.splits * p.split_tokens >= 4096);
         assert!(p.splits * 8 >= 4 * 132 / 2, "{p:?}");
         // Many sequences: one split.
-        assert_eq!(plan_splits(256, 8, 1024, 132).splits, 1);
+        assert_eq!(plan_splits(256, 8, 1024, 4 * 132).splits, 1);
         // Short context never asks for more splits than tiles.
-        let p = plan_splits(1, 1, 10, 132);
+        let p = plan_splits(1, 1, 10, 4 * 132);
         assert_eq!((p.splits, p.split_tokens), (1, 64));
         // Never more splits than the kernel's merge holds.
-        assert!(plan_splits(1, 1, 1 << 20, 1000).splits <= MAX_SPLITS);
+        assert!(plan_splits(1, 1, 1 << 20, 4000).splits <= MAX_SPLITS);
     }
 }

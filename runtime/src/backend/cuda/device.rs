@@ -16,8 +16,11 @@ pub struct CudaBackend {
     pub(super) stream: Arc<CudaStream>,
     pub(super) blas: CudaBlas,
     pub(super) modules: ModuleCache,
-    /// Streaming multiprocessors, for sizing split-K grids.
-    pub(super) sm_count: usize,
+    /// CTAs a split-K decode-attention launch aims to have in flight: `SOV_DECODE_CTAS_PER_SM`
+    /// (default 4) per streaming multiprocessor.
+    pub(super) split_target_ctas: usize,
+    /// Products of up to four rows use `gemv.cu` (off with `SOV_GEMV=0`).
+    pub(super) use_gemv: bool,
     /// Reusable scratch: the bf16 copy of matmul inputs and the decode-attention partials.
     pub(super) scratch: Mutex<Scratch>,
     /// Precise mode: matmul inputs as two bf16 terms (f32 accuracy, twice the weight reads; see
@@ -36,6 +39,19 @@ pub(super) struct Scratch {
     pub(super) part_ml: Option<CudaBuffer>,
     /// Split arrival counters `[seqs, kv_heads]` u32, kept zero between launches.
     pub(super) counters: Option<CudaBuffer>,
+    /// Bumped whenever a scratch buffer is (re)allocated: a CUDA graph captured under an older
+    /// generation points at freed scratch and must be captured again.
+    pub(super) generation: u64,
+}
+
+impl CudaBackend {
+    /// The current scratch generation (see [`Scratch::generation`]).
+    pub(super) fn scratch_generation(&self) -> u64 {
+        self.scratch
+            .lock()
+            .map(|s| s.generation)
+            .unwrap_or(u64::MAX)
+    }
 }
 
 /// Maps a driver error to the backend's error type.
@@ -105,7 +121,8 @@ impl CudaBackend {
             stream,
             blas,
             modules,
-            sm_count,
+            split_target_ctas: sm_count * env_usize("SOV_DECODE_CTAS_PER_SM").unwrap_or(4).max(1),
+            use_gemv: env_usize("SOV_GEMV") != Some(0),
             scratch: Mutex::new(Scratch::default()),
             precise: false,
         })
@@ -204,6 +221,11 @@ impl CudaBackend {
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(driver_err)
     }
+}
+
+/// A positive integer from environment variable `name` (a tuning knob for benchmarks).
+pub(super) fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.trim().parse().ok()
 }
 
 /// Grid size for a grid-stride kernel over `n` items with `threads` per block.

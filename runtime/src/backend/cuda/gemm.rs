@@ -5,6 +5,8 @@
 //! `ldc = m`. The f32 input is first rounded to bf16 into a reusable scratch buffer (fast mode), or
 //! (precise mode, [`CudaBackend::with_precise`]) split into `hi + lo` bf16 terms multiplied by
 //! two GEMMs accumulating into the same f32 output: f32-input accuracy, weights read twice.
+//! Up to four rows of x (decode at small batch) go to `gemv.cu` instead, which streams the weights
+//! once at close to copy bandwidth; `SOV_GEMV=0` keeps every product on cuBLAS (for comparison).
 
 use std::ffi::c_void;
 
@@ -14,7 +16,13 @@ use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
+use super::ops::to_i32;
 use crate::backend::{BackendError, DType, check_buffer};
+
+/// Most rows of x the GEMV kernel takes (`GEMV_MAX_N` in `gemv.cu`).
+const GEMV_MAX_N: usize = 4;
+/// Warps (output columns) per CTA of the GEMV kernel (`GEMV_WARPS` in `gemv.cu`).
+const GEMV_WARPS: usize = 8;
 
 impl CudaBackend {
     /// `out = x @ w^T` (see the module doc). `x: [n, k]` f32, `w: [m, k]` bf16, `out: [n, m]` f32.
@@ -34,6 +42,9 @@ impl CudaBackend {
         if n == 0 || m == 0 {
             return Ok(());
         }
+        if self.use_gemv && n <= GEMV_MAX_N && k.is_multiple_of(8) {
+            return self.gemv(x, w, out, n, k, m);
+        }
         let mut scratch = self
             .scratch
             .lock()
@@ -46,6 +57,7 @@ impl CudaBackend {
         {
             scratch.x_bf16 =
                 Some(self.alloc_zeroed(DType::BF16, (terms * n * k).next_power_of_two())?);
+            scratch.generation += 1;
         }
         let Some(xb) = scratch.x_bf16.as_ref() else {
             return Err(BackendError::Device("matmul scratch missing".into()));
@@ -59,6 +71,40 @@ impl CudaBackend {
             self.cast_f32_bf16(x.ptr(), xb.ptr(), n * k)?;
             self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0)
         }
+    }
+
+    /// `out = x @ w^T` for `n <= GEMV_MAX_N` rows with `gemv.cu` (weights streamed once; x rounded
+    /// to bf16 in fast mode as the cuBLAS path does, kept f32 in precise mode).
+    fn gemv(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        let f = self.modules.function(KernelId::Gemv, None, "gemv_bf16")?;
+        let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
+        let round_x = i32::from(!self.precise);
+        let (o, xp, wp) = (out.ptr(), x.ptr(), w.ptr());
+        let cfg = LaunchConfig {
+            grid_dim: (m.div_ceil(GEMV_WARPS) as u32, 1, 1),
+            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&o)
+            .arg(&xp)
+            .arg(&wp)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&mi)
+            .arg(&round_x);
+        // SAFETY: x holds n*k f32, w m*k bf16 with k % 8 == 0 (16-byte rows), out n*m f32
+        // (checked by the caller); n <= GEMV_MAX_N as the kernel requires.
+        unsafe { b.launch(cfg) }.map_err(driver_err)?;
+        Ok(())
     }
 
     /// Splits `len` f32 values at `src` into bf16 `hi` and `lo` terms.

@@ -17,6 +17,12 @@ pub struct StepGraph {
     graph: CudaGraph,
 }
 
+// SAFETY: CUDA graph handles may be used from any thread as long as calls on one graph are
+// serialised (CUDA driver API, "Graph object thread safety"). A StepGraph is owned by one runner
+// and only reached through it (it is Send, not Sync), so moving it to the engine thread cannot
+// make two threads touch the graph at once; cudarc binds the context before every graph call.
+unsafe impl Send for StepGraph {}
+
 impl CudaBackend {
     /// Records everything `step` enqueues on this backend's stream into a graph (nothing runs).
     pub fn capture(

@@ -8,13 +8,15 @@
 //! ([`gemm`]). Weights and the paged KV cache are bf16; activations are f32 as the Backend contract
 //! says. Decode attention is split-K with the merge done by the last CTA ([`attention`]); the
 //! next-token choice can run on the device so only token ids come back ([`sampling`]); a decode
-//! step can be captured once into a CUDA graph and replayed ([`graph`]).
+//! step can be captured once into a CUDA graph and replayed ([`graph`]); [`DecodeGraphs`] runs a
+//! model's decode steps that way, per batch-size bucket, for the engine.
 //! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
 //! [`CudaBackend::new`] then returns a clear error.
 
 mod attention;
 mod backend_impl;
 mod buffer;
+mod decode_graphs;
 mod device;
 mod gemm;
 mod graph;
@@ -32,6 +34,7 @@ mod reference;
 mod tests;
 
 pub use buffer::CudaBuffer;
+pub use decode_graphs::DecodeGraphs;
 pub use device::{CudaBackend, probe};
 pub use graph::StepGraph;
 pub use sampling::SamplingRow;

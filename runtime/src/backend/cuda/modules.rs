@@ -75,6 +75,13 @@ impl ModuleCache {
         }
         let mut options = vec![format!("--gpu-architecture={}", self.arch)];
         options.extend(id.defines(heads));
+        // Tuning knob for benchmarks: extra defines of the decode-attention unit, e.g.
+        // `SOV_DECODE_ATTENTION_DEFINES="-DWSTEPS=8 -DPREFETCH"`.
+        if id == KernelId::DecodeAttention
+            && let Ok(extra) = std::env::var("SOV_DECODE_ATTENTION_DEFINES")
+        {
+            options.extend(extra.split_whitespace().map(str::to_string));
+        }
         let opts = CompileOptions {
             options,
             ..Default::default()

@@ -34,6 +34,46 @@ impl SamplingRow {
 }
 
 impl CudaBackend {
+    /// Enqueues the greedy choice of each of the first `rows` rows of `logits: [>= rows, vocab]`
+    /// f32 into `out: [>= rows]` u32: the largest logit, the lowest id among ties, NaN never chosen
+    /// unless the whole row is NaN (then the last id), exactly as the engine's host `argmax`.
+    /// Nothing is downloaded, so a captured decode step can end with it.
+    pub fn argmax_rows(
+        &self,
+        logits: &CudaBuffer,
+        vocab: usize,
+        rows: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "argmax_rows";
+        check_buffer(OP, "logits", logits, DType::F32, rows * vocab)?;
+        check_buffer(OP, "out", out, DType::U32, rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        if vocab == 0 {
+            return Err(BackendError::Shape {
+                op: OP,
+                detail: "vocab is 0".into(),
+            });
+        }
+        let f = self
+            .modules
+            .function(KernelId::Sampling, None, "argmax_rows")?;
+        let v = to_i32(vocab, "vocab")?;
+        let (o, l) = (out.ptr(), logits.ptr());
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&o).arg(&l).arg(&v);
+        // SAFETY: logits holds rows * vocab f32 and out holds rows u32, checked above.
+        unsafe { b.launch(cfg) }.map_err(driver_err)?;
+        Ok(())
+    }
+
     /// One token id per row of `logits: [rows.len(), vocab]` f32, chosen on the device.
     pub fn sample(
         &self,

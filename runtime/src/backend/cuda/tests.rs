@@ -134,6 +134,10 @@ fn matmul_matches_cpu() {
         (17, 333, 129),
         (64, 4096, 1024),
         (1, 4096, 6144),
+        // GEMV path (n <= 4, k % 8 == 0): odd column counts, the widest k of Llama-3-8B.
+        (2, 4096, 1001),
+        (4, 14336, 520),
+        (1, 8, 3),
     ] {
         let seed = (n * 7 + k * 3 + m) as u64;
         let x = cpu::random(n * k, 1.0, seed);
@@ -561,5 +565,40 @@ fn sampling_matches_cpu() {
             8 * rows
         );
         assert!(compared >= 24, "too few draws compared ({compared})");
+    }
+}
+
+/// `argmax_rows` against the engine's host `argmax` (engine/sampler.rs), the rule the engine's
+/// greedy rows must follow on either side: random rows, exact ties (lowest id wins), NaNs (never
+/// win), an all -inf row (first id) and an all-NaN row (last id).
+#[test]
+fn argmax_rows_matches_the_engine_sampler() {
+    let Some(b) = device() else { return };
+    for vocab in [7, 1001, 128256] {
+        let rows = 8;
+        let mut logits = cpu::random(rows * vocab, 4.0, 31 + vocab as u64);
+        let row = |r: usize| r * vocab..(r + 1) * vocab;
+        // Row 1: the maximum appears twice; row 2: NaNs around a maximum; row 3: all -inf;
+        // row 4: all NaN; row 5: NaN first, then a tie at the end.
+        logits[row(1)][vocab / 3] = 100.0;
+        logits[row(1)][vocab - 1] = 100.0;
+        logits[row(2)][0] = f32::NAN;
+        logits[row(2)][vocab / 2] = f32::NAN;
+        logits[row(2)][vocab / 2 + 1] = 50.0;
+        logits[row(3)].fill(f32::NEG_INFINITY);
+        logits[row(4)].fill(f32::NAN);
+        logits[row(5)][0] = f32::NAN;
+        logits[row(5)][vocab - 2] = 60.0;
+        logits[row(5)][vocab - 1] = 60.0;
+        let lb = b.upload_f32(&logits).unwrap();
+        let mut out = b.alloc(DType::U32, rows).unwrap();
+        b.argmax_rows(&lb, vocab, rows, &mut out).unwrap();
+        let mut got = vec![0u32; rows];
+        b.download_u32(&out, &mut got).unwrap();
+        let want: Vec<u32> = (0..rows)
+            .map(|r| crate::engine::sampler::argmax(&logits[row(r)]))
+            .collect();
+        assert_eq!(got, want, "vocab {vocab}");
+        assert_eq!((want[3], want[4]), (0, vocab as u32 - 1));
     }
 }

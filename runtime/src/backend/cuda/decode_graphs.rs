@@ -1,0 +1,407 @@
+//! Decode steps of a [`LlamaModel`] on the GPU, replayed from CUDA graphs, with the greedy token
+//! of every row chosen on the device so only token ids come back.
+//!
+//! Design: the op sequence of `LlamaModel::forward` (one Backend op per step of the Llama forward
+//! pass, the same kernels in the same order) enqueued on buffers this runner keeps at fixed
+//! addresses, so a step can be captured once into a CUDA graph and replayed. A step of `n`
+//! sequences runs padded to a batch bucket ([`batch_bucket`]) and is captured per (batch bucket,
+//! context bucket): the context bucket ([`ctx_bucket`], a power of two >= the longest context)
+//! fixes the decode split plan and the block-table stride the graph holds. Padding rows have
+//! context length 0 (attention skips them) and KV slot `0xffffffff` (no KV write); rows are
+//! independent in every op, so padding never changes a real row. The step's inputs (token ids,
+//! positions, slots, context lengths, block tables) are copied into the fixed buffers before each
+//! replay. A key runs eagerly the first time it is seen (sizing the backend's scratch and the
+//! library workspaces), is captured the second time, and replayed from then on; every graph is
+//! dropped when the backend reallocates scratch or these buffers grow.
+//! The step ends with [`CudaBackend::argmax_rows`] into a `[bucket]` u32 buffer; logits rows stay
+//! on the device and are downloaded only for rows the engine samples on the host.
+
+use std::collections::{HashMap, HashSet};
+
+use super::buffer::CudaBuffer;
+use super::device::CudaBackend;
+use super::graph::StepGraph;
+use crate::backend::{Backend, BackendError, BatchMeta, DType, HeadShape};
+use crate::model::batch::SeqChunk;
+use crate::model::plan::{PlanLimits, plan};
+use crate::model::{KvCache, LlamaModel, ModelError};
+
+/// Padded batch size a step of `n` sequences runs at: powers of two up to 32, then multiples
+/// of 16 (few graphs, at most 15% padding above 32).
+pub fn batch_bucket(n: usize) -> usize {
+    if n <= 32 {
+        n.max(1).next_power_of_two()
+    } else {
+        n.div_ceil(16) * 16
+    }
+}
+
+/// Context length a graph is captured for: the next power of two, at least 256.
+pub fn ctx_bucket(max_ctx: usize) -> usize {
+    max_ctx.max(256).next_power_of_two()
+}
+
+/// Fixed-address buffers for steps of up to `rows` sequences.
+struct StepBuffers {
+    rows: usize,
+    /// Elements `block_tables` holds (rows x the widest stride used so far).
+    table_capacity: usize,
+    /// `[rows]` u32.
+    ids: CudaBuffer,
+    /// positions, slots, q_starts (`[rows + 1]` = 0..=rows), ctx_lens, block tables.
+    meta: BatchMeta<CudaBackend>,
+    /// `[rows, hidden]`: the residual stream.
+    hidden: CudaBuffer,
+    /// `[rows, hidden]`.
+    normed: CudaBuffer,
+    /// `[rows, (H + 2*KVH) * D]`.
+    qkv: CudaBuffer,
+    /// `[rows, H * D]`.
+    attn: CudaBuffer,
+    /// `[rows, hidden]`.
+    sub_out: CudaBuffer,
+    /// `[rows, 2 * F]`.
+    gate_up: CudaBuffer,
+    /// `[rows, F]`.
+    act: CudaBuffer,
+    /// `[rows, vocab]`.
+    logits: CudaBuffer,
+    /// `[rows]` u32: argmax of each logits row.
+    picked: CudaBuffer,
+}
+
+/// The graph-replaying decode runner of one model and KV cache.
+pub struct DecodeGraphs {
+    bufs: Option<StepBuffers>,
+    graphs: HashMap<(usize, usize), StepGraph>,
+    /// Keys that ran eagerly once (scratch is sized for them).
+    warm: HashSet<(usize, usize)>,
+    /// Backend scratch generation the graphs were captured under.
+    generation: u64,
+    use_graphs: bool,
+    /// Rows of the last step (its logits rows are valid).
+    last_rows: usize,
+    vocab: usize,
+}
+
+impl Default for DecodeGraphs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DecodeGraphs {
+    /// A runner that replays graphs unless `SOV_CUDA_GRAPHS=0` is set (eager steps, for
+    /// measuring what the graphs save).
+    pub fn new() -> Self {
+        let use_graphs = std::env::var("SOV_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        Self {
+            bufs: None,
+            graphs: HashMap::new(),
+            warm: HashSet::new(),
+            generation: 0,
+            use_graphs,
+            last_rows: 0,
+            vocab: 0,
+        }
+    }
+
+    /// Whether this runner can take `chunks`: a pure decode step (one new token per sequence).
+    pub fn accepts(chunks: &[SeqChunk<'_>]) -> bool {
+        !chunks.is_empty() && chunks.iter().all(|c| c.tokens.len() == 1)
+    }
+
+    /// Runs one decode step of `chunks` (each one token; see [`Self::accepts`]) on `model` and
+    /// `kv`, and returns the greedy token of each chunk (largest logit, lowest id on ties).
+    /// The logits stay on the device for [`Self::download_logits_row`].
+    pub fn step(
+        &mut self,
+        model: &LlamaModel<CudaBackend>,
+        kv: &mut KvCache<CudaBackend>,
+        chunks: &[SeqChunk<'_>],
+    ) -> Result<Vec<u32>, ModelError> {
+        if !Self::accepts(chunks) {
+            return Err(ModelError::InvalidBatch(
+                "the decode graph runner takes one new token per sequence".into(),
+            ));
+        }
+        let c = model.config();
+        let b = model.backend();
+        let limits = PlanLimits {
+            vocab_size: c.vocab_size,
+            max_positions: c.max_position_embeddings,
+            block_size: kv.block_size(),
+            num_blocks: kv.num_blocks(),
+        };
+        let step = plan(chunks, limits)?;
+        let n = chunks.len();
+        let bucket = batch_bucket(n);
+        let ctx_b = ctx_bucket(step.max_ctx_len);
+        let stride = ctx_b.div_ceil(limits.block_size);
+        self.ensure_buffers(model, bucket, bucket * stride)?;
+        let Some(bufs) = self.bufs.as_mut() else {
+            return Err(BackendError::Device("decode buffers missing".into()).into());
+        };
+        // Host inputs, padded to the bucket.
+        let mut ids = vec![0u32; bucket]; // [bucket]
+        let mut positions = vec![0u32; bucket]; // [bucket]
+        let mut slots = vec![u32::MAX; bucket]; // [bucket]
+        let mut ctx_lens = vec![0u32; bucket]; // [bucket]
+        let mut tables = vec![0u32; bucket * stride]; // [bucket, stride]
+        ids[..n].copy_from_slice(&step.tokens);
+        positions[..n].copy_from_slice(&step.positions);
+        slots[..n].copy_from_slice(&step.slot_mapping);
+        ctx_lens[..n].copy_from_slice(&step.ctx_lens);
+        let src_stride = step.max_blocks_per_seq;
+        for s in 0..n {
+            let used = (step.ctx_lens[s] as usize).div_ceil(limits.block_size);
+            tables[s * stride..s * stride + used]
+                .copy_from_slice(&step.block_tables[s * src_stride..s * src_stride + used]);
+        }
+        let u32s = |v: &[u32]| bytemuck::cast_slice::<u32, u8>(v).to_vec();
+        b.write_bytes(&mut bufs.ids, 0, &u32s(&ids))?;
+        b.write_bytes(&mut bufs.meta.positions, 0, &u32s(&positions))?;
+        b.write_bytes(&mut bufs.meta.slot_mapping, 0, &u32s(&slots))?;
+        b.write_bytes(&mut bufs.meta.ctx_lens, 0, &u32s(&ctx_lens))?;
+        b.write_bytes(&mut bufs.meta.block_tables, 0, &u32s(&tables))?;
+        bufs.meta.n_tokens = bucket;
+        bufs.meta.n_seqs = bucket;
+        bufs.meta.max_q_len = 1;
+        bufs.meta.max_ctx_len = ctx_b;
+        bufs.meta.max_blocks_per_seq = stride;
+
+        let key = (bucket, ctx_b);
+        if b.scratch_generation() != self.generation {
+            self.graphs.clear();
+            self.generation = b.scratch_generation();
+        }
+        if !self.use_graphs || !self.warm.contains(&key) {
+            enqueue_step(model, kv, bufs, bucket)?;
+            self.warm.insert(key);
+        } else {
+            if !self.graphs.contains_key(&key) {
+                match b.capture(|| enqueue_step(model, kv, bufs, bucket)) {
+                    Ok(g) if b.scratch_generation() == self.generation => {
+                        self.graphs.insert(key, g);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("CUDA graph capture failed, decoding eagerly: {e}");
+                        self.use_graphs = false;
+                    }
+                }
+            }
+            match self.graphs.get(&key) {
+                Some(g) => b.replay(g)?,
+                None => enqueue_step(model, kv, bufs, bucket)?,
+            }
+        }
+        let mut picked = vec![0u32; n];
+        b.download_u32(&bufs.picked, &mut picked)?;
+        self.last_rows = n;
+        self.vocab = c.vocab_size;
+        Ok(picked)
+    }
+
+    /// Copies row `row` of the last step's logits (`[vocab]` f32) into `out`.
+    pub fn download_logits_row(
+        &self,
+        backend: &CudaBackend,
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let Some(bufs) = self.bufs.as_ref() else {
+            return Err(BackendError::Device("no decode step has run".into()));
+        };
+        if row >= self.last_rows || out.len() != self.vocab {
+            return Err(BackendError::Shape {
+                op: "download_logits_row",
+                detail: format!(
+                    "row {row} of {} rows, {} values for a vocabulary of {}",
+                    self.last_rows,
+                    out.len(),
+                    self.vocab
+                ),
+            });
+        }
+        backend.download_raw(
+            &bufs.logits,
+            row * self.vocab * 4,
+            bytemuck::cast_slice_mut(out),
+        )
+    }
+
+    /// Makes the fixed buffers hold `rows` rows and `table_elems` block-table entries, growing
+    /// them (and dropping every graph) when they are smaller.
+    fn ensure_buffers(
+        &mut self,
+        model: &LlamaModel<CudaBackend>,
+        rows: usize,
+        table_elems: usize,
+    ) -> Result<(), ModelError> {
+        if let Some(bufs) = &self.bufs
+            && bufs.rows >= rows
+            && bufs.table_capacity >= table_elems
+        {
+            return Ok(());
+        }
+        let (rows, table_elems) = match &self.bufs {
+            Some(old) => (rows.max(old.rows), table_elems.max(old.table_capacity)),
+            None => (rows, table_elems),
+        };
+        self.bufs = None;
+        self.graphs.clear();
+        self.warm.clear();
+        let c = model.config();
+        let heads = heads_of(model);
+        let b = model.backend();
+        let f32s = |len: usize| b.alloc(DType::F32, len);
+        let u32s = |len: usize| b.alloc(DType::U32, len);
+        let q_starts: Vec<u32> = (0..=rows as u32).collect(); // [rows + 1]
+        self.bufs = Some(StepBuffers {
+            rows,
+            table_capacity: table_elems,
+            ids: u32s(rows)?,
+            meta: BatchMeta {
+                n_tokens: rows,
+                n_seqs: rows,
+                max_q_len: 1,
+                max_ctx_len: 1,
+                max_blocks_per_seq: 1,
+                positions: u32s(rows)?,
+                slot_mapping: u32s(rows)?,
+                q_starts: b.upload_u32(&q_starts)?,
+                ctx_lens: u32s(rows)?,
+                block_tables: u32s(table_elems)?,
+            },
+            hidden: f32s(rows * c.hidden_size)?,
+            normed: f32s(rows * c.hidden_size)?,
+            qkv: f32s(rows * heads.qkv_width())?,
+            attn: f32s(rows * heads.q_width())?,
+            sub_out: f32s(rows * c.hidden_size)?,
+            gate_up: f32s(rows * 2 * c.intermediate_size)?,
+            act: f32s(rows * c.intermediate_size)?,
+            logits: f32s(rows * c.vocab_size)?,
+            picked: u32s(rows)?,
+        });
+        Ok(())
+    }
+}
+
+fn heads_of(model: &LlamaModel<CudaBackend>) -> HeadShape {
+    let c = model.config();
+    HeadShape {
+        n_heads: c.num_attention_heads,
+        n_kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+    }
+}
+
+/// Enqueues one decode step of `n` rows (the bucket) on the fixed buffers: the ops of
+/// `LlamaModel::forward` in its order, then the argmax of every logits row. Nothing is
+/// downloaded or allocated, so it can be captured.
+fn enqueue_step(
+    model: &LlamaModel<CudaBackend>,
+    kv: &mut KvCache<CudaBackend>,
+    a: &mut StepBuffers,
+    n: usize,
+) -> Result<(), BackendError> {
+    let c = model.config();
+    let b = model.backend();
+    let w = model.weights();
+    let (cos, sin) = model.rope_tables();
+    let heads = heads_of(model);
+    let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
+    let block_size = kv.block_size();
+    let scale = 1.0 / (heads.head_dim as f32).sqrt();
+    b.embedding(&w.embed, &a.ids, &mut a.hidden, n, hidden)?;
+    for (l, lw) in w.layers.iter().enumerate() {
+        if l == 0 {
+            b.rms_norm(&a.hidden, &lw.input_norm, &mut a.normed, n, hidden, eps)?;
+        } else {
+            b.add_rms_norm(
+                &mut a.hidden,
+                &a.sub_out,
+                &lw.input_norm,
+                &mut a.normed,
+                n,
+                hidden,
+                eps,
+            )?;
+        }
+        let qkv_w = heads.qkv_width();
+        b.matmul(&a.normed, &lw.qkv, &mut a.qkv, n, hidden, qkv_w)?;
+        if let Some(bias) = &lw.qkv_bias {
+            b.add_bias(&mut a.qkv, bias, n, qkv_w)?;
+        }
+        b.rope(&mut a.qkv, &a.meta.positions, cos, sin, n, heads)?;
+        let (k_cache, v_cache) = kv.layer_mut(l);
+        b.kv_write(&a.qkv, &a.meta.slot_mapping, k_cache, v_cache, n, heads)?;
+        b.paged_attention(
+            &a.qkv,
+            k_cache,
+            v_cache,
+            &a.meta,
+            &mut a.attn,
+            heads,
+            block_size,
+            scale,
+        )?;
+        b.matmul(
+            &a.attn,
+            &lw.o_proj,
+            &mut a.sub_out,
+            n,
+            heads.q_width(),
+            hidden,
+        )?;
+        b.add_rms_norm(
+            &mut a.hidden,
+            &a.sub_out,
+            &lw.post_norm,
+            &mut a.normed,
+            n,
+            hidden,
+            eps,
+        )?;
+        let f = c.intermediate_size;
+        b.matmul(&a.normed, &lw.gate_up, &mut a.gate_up, n, hidden, 2 * f)?;
+        b.silu_mul(&a.gate_up, &mut a.act, n, f)?;
+        b.matmul(&a.act, &lw.down, &mut a.sub_out, n, f, hidden)?;
+    }
+    if w.layers.is_empty() {
+        b.rms_norm(&a.hidden, &w.final_norm, &mut a.normed, n, hidden, eps)?;
+    } else {
+        b.add_rms_norm(
+            &mut a.hidden,
+            &a.sub_out,
+            &w.final_norm,
+            &mut a.normed,
+            n,
+            hidden,
+            eps,
+        )?;
+    }
+    let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+    b.matmul(&a.normed, head, &mut a.logits, n, hidden, c.vocab_size)?;
+    b.argmax_rows(&a.logits, c.vocab_size, n, &mut a.picked)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_the_batch_with_little_padding() {
+        for n in 1..=300 {
+            let b = batch_bucket(n);
+            assert!(b >= n);
+            if n > 32 {
+                assert!(b - n < 16 && b.is_multiple_of(16), "{n} -> {b}");
+            }
+        }
+        assert_eq!([1, 2, 3, 5, 17, 33].map(batch_bucket), [1, 2, 4, 8, 32, 48]);
+        assert_eq!([1, 256, 257, 5000].map(ctx_bucket), [256, 256, 512, 8192]);
+    }
+}
