@@ -55,6 +55,8 @@ pub struct ResumeBook {
     pub requests: BTreeMap<u64, ResumedRequest>,
     /// Height of the checkpoint resumed from (0: none existed; everything restarted from the journal).
     pub height: u64,
+    /// Wall time of the restore (reading and checking the checkpoint, KV copied back).
+    pub restore_time: std::time::Duration,
 }
 
 /// Where and how an engine checkpoints.
@@ -184,6 +186,7 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
     }
 
     fn restore(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
+        let t0 = std::time::Instant::now();
         let cp = lock(&self.cp)?;
         let layout = layout_of(&mut core.model);
         let restored = cp.latest(&layout).map_err(engine_err)?;
@@ -198,7 +201,9 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
                 .lock()
                 .map_err(|_| EngineError::Checkpoint("resume book lock poisoned".into()))?;
             book.height = if restored.is_some() { height } else { 0 };
-            resume_from_disk(core, restored, scan.accepted(), &finished, &mut book)
+            resume_from_disk(core, restored, scan.accepted(), &finished, &mut book)?;
+            book.restore_time = t0.elapsed();
+            Ok(())
         } else {
             resume_in_process(core, restored, &finished)
         }

@@ -141,9 +141,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
             .lock()
             .map_err(|_| anyhow::anyhow!("resume book lock poisoned"))?;
         eprintln!(
-            "sov: resumed {} requests from checkpoint height {} ({} finished before the interruption)",
+            "sov: resumed {} requests from checkpoint height {} in {:.0} ms ({} finished before the interruption)",
             book.requests.len(),
             book.height,
+            book.restore_time.as_secs_f64() * 1e3,
             book.requests
                 .values()
                 .filter(|r| matches!(r, ResumedRequest::Finished(_)))

@@ -66,7 +66,9 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
         self.checkpoints += 1;
         match self.checkpoint_hook.take() {
             Some(mut hook) => {
+                let t0 = std::time::Instant::now();
                 let r = hook.checkpoint(self);
+                self.checkpoint_time += t0.elapsed();
                 self.checkpoint_hook = Some(hook);
                 self.publish();
                 r

@@ -70,6 +70,8 @@ pub struct EngineCore<F: ForwardModel> {
     /// Checkpoint and restore actions run (no-ops until the checkpoint store is bound).
     pub(crate) checkpoints: u64,
     pub(crate) restores: u64,
+    /// Wall time spent inside the checkpoint action.
+    pub(crate) checkpoint_time: std::time::Duration,
     /// Speculative decoding: tokens proposed and accepted so far.
     pub(crate) spec_proposed: u64,
     pub(crate) spec_accepted: u64,
@@ -98,6 +100,7 @@ impl<F: ForwardModel> EngineCore<F> {
             slots,
             checkpoints: 0,
             restores: 0,
+            checkpoint_time: std::time::Duration::ZERO,
             spec_proposed: 0,
             spec_accepted: 0,
             forward_time: std::time::Duration::ZERO,
@@ -148,6 +151,11 @@ impl<F: ForwardModel> EngineCore<F> {
     /// Checkpoint and restore actions run so far.
     pub fn checkpoint_counts(&self) -> (u64, u64) {
         (self.checkpoints, self.restores)
+    }
+
+    /// Wall time spent in checkpoint actions so far.
+    pub fn checkpoint_time(&self) -> std::time::Duration {
+        self.checkpoint_time
     }
 
     /// Installs the work behind the checkpoint and restore actions.

@@ -115,6 +115,8 @@ pub struct EngineStats {
     pub decode_steps: u64,
     pub checkpoints: u64,
     pub restores: u64,
+    /// Wall time spent writing checkpoints (part of `busy_time`).
+    pub checkpoint_time: Duration,
     pub spec_proposed: u64,
     pub spec_accepted: u64,
     /// Wall time inside model forward passes, and in the whole loop (steps, idle waits excluded).
@@ -428,6 +430,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
                     stats.forward_time = core.forward_time();
                     stats.decode_steps = core.decode_steps();
                     (stats.checkpoints, stats.restores) = core.checkpoint_counts();
+                    stats.checkpoint_time = core.checkpoint_time();
                     (stats.spec_proposed, stats.spec_accepted) = core.speculation_counts();
                     if let Ok(mut shared) = live.lock() {
                         *shared = stats;
@@ -472,6 +475,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
         decode_steps: core.decode_steps(),
         checkpoints,
         restores,
+        checkpoint_time: core.checkpoint_time(),
         spec_proposed,
         spec_accepted,
         forward_time: core.forward_time(),
