@@ -75,6 +75,9 @@ pub struct BenchResult {
     /// Share of the engine's busy time spent inside model forward passes.
     pub forward_share: f64,
     pub decode_steps: u64,
+    /// Checkpoints written during the run and the share of busy time they took.
+    pub checkpoints: u64,
+    pub checkpoint_share: f64,
 }
 
 /// One request's prompt and output length.
@@ -258,6 +261,12 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
         peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
         forward_share: if busy > 0.0 { forward / busy } else { 0.0 },
         decode_steps: after.decode_steps - before.decode_steps,
+        checkpoints: after.checkpoints - before.checkpoints,
+        checkpoint_share: if busy > 0.0 {
+            (after.checkpoint_time - before.checkpoint_time).as_secs_f64() / busy
+        } else {
+            0.0
+        },
     };
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
@@ -312,6 +321,11 @@ fn print_report(r: &BenchResult) {
     line(
         "Model forward share of busy time:",
         format!("{:.1}%", r.forward_share * 100.0),
+    );
+    line("Checkpoints written:", r.checkpoints.to_string());
+    line(
+        "Checkpoint share of busy time:",
+        format!("{:.2}%", r.checkpoint_share * 100.0),
     );
     println!("{:=^52}", "");
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Receiver;
 
-use super::model_args::{CheckpointChoice, ModelArgs, StartExtras};
+use super::model_args::{ModelArgs, StartExtras};
 use crate::checkpoint::FinishedRecord;
 use crate::checkpoint::engine_hook::ResumedRequest;
 use crate::engine::setup::Started;
@@ -126,7 +126,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         trace: args.trace.is_some(),
         resume: args.resume.clone(),
         shutdown: Some(shutdown.clone()),
-        default_checkpoint: Some(CheckpointChoice::Blocks),
+        checkpoint_by_default: true,
     })?;
     let engine = &started.engine;
     let mut pending: Vec<Pending> = Vec::new();

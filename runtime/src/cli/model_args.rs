@@ -58,7 +58,8 @@ pub struct ModelArgs {
     pub run_dir: Option<PathBuf>,
     /// WORM checkpoints every `checkpoint_every` decode steps: `blocks` stores KV blocks (fast
     /// restore), `recompute` stores tokens only (KV rebuilt by prefill on resume), `off`.
-    /// Default: blocks for `generate`, off for `bench`.
+    /// Default for `generate`: the machine's `checkpoint_kv` constant (1 blocks, 0 recompute;
+    /// blocks when absent); for `bench`: off.
     #[arg(long, value_enum)]
     pub checkpoint: Option<CheckpointChoice>,
     /// Private key that signs checkpoint receipts (PKCS#8 PEM, mode 0600; `sov keygen` makes
@@ -86,8 +87,9 @@ pub struct StartExtras {
     pub resume: Option<PathBuf>,
     /// Raised by SIGINT/SIGTERM: checkpoint, then stop.
     pub shutdown: Option<Arc<AtomicBool>>,
-    /// Checkpoint mode when `--checkpoint` is not given (None: off).
-    pub default_checkpoint: Option<CheckpointChoice>,
+    /// Checkpoint when `--checkpoint` is not given, in the machine's mode (its `checkpoint_kv`
+    /// constant: 1 blocks, 0 recompute; blocks when absent). False: off unless asked.
+    pub checkpoint_by_default: bool,
 }
 
 impl ModelArgs {
@@ -158,7 +160,12 @@ impl ModelArgs {
             max_context: self.max_context,
             trace,
             run_dir: Some(run_dir.clone()),
-            checkpoints: match self.checkpoint.or(extras.default_checkpoint) {
+            checkpoints: match self.checkpoint {
+                None if extras.checkpoint_by_default => Some(CheckpointOptions {
+                    mode: None,
+                    key: self.key.clone(),
+                    resume: extras.resume.is_some(),
+                }),
                 None | Some(CheckpointChoice::Off) => {
                     anyhow::ensure!(
                         extras.resume.is_none(),
@@ -167,11 +174,11 @@ impl ModelArgs {
                     None
                 }
                 Some(choice) => Some(CheckpointOptions {
-                    mode: if choice == CheckpointChoice::Recompute {
+                    mode: Some(if choice == CheckpointChoice::Recompute {
                         KvMode::Recompute
                     } else {
                         KvMode::Blocks
-                    },
+                    }),
                     key: self.key.clone(),
                     resume: extras.resume.is_some(),
                 }),

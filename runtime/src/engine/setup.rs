@@ -69,7 +69,9 @@ pub struct EngineOptions {
 /// How the engine checkpoints.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointOptions {
-    pub mode: KvMode,
+    /// None: the machine's choice, its `checkpoint_kv` constant (1 blocks, 0 recompute; blocks
+    /// when the spec has none).
+    pub mode: Option<KvMode>,
     /// PKCS#8 PEM private key (None: sov's default key, created on first use).
     pub key: Option<PathBuf>,
     /// Continue the run directory's newest checkpoint and journal instead of starting afresh.
@@ -263,6 +265,10 @@ fn open_worm<M: Machine>(
         )));
     }
     let ck = |e: crate::checkpoint::CheckpointError| EngineError::Checkpoint(e.to_string());
+    let mode = c.mode.unwrap_or(match M::constant("checkpoint_kv") {
+        Some(0) => KvMode::Recompute,
+        _ => KvMode::Blocks,
+    });
     let (key, public_key, key_created) = match &c.key {
         Some(path) => (keys::load_private(path).map_err(ck)?, None, false),
         None => {
@@ -285,13 +291,13 @@ fn open_worm<M: Machine>(
         spec_digest: M::SPEC_DIGEST,
         model_digest: model_digest(parts),
         anchor,
-        mode: c.mode,
+        mode,
         resume: c.resume,
     })
     .map_err(ck)?;
     let info = CheckpointInfo {
         dir,
-        mode: c.mode,
+        mode,
         public_key,
         key_created,
         recovered: worm.recovered.clone(),
