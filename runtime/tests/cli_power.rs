@@ -81,6 +81,8 @@ fn start(home: &Path) -> (std::process::Child, PathBuf) {
         }
         line.clear();
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("sov generate never printed its run directory");
 }
 

@@ -72,7 +72,8 @@ fn slots_set_steers_a_running_generate() {
     let height: u32 = slots(&run, &["get", "bft_quorum_height"]).parse().unwrap();
     assert!(height >= 1, "suspend took no checkpoint");
     assert!(
-        run.join(format!("checkpoints/receipt-{height:08}.note")).exists(),
+        run.join(format!("checkpoints/receipt-{height:08}.note"))
+            .exists(),
         "no receipt for height {height}"
     );
     let listing = slots(&run, &["get"]);

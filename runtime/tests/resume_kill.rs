@@ -218,7 +218,7 @@ fn trial(
     }
     let run_dir = run_dir.expect("sov generate printed its run directory");
     let ckpt = run_dir.join("checkpoints");
-    let aim = n % 2 == 0;
+    let aim = n.is_multiple_of(2);
     let deadline = Instant::now() + Duration::from_micros(draw.below(budget.as_micros() as u64));
     if aim {
         // Aim at the k-th checkpoint's write window.

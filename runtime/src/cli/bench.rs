@@ -75,7 +75,8 @@ pub struct BenchResult {
     /// Share of the engine's busy time spent inside model forward passes.
     pub forward_share: f64,
     pub decode_steps: u64,
-    /// Checkpoints written during the run and the share of busy time they took.
+    /// Checkpoint actions the machine ran (no-ops when checkpoints are off) and the share of
+    /// busy time they took.
     pub checkpoints: u64,
     pub checkpoint_share: f64,
 }
@@ -322,7 +323,7 @@ fn print_report(r: &BenchResult) {
         "Model forward share of busy time:",
         format!("{:.1}%", r.forward_share * 100.0),
     );
-    line("Checkpoints written:", r.checkpoints.to_string());
+    line("Checkpoint actions run:", r.checkpoints.to_string());
     line(
         "Checkpoint share of busy time:",
         format!("{:.2}%", r.checkpoint_share * 100.0),

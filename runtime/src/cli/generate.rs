@@ -229,7 +229,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         let (id, finished) = loop {
             let Ok(out) = rx.recv() else {
                 if engine.interrupted() {
-                    return Ok(interrupted(&started, &mut stdout)?);
+                    return interrupted(&started, &mut stdout);
                 }
                 anyhow::bail!("the engine stopped before the request finished");
             };

@@ -7,8 +7,8 @@
 //! decode (model forward + [`sampler`]), preempt by recomputation, and the side paths (checkpoint,
 //! swap, speculative draft/verify). Outputs stream back per request over a channel.
 
-pub mod bind;
 pub mod battery;
+pub mod bind;
 pub mod blocks;
 pub mod codec;
 pub mod core;
