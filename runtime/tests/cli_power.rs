@@ -3,19 +3,13 @@
 //! (a fake `/sys/class/power_supply` tree) checkpoints at once; a tampered checkpoint directory is
 //! refused by `--resume` with the problem named.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-fn sov(home: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sov"));
-    c.env("SOV_STATE_DIR", home.join("state"))
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("HOME", home)
-        .env_remove("SOV_POWER_SUPPLY_DIR");
-    c
-}
+use common::sov_process::{sov, spawn_generate};
 
 /// Everything but the prompts (a resume takes them from its journal).
 const ARGS: [&str; 9] = [
@@ -56,34 +50,9 @@ fn outputs(stdout: &[u8]) -> Vec<(u64, serde_json::Value, String)> {
         .collect()
 }
 
-/// Starts a generation, waits until its requests are accepted, returns the child and run dir.
+/// Starts a generation of [`PROMPTS`], waits until its requests are accepted.
 fn start(home: &Path) -> (std::process::Child, PathBuf) {
-    let mut child = sov(home)
-        .args(ARGS)
-        .args(PROMPTS)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while stderr.read_line(&mut line).unwrap() > 0 {
-        if let Some(rest) = line.trim().split("resume with --resume ").nth(1) {
-            let dir = PathBuf::from(rest);
-            // Keep draining stderr so the child never blocks on a full pipe.
-            std::thread::spawn(move || {
-                let mut sink = String::new();
-                while stderr.read_line(&mut sink).unwrap_or(0) > 0 {
-                    sink.clear();
-                }
-            });
-            return (child, dir);
-        }
-        line.clear();
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("sov generate never printed its run directory");
+    spawn_generate(sov(home).args(ARGS).args(PROMPTS), Stdio::piped())
 }
 
 fn signal_then_resume(signal: &str) {
@@ -139,32 +108,29 @@ fn low_battery_checkpoints_at_once() {
     std::fs::write(bat.join("type"), "Battery\n").unwrap();
     std::fs::write(bat.join("capacity"), "4\n").unwrap();
     std::fs::write(bat.join("status"), "Discharging\n").unwrap();
-    let run_dir = home.path().join("run");
     // 20 tokens: far fewer decode steps than checkpoint_every (64), so only the battery can
     // have caused a checkpoint.
-    run_ok(
-        sov(home.path())
-            .env("SOV_POWER_SUPPLY_DIR", home.path().join("power_supply"))
-            .args(["generate", "--model", "random:tiny", "--device", "cpu"])
-            .args(["--max-tokens", "20", "--ignore-eos", "--prompt", "x"])
-            .arg("--run-dir")
-            .arg(&run_dir),
-    );
+    let short_run = |name: &str| {
+        let run_dir = home.path().join(name);
+        run_ok(
+            sov(home.path())
+                .env("SOV_POWER_SUPPLY_DIR", home.path().join("power_supply"))
+                .args(["generate", "--model", "random:tiny", "--device", "cpu"])
+                .args(["--max-tokens", "20", "--ignore-eos", "--prompt", "x"])
+                .arg("--run-dir")
+                .arg(&run_dir),
+        );
+        run_dir
+    };
     assert!(
-        run_dir.join("checkpoints/receipt-00000001.note").exists(),
+        short_run("run")
+            .join("checkpoints/receipt-00000001.note")
+            .exists(),
         "low battery did not checkpoint"
     );
     // Above the threshold (or charging) nothing fires.
     std::fs::write(bat.join("status"), "Charging\n").unwrap();
-    let run_dir2 = home.path().join("run2");
-    run_ok(
-        sov(home.path())
-            .env("SOV_POWER_SUPPLY_DIR", home.path().join("power_supply"))
-            .args(["generate", "--model", "random:tiny", "--device", "cpu"])
-            .args(["--max-tokens", "20", "--ignore-eos", "--prompt", "x"])
-            .arg("--run-dir")
-            .arg(&run_dir2),
-    );
+    let run_dir2 = short_run("run2");
     assert!(!run_dir2.join("checkpoints/receipt-00000001.note").exists());
 }
 

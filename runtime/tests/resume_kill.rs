@@ -7,11 +7,14 @@
 //! Kill points are drawn from a fixed seed (override with `SOV_KILL_SEED`), so a failure
 //! reproduces. The model is `random:tiny` on the CPU: fast enough for 20+ trials in CI.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+use common::sov_process::{sov, spawn_generate};
 
 const TRIALS_PER_MODE: usize = 10;
 const PROMPTS: [&str; 4] = ["hello", "the quick brown fox", "abc", "resume me exactly"];
@@ -77,16 +80,6 @@ impl Env {
     fn state(&self, name: &str) -> PathBuf {
         self.root.path().join(name)
     }
-}
-
-/// `sov` with its state and config directories inside `home` (nothing touches the user's).
-fn sov(home: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sov"));
-    c.env("SOV_STATE_DIR", home.join("state"))
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("HOME", home)
-        .env_remove("SOV_POWER_SUPPLY_DIR");
-    c
 }
 
 fn generate_args(env: &Env, mode: &Mode) -> Vec<String> {
@@ -200,23 +193,7 @@ fn trial(
     for p in PROMPTS {
         cmd.args(["--prompt", p]);
     }
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait until every request is accepted (journaled): the run directory is printed then.
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut run_dir = None;
-    let mut line = String::new();
-    while stderr.read_line(&mut line).unwrap() > 0 {
-        if let Some(rest) = line.trim().split("resume with --resume ").nth(1) {
-            run_dir = Some(PathBuf::from(rest));
-            break;
-        }
-        line.clear();
-    }
-    let run_dir = run_dir.expect("sov generate printed its run directory");
+    let (mut child, run_dir) = spawn_generate(&mut cmd, Stdio::null());
     let ckpt = run_dir.join("checkpoints");
     let aim = n.is_multiple_of(2);
     let deadline = Instant::now() + Duration::from_micros(draw.below(budget.as_micros() as u64));

@@ -2,3 +2,4 @@
 #![allow(dead_code)]
 
 pub mod fixture;
+pub mod sov_process;
