@@ -14,7 +14,12 @@
 //
 // Compile-time: HEAD_DIM (16, 32, 64, 128 or 256), GQA_GROUP (query heads per KV head, 1..8) and
 // KV_F32 (f32 cache, precise mode). Cache layout per layer: [num_blocks, block_size, n_kv_heads,
-// HEAD_DIM] of bf16 (or f32).
+// HEAD_DIM] of bf16 (or f32). Loading: with a bf16 cache and GQA_GROUP * HEAD_DIM <= 512 (Llama-3:
+// 4 x 128) each warp streams its chunks through a private ring of STAGES slots in shared memory with
+// cp.async, STAGES - 1 chunks in flight without holding registers (measured fastest on the H200 at
+// batch >= 64; kernels/bench/logs). Otherwise, or with REG_LOADS, K/V go straight into registers;
+// PREFETCH then issues the next chunk's loads before this chunk is computed. WSTEPS (token-row
+// steps per chunk) and MIN_BLOCKS (occupancy hint) tune either path.
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -30,8 +35,23 @@
 #define NWARPS (NTHREADS / 32)
 #define LPT (D / 8)              // lanes per token row (each lane holds 8 dims = 16 bytes)
 #define TPW (32 / LPT)           // token rows per warp step
+#if !defined(REG_LOADS) && !defined(KV_F32) && HEAD_DIM * GQA_GROUP <= 512 && GQA_GROUP <= 4
+#define USE_CP_ASYNC 1
+#ifndef STAGES
+#define STAGES 3                 // chunks per warp in the cp.async ring (STAGES - 1 in flight)
+#endif
+#ifndef WSTEPS
+#define WSTEPS 2
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 4
+#endif
+#endif
 #ifndef WSTEPS
 #define WSTEPS 4                 // steps per warp chunk
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1             // __launch_bounds__ occupancy hint
 #endif
 #define WCHUNK (TPW * WSTEPS)    // tokens per warp chunk
 #define MAX_SPLITS 256           // the host never plans more splits
@@ -56,12 +76,45 @@ __device__ __forceinline__ void load_chunk(kv8* kreg, kv8* vreg, int t0, int row
     }
 }
 
+#ifdef USE_CP_ASYNC
+// 16-byte asynchronous copy global -> shared (zero-filled when !valid; nothing is read then).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    const int src_size = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_stages() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
+}
+
+// Issues the copies of one warp chunk starting at token t0 into ring slot (ks, vs): every lane copies
+// the same 16-byte pieces it later reads back, so no synchronisation beyond its own wait is needed.
+__device__ __forceinline__ void issue_chunk(uint4* ks, uint4* vs, int t0, int row, int lane, int t_end,
+                                            const u32* __restrict__ bt, int block_size, size_t row_elems,
+                                            size_t head_off, const kv_t* __restrict__ k_cache,
+                                            const kv_t* __restrict__ v_cache) {
+#pragma unroll
+    for (int s = 0; s < WSTEPS; s++) {
+        const int t = t0 + s * TPW + row;
+        const bool valid = t < t_end;
+        size_t base = 0;
+        if (valid) {
+            const size_t blk = bt[t / block_size];
+            base = (blk * block_size + (t % block_size)) * row_elems + head_off;
+        }
+        cp_async16(&ks[s * 32 + lane], k_cache + base, valid);
+        cp_async16(&vs[s * 32 + lane], v_cache + base, valid);
+    }
+}
+#endif
+
 // out: [batch, out_stride] f32, query head h at h * D.  q: [batch, q_stride] f32 likewise (the q part
 // of a fused qkv row). block_tables: [batch, max_blocks] u32. context_lens: [batch] u32 (0 = skip).
 // part_o: [batch, n_kv_heads, max_splits, G, D] f32; part_ml: [batch, n_kv_heads, max_splits, G, 2] f32;
 // counters: [batch, n_kv_heads] u32, zero before the first launch (each launch leaves them zero).
 // Grid: (max_splits, n_kv_heads, batch), block: NTHREADS.
-extern "C" __global__ void __launch_bounds__(NTHREADS)
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 paged_decode_attention(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
                        const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                        const u32* __restrict__ block_tables, int max_blocks,
@@ -100,6 +153,34 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
     const size_t row_elems = (size_t)n_kv_heads * D;
     const size_t head_off = (size_t)kvh * D + sub * 8;
 
+#ifdef USE_CP_ASYNC
+    // Each warp streams its chunks through a private ring of STAGES slots in shared memory.
+    __shared__ __align__(16) uint4 ring_k[NWARPS][STAGES][WSTEPS * 32];
+    __shared__ __align__(16) uint4 ring_v[NWARPS][STAGES][WSTEPS * 32];
+    const int first = t_begin + warp * WCHUNK;
+    const int my_chunks = first < t_end ? (t_end - first + NWARPS * WCHUNK - 1) / (NWARPS * WCHUNK) : 0;
+#pragma unroll
+    for (int c = 0; c < STAGES - 1; c++) {
+        if (c < my_chunks)
+            issue_chunk(ring_k[warp][c], ring_v[warp][c], first + c * NWARPS * WCHUNK, row, lane, t_end, bt,
+                        block_size, row_elems, head_off, k_cache, v_cache);
+        cp_async_commit();
+    }
+    for (int c = 0; c < my_chunks; c++) {
+        const int t0 = first + c * NWARPS * WCHUNK;
+        const int next = c + STAGES - 1;
+        if (next < my_chunks)
+            issue_chunk(ring_k[warp][next % STAGES], ring_v[warp][next % STAGES], first + next * NWARPS * WCHUNK,
+                        row, lane, t_end, bt, block_size, row_elems, head_off, k_cache, v_cache);
+        cp_async_commit();
+        cp_async_wait_stages();
+        kv8 kreg[WSTEPS], vreg[WSTEPS];
+#pragma unroll
+        for (int s = 0; s < WSTEPS; s++) {
+            kreg[s] = ring_k[warp][c % STAGES][s * 32 + lane];
+            vreg[s] = ring_v[warp][c % STAGES][s * 32 + lane];
+        }
+#else
 #ifdef PREFETCH
     // Software pipelining: the next chunk's loads are in flight while this chunk is computed.
     kv8 knext[WSTEPS], vnext[WSTEPS];
@@ -118,6 +199,7 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
                    k_cache, v_cache);
 #else
         load_chunk(kreg, vreg, t0, row, t_end, bt, block_size, row_elems, head_off, k_cache, v_cache);
+#endif
 #endif
         // Scores: every lane of a token row ends with the full dot product.
         float sc[WSTEPS][G];
@@ -251,12 +333,24 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
         s_l[tid] = L;
     }
     __syncthreads();
-    for (int i = tid; i < G * D; i += NTHREADS) {
-        const int g = i / D, d = i % D;
-        float num = 0.f;
-#pragma unroll 8
-        for (int s = 0; s < n_splits; s++) num += sp_w[s][g] * __ldcg(&part_o[((part_base + s) * G + g) * D + d]);
-        out[(size_t)seq * out_stride + (size_t)(kvh * G + g) * D + d] = num / s_l[g];
+    // Every thread sums its OUT_PER_T outputs together, so OUT_PER_T loads per split are in flight
+    // at once (the merge of many splits is latency-bound).
+#define OUT_PER_T ((G * D + NTHREADS - 1) / NTHREADS)
+    float num[OUT_PER_T];
+#pragma unroll
+    for (int j = 0; j < OUT_PER_T; j++) num[j] = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < n_splits; s++) {
+#pragma unroll
+        for (int j = 0; j < OUT_PER_T; j++) {
+            const int i = tid + j * NTHREADS;
+            if (i < G * D) num[j] += sp_w[s][i / D] * __ldcg(&part_o[((part_base + s) * G) * D + i]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < OUT_PER_T; j++) {
+        const int i = tid + j * NTHREADS;
+        if (i < G * D) out[(size_t)seq * out_stride + (size_t)(kvh * G) * D + i] = num[j] / s_l[i / D];
     }
     if (tid == 0) counters[(size_t)seq * n_kv_heads + kvh] = 0;
 }

@@ -4,25 +4,27 @@
 // Design: one warp per output column (weight row); the eight warps of a CTA take eight rows. A lane
 // reads 16-byte pieces (8 bf16) of its weight row, UNROLL pieces per iteration issued before any
 // is used, so many loads are in flight per SM; the weights are read with the streaming cache hint
-// (used once). x is read as f32 through L1 (every warp of the SM reuses it) and, in fast mode,
-// rounded to bf16 first so the products equal those of the bf16 cuBLAS path; precise mode keeps
-// x in f32. Accumulation in f32, one warp reduction per output.
+// (used once). x arrives already rounded to bf16 (the host's cast, as for the cuBLAS path, so the
+// products are the same) and is read through L1, which every warp of the SM shares. Accumulation in
+// f32, one warp reduction per output.
 // Requires k % 8 == 0 (16-byte aligned rows); the host falls back to cuBLAS otherwise.
 #include "common.cuh"
 
 #define GEMV_MAX_N 4
 #define GEMV_WARPS 8
-#define UNROLL 4
+#ifndef UNROLL
+#define UNROLL 8
+#endif
 
-// out: [n, m] f32. x: [n, k] f32. w: [m, k] bf16. round_x: 1 = round x to bf16 (fast mode).
-// Grid: ceil(m / GEMV_WARPS), block: 32 * GEMV_WARPS.
+// out: [n, m] f32. x: [n, k] bf16. w: [m, k] bf16. Grid: ceil(m / GEMV_WARPS), block: 32 * GEMV_WARPS.
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-gemv_bf16(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
-          int m, int round_x) {
+gemv_bf16(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
+          int m) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (row >= m) return;
     const uint4* wr = (const uint4*)(w + (size_t)row * k);
+    const uint4* xr = (const uint4*)x;
     const int vecs = k / 8;
     float acc[GEMV_MAX_N];
 #pragma unroll
@@ -44,15 +46,11 @@ gemv_bf16(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __
 #pragma unroll
             for (int r = 0; r < GEMV_MAX_N; r++) {
                 if (r >= n) break;
-                const float4* xp = (const float4*)(x + (size_t)r * k + (size_t)v * 8);
-                const float4 a = xp[0], b = xp[1];
-                float xf[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                float xf[8];
+                unpack8(xr[(size_t)r * vecs + v], xf);
                 float s = 0.f;
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const float xv = round_x ? bf2f(f2bf(xf[j])) : xf[j];
-                    s = fmaf(xv, wf[j], s);
-                }
+                for (int j = 0; j < 8; j++) s = fmaf(xf[j], wf[j], s);
                 acc[r] += s;
             }
         }

@@ -69,9 +69,10 @@ fn every_unit_compiles_for_sm90() {
         kv_f32: false,
     });
     for extra in [
-        &["-DWSTEPS=8"][..],
-        &["-DPREFETCH"],
-        &["-DPREFETCH", "-DWSTEPS=2"],
+        &["-DREG_LOADS", "-DWSTEPS=8"][..],
+        &["-DREG_LOADS"],
+        &["-DREG_LOADS", "-DPREFETCH"],
+        &["-DSTAGES=4", "-DMIN_BLOCKS=2"],
     ] {
         compile_with(KernelId::DecodeAttention, heads, extra);
     }

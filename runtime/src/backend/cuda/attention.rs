@@ -2,8 +2,8 @@
 //! new token, the tiled causal kernel (`prefill_attention.cu`) otherwise.
 //!
 //! Split-K planning: one CTA per (split, kv head, sequence). With few sequences the context is cut
-//! into splits of a multiple of 64 tokens so that about four CTAs per SM are in flight; with many
-//! sequences there is one split and no merge. The split count depends only on the batch size and
+//! into splits of a multiple of 64 tokens so that about `SOV_DECODE_CTAS_PER_SM` (default 2) CTAs
+//! per SM are in flight; with many sequences there is one split and no merge. The split count depends only on the batch size and
 //! the longest context, so a captured decode graph stays valid while contexts stay in its range.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};

@@ -5,8 +5,9 @@
 //! `ldc = m`. The f32 input is first rounded to bf16 into a reusable scratch buffer (fast mode), or
 //! (precise mode, [`CudaBackend::with_precise`]) split into `hi + lo` bf16 terms multiplied by
 //! two GEMMs accumulating into the same f32 output: f32-input accuracy, weights read twice.
-//! Up to four rows of x (decode at small batch) go to `gemv.cu` instead, which streams the weights
-//! once at close to copy bandwidth; `SOV_GEMV=0` keeps every product on cuBLAS (for comparison).
+//! With `SOV_GEMV=1`, in fast mode, up to four rows of x (decode at small batch) go to `gemv.cu`
+//! instead (same bf16 products, weights streamed with many loads in flight). Off by default: on the
+//! H200 it measured 3% slower than cuBLAS at batch 1 (189 vs 195 tok/s on the 8B op loop).
 
 use std::ffi::c_void;
 
@@ -42,9 +43,7 @@ impl CudaBackend {
         if n == 0 || m == 0 {
             return Ok(());
         }
-        if self.use_gemv && n <= GEMV_MAX_N && k.is_multiple_of(8) {
-            return self.gemv(x, w, out, n, k, m);
-        }
+        let gemv = self.use_gemv && !self.precise && n <= GEMV_MAX_N && k.is_multiple_of(8);
         let mut scratch = self
             .scratch
             .lock()
@@ -69,15 +68,19 @@ impl CudaBackend {
             self.gemm_bf16_f32(lo, w.ptr(), out.ptr(), n, k, m, 1.0)
         } else {
             self.cast_f32_bf16(x.ptr(), xb.ptr(), n * k)?;
-            self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0)
+            if gemv {
+                self.gemv(xb.ptr(), w, out, n, k, m)
+            } else {
+                self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0)
+            }
         }
     }
 
-    /// `out = x @ w^T` for `n <= GEMV_MAX_N` rows with `gemv.cu` (weights streamed once; x rounded
-    /// to bf16 in fast mode as the cuBLAS path does, kept f32 in precise mode).
+    /// `out = x @ w^T` for `n <= GEMV_MAX_N` rows with `gemv.cu` (weights streamed once), from the
+    /// bf16 copy of x at `x_bf16` (`[n, k]`), as the cuBLAS path multiplies.
     fn gemv(
         &self,
-        x: &CudaBuffer,
+        x_bf16: u64,
         w: &CudaBuffer,
         out: &mut CudaBuffer,
         n: usize,
@@ -86,22 +89,15 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let f = self.modules.function(KernelId::Gemv, None, "gemv_bf16")?;
         let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
-        let round_x = i32::from(!self.precise);
-        let (o, xp, wp) = (out.ptr(), x.ptr(), w.ptr());
+        let (o, wp) = (out.ptr(), w.ptr());
         let cfg = LaunchConfig {
             grid_dim: (m.div_ceil(GEMV_WARPS) as u32, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&o)
-            .arg(&xp)
-            .arg(&wp)
-            .arg(&ni)
-            .arg(&ki)
-            .arg(&mi)
-            .arg(&round_x);
-        // SAFETY: x holds n*k f32, w m*k bf16 with k % 8 == 0 (16-byte rows), out n*m f32
+        b.arg(&o).arg(&x_bf16).arg(&wp).arg(&ni).arg(&ki).arg(&mi);
+        // SAFETY: x_bf16 holds n*k bf16, w m*k bf16 with k % 8 == 0 (16-byte rows), out n*m f32
         // (checked by the caller); n <= GEMV_MAX_N as the kernel requires.
         unsafe { b.launch(cfg) }.map_err(driver_err)?;
         Ok(())

@@ -128,6 +128,9 @@ fn matmul_matches_cpu() {
     let Some(precise) = device().map(|d| d.with_precise(true)) else {
         return;
     };
+    // The opt-in GEMV path (n <= 4, k % 8 == 0) is held to the same bound.
+    let Some(mut gemv) = device() else { return };
+    gemv.use_gemv = true;
     for (n, k, m) in [
         (1, 64, 256),
         (3, 576, 1536),
@@ -150,6 +153,12 @@ fn matmul_matches_cpu() {
         check(
             &format!("matmul {n}x{k} @ {m}x{k}^T"),
             &download(&b, &ob, n * m),
+            &expect,
+        );
+        gemv.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
+        check(
+            &format!("matmul (gemv opt-in) {n}x{k} @ {m}x{k}^T"),
+            &download(&gemv, &ob, n * m),
             &expect,
         );
         precise.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
