@@ -102,3 +102,40 @@ pub fn pick_on_host(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_picks_follow_the_sampler_argmax_and_keep_only_logits_rows() {
+        // 3 rows of a vocabulary of 4; row 1 has a tie (lowest id wins), row 2 a NaN.
+        let logits = vec![
+            0.5,
+            2.0,
+            -1.0,
+            0.0, //
+            3.0,
+            -2.0,
+            3.0,
+            1.0, //
+            f32::NAN,
+            0.1,
+            0.7,
+            0.2,
+        ];
+        let picks = [RowPick::Logits, RowPick::Argmax, RowPick::Argmax];
+        let out = pick_on_host(4, logits.clone(), &picks).unwrap();
+        assert_eq!(out.tokens, vec![None, Some(0), Some(2)]);
+        assert_eq!(out.logits, logits[..4].to_vec());
+        // Skip rows give nothing; all-Logits keeps the matrix as it is.
+        let out = pick_on_host(4, logits.clone(), &[RowPick::Skip; 3]).unwrap();
+        assert_eq!((out.tokens, out.logits.len()), (vec![None; 3], 0));
+        let out = pick_on_host(4, logits.clone(), &[RowPick::Logits; 3]).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&out.logits), bits(&logits));
+        // A forward that returned the wrong number of values is an error, not a panic.
+        assert!(pick_on_host(4, logits[..8].to_vec(), &picks).is_err());
+        assert!(pick_on_host(0, Vec::new(), &picks).is_err());
+    }
+}
