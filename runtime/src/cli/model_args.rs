@@ -58,8 +58,8 @@ pub struct ModelArgs {
     pub run_dir: Option<PathBuf>,
     /// WORM checkpoints every `checkpoint_every` decode steps: `blocks` stores KV blocks (fast
     /// restore), `recompute` stores tokens only (KV rebuilt by prefill on resume), `off`.
-    /// Default for `generate`: the machine's `checkpoint_kv` constant (1 blocks, 0 recompute;
-    /// blocks when absent); for `bench`: off.
+    /// Default for `generate`: the machine's `checkpoint_kv` constant (0 recompute, 1 blocks,
+    /// 2 auto: blocks on the CPU, recompute on a GPU); for `bench`: off.
     #[arg(long, value_enum)]
     pub checkpoint: Option<CheckpointChoice>,
     /// Private key that signs checkpoint receipts (PKCS#8 PEM, mode 0600; `sov keygen` makes
@@ -88,7 +88,7 @@ pub struct StartExtras {
     /// Raised by SIGINT/SIGTERM: checkpoint, then stop.
     pub shutdown: Option<Arc<AtomicBool>>,
     /// Checkpoint when `--checkpoint` is not given, in the machine's mode (its `checkpoint_kv`
-    /// constant: 1 blocks, 0 recompute; blocks when absent). False: off unless asked.
+    /// constant). False: off unless asked.
     pub checkpoint_by_default: bool,
 }
 
