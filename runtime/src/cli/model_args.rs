@@ -222,6 +222,15 @@ impl ModelArgs {
                 c.mode,
                 c.dir.display()
             );
+            if c.mode == KvMode::Recompute && device != Device::Cpu {
+                // Measured on an H200: KV rebuilt by one prefill differs in its last bits from the
+                // KV decode steps wrote, and greedy tokens of near-tied logits follow those bits.
+                eprintln!(
+                    "sov: note: a resume rebuilds the KV by prefill; on a GPU its rounding differs \
+                     from decoding's, so resumed outputs can diverge from an uninterrupted run's \
+                     (--checkpoint blocks resumes bit-exactly, at a higher cost per checkpoint)"
+                );
+            }
         }
         Ok(started)
     }
