@@ -86,13 +86,14 @@ pub struct Worm {
 
 /// Opens (creating) the checkpoint directory and builds the engine's handles.
 pub fn open(cfg: WormConfig) -> Result<Worm> {
-    let store = CheckpointStore::open_with(
+    let mut store = CheckpointStore::open_with(
         &cfg.dir,
         cfg.key,
         cfg.spec_digest,
         cfg.model_digest,
         cfg.anchor,
     )?;
+    store.begin_session()?;
     let recovered = store.recovered().to_vec();
     let height = store.height();
     let next_id = store
@@ -333,4 +334,33 @@ fn resume_in_process<F: ForwardModel>(
 /// The checkpoint directory inside a run directory.
 pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoints")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path, model: u8, resume: bool) -> WormConfig {
+        WormConfig {
+            dir: dir.to_path_buf(),
+            key: SigningKey::from_bytes(&[7; 32]),
+            spec_digest: [1; 32],
+            model_digest: [model; 32],
+            anchor: None,
+            mode: KvMode::Recompute,
+            resume,
+        }
+    }
+
+    #[test]
+    fn a_run_is_only_continued_by_the_model_that_started_it() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(open(config(dir.path(), 2, false)).is_ok());
+        // No checkpoint exists yet: only the journal's session record can tell.
+        let err = open(config(dir.path(), 3, true))
+            .err()
+            .expect("other model refused");
+        assert!(err.to_string().contains("started with model"), "{err}");
+        assert!(open(config(dir.path(), 2, true)).is_ok());
+    }
 }

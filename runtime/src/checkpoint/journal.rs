@@ -59,6 +59,13 @@ pub enum JournalRecord {
     Checkpoint { height: u64, receipt: Digest },
     /// A request finished and its output was delivered.
     Finished(FinishedRecord),
+    /// An engine process opened the journal with this model and spec (every start and resume),
+    /// so a resume with other weights is refused even before the first checkpoint.
+    Session {
+        model: Digest,
+        spec: Digest,
+        started_ms: u64,
+    },
 }
 
 /// Encode one framed record.
@@ -106,7 +113,7 @@ impl JournalScan {
             .filter(|(at, _)| *at >= offset)
             .filter_map(|(_, r)| match r {
                 JournalRecord::Accepted(req) => Some(req.clone()),
-                JournalRecord::Checkpoint { .. } | JournalRecord::Finished(_) => None,
+                _ => None,
             })
             .collect()
     }
@@ -128,7 +135,7 @@ impl JournalScan {
     pub fn markers(&self) -> impl Iterator<Item = (u64, &Digest)> {
         self.records.iter().filter_map(|(_, r)| match r {
             JournalRecord::Checkpoint { height, receipt } => Some((*height, receipt)),
-            JournalRecord::Accepted(_) | JournalRecord::Finished(_) => None,
+            _ => None,
         })
     }
 }

@@ -184,6 +184,39 @@ impl CheckpointStore {
             .map(|_| ())
     }
 
+    /// Records this engine process in the journal (model and spec digests), after checking them
+    /// against the previous process's record: a run is only continued by the same model and spec.
+    pub fn begin_session(&mut self) -> Result<()> {
+        let scan = journal::scan(&self.dir)?;
+        let previous = scan.records.iter().rev().find_map(|(_, r)| match r {
+            JournalRecord::Session { model, spec, .. } => Some((*model, *spec)),
+            _ => None,
+        });
+        if let Some((model, spec)) = previous {
+            if model != self.model_digest {
+                return Err(CheckpointError::Usage(format!(
+                    "this run was started with model {}, this engine runs {}",
+                    to_hex(&model),
+                    to_hex(&self.model_digest)
+                )));
+            }
+            if spec != self.spec_digest {
+                return Err(CheckpointError::Usage(format!(
+                    "this run was started with spec {}, this engine runs {}",
+                    to_hex(&spec),
+                    to_hex(&self.spec_digest)
+                )));
+            }
+        }
+        self.journal
+            .append(&JournalRecord::Session {
+                model: self.model_digest,
+                spec: self.spec_digest,
+                started_ms: now_ms(),
+            })
+            .map(|_| ())
+    }
+
     /// Journal a finished request durably (fsync) when its last output is delivered.
     pub fn finished(&mut self, record: &FinishedRecord) -> Result<()> {
         self.journal
