@@ -119,6 +119,11 @@ impl Checkpointer {
         self.store.accept(request)
     }
 
+    /// Journal several accepted requests with one fsync.
+    pub fn accept_all(&mut self, requests: &[RequestRecord]) -> Result<()> {
+        self.store.accept_all(requests)
+    }
+
     /// Journal a finished request (fsync) before its final event is delivered.
     pub fn finished(&mut self, record: &FinishedRecord) -> Result<()> {
         self.store.finished(record)

@@ -158,8 +158,15 @@ pub struct JournalAcceptor {
 
 impl RequestJournal for JournalAcceptor {
     fn accept(&self, seq: &Sequence) -> std::result::Result<(), EngineError> {
-        let record = request_record(seq, seq.text.stops().to_vec());
-        lock(&self.cp)?.accept(&record).map_err(engine_err)
+        self.accept_all(std::slice::from_ref(seq))
+    }
+
+    fn accept_all(&self, seqs: &[Sequence]) -> std::result::Result<(), EngineError> {
+        let records: Vec<_> = seqs
+            .iter()
+            .map(|s| request_record(s, s.text.stops().to_vec()))
+            .collect();
+        lock(&self.cp)?.accept_all(&records).map_err(engine_err)
     }
 
     fn next_id(&self) -> u64 {

@@ -179,9 +179,16 @@ impl CheckpointStore {
 
     /// Journal an accepted request durably (fsync) before the engine admits it.
     pub fn accept(&mut self, request: &RequestRecord) -> Result<()> {
-        self.journal
-            .append(&JournalRecord::Accepted(request.clone()))
-            .map(|_| ())
+        self.accept_all(std::slice::from_ref(request))
+    }
+
+    /// Journal several accepted requests with one fsync.
+    pub fn accept_all(&mut self, requests: &[RequestRecord]) -> Result<()> {
+        let records: Vec<JournalRecord> = requests
+            .iter()
+            .map(|r| JournalRecord::Accepted(r.clone()))
+            .collect();
+        self.journal.append_all(&records).map(|_| ())
     }
 
     /// Records this engine process in the journal (model and spec digests), after checking them

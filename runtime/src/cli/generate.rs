@@ -176,8 +176,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
             })
             .collect::<Result<_, _>>()?
     };
+    let mut requests = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.into_iter().enumerate() {
-        let request = Request {
+        requests.push(Request {
             prompt: Prompt::Text(p),
             max_tokens: args.max_tokens,
             sampling: SamplingParams {
@@ -193,9 +194,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
             },
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
-        };
-        pending.push(Pending::Live(engine.submit(request)?));
+        });
     }
+    // Together: one journal write, and the engine sees them all in its first step.
+    pending.extend(engine.submit_many(requests)?.into_iter().map(Pending::Live));
     if let Some(c) = &started.checkpoints
         && args.resume.is_none()
     {

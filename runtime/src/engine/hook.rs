@@ -29,6 +29,10 @@ pub trait CheckpointHook<F: ForwardModel>: Send {
 pub trait RequestJournal: Send + Sync {
     /// Record `seq` (already validated, id assigned) before the engine admits it.
     fn accept(&self, seq: &Sequence) -> Result<(), EngineError>;
+    /// Record several at once (one durable write where the journal can group them).
+    fn accept_all(&self, seqs: &[Sequence]) -> Result<(), EngineError> {
+        seqs.iter().try_for_each(|s| self.accept(s))
+    }
     /// The first request id the engine may hand out (above every id already journaled).
     fn next_id(&self) -> u64 {
         1

@@ -15,6 +15,7 @@ use super::hook::CheckpointHook;
 use super::intake::{IntakeLimits, build_sequence};
 use super::output::{FinishReason, Finished, Output};
 use super::request::{Prompt, Request, SamplingParams};
+use super::sequence::Sequence;
 use crate::scheduler::seed::Scheduler;
 use crate::scheduler::{Machine, PowerState, Slots};
 
@@ -521,4 +522,50 @@ fn slot_writes_steer_a_running_engine() {
     assert_eq!(fin.output_tokens, plain);
     let stats = engine.shutdown().unwrap();
     assert!(stats.spec_accepted > 0, "{stats:?}");
+}
+
+/// Journals what it is given, to check `submit_many` records all or nothing.
+struct CountingJournal(std::sync::Mutex<Vec<u64>>);
+
+impl super::hook::RequestJournal for CountingJournal {
+    fn accept(&self, seq: &Sequence) -> Result<(), EngineError> {
+        self.0.lock().unwrap().push(seq.id);
+        Ok(())
+    }
+}
+
+#[test]
+fn submit_many_validates_all_journals_together_and_runs_each() {
+    let journal = Arc::new(CountingJournal(std::sync::Mutex::new(Vec::new())));
+    let engine = Engine::start_durable::<Scheduler, _>(
+        FakeModel::new(VOCAB, 256, BS),
+        Arc::new(ByteCodec),
+        EngineConfig {
+            num_blocks: 256,
+            ..EngineConfig::default()
+        },
+        Some(super::handle::Durability {
+            hook: Box::new(RecordingHook(Arc::new(std::sync::Mutex::new(Vec::new())))),
+            journal: Some(journal.clone()),
+            resume: false,
+        }),
+    )
+    .unwrap();
+    let bad = Request::new(Prompt::Tokens(Vec::new()), 4);
+    let err = engine
+        .submit_many(vec![request(0, 5, 4, SamplingParams::greedy()), bad])
+        .unwrap_err();
+    assert_eq!(err, EngineError::EmptyPrompt);
+    assert!(journal.0.lock().unwrap().is_empty(), "nothing journaled");
+    let rxs = engine
+        .submit_many(
+            (0..3)
+                .map(|i| request(i, 5 + i, 6, SamplingParams::greedy()))
+                .collect(),
+        )
+        .unwrap();
+    assert_eq!(journal.0.lock().unwrap().len(), 3);
+    for rx in &rxs {
+        assert_eq!(collect(rx).1.reason, FinishReason::Length);
+    }
 }
