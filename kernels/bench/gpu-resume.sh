@@ -11,7 +11,7 @@ N=1200
 
 $S generate $M --checkpoint off --max-tokens $N --ignore-eos --json "${P[@]}" > /tmp/ref.json 2>/tmp/ref.err
 echo "reference exit $?"
-for mode in recompute blocks; do
+for mode in ${MODES:-recompute blocks}; do
   rm -rf /tmp/r-$mode
   $S generate $M --checkpoint $mode --max-tokens $N --ignore-eos --json "${P[@]}" --run-dir /tmp/r-$mode > /tmp/first-$mode.json 2>/tmp/first-$mode.err &
   pid=$!
