@@ -124,9 +124,9 @@ impl Checkpointer {
         self.store.accept_all(requests)
     }
 
-    /// Journal a finished request (fsync) before its final event is delivered.
-    pub fn finished(&mut self, record: &FinishedRecord) -> Result<()> {
-        self.store.finished(record)
+    /// Journal finished requests (one fsync) before their final events are delivered.
+    pub fn finished(&mut self, records: &[FinishedRecord]) -> Result<()> {
+        self.store.finished(records)
     }
 
     /// Take a checkpoint of `engine`, reading KV through `kv` in `Blocks` mode.

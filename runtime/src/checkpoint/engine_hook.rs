@@ -219,17 +219,22 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
 
     fn finished(
         &mut self,
-        seq: &Sequence,
-        done: &Finished,
+        done: &[(&Sequence, &Finished)],
     ) -> std::result::Result<(), EngineError> {
-        let record = FinishedRecord {
-            request_id: seq.id,
-            output: done.output_tokens.clone(),
-            text: done.text.clone(),
-            reason: done.reason.as_openai().to_string(),
-            detail: format!("{:?}", done.reason),
-        };
-        lock(&self.cp)?.finished(&record).map_err(engine_err)
+        if done.is_empty() {
+            return Ok(());
+        }
+        let records: Vec<FinishedRecord> = done
+            .iter()
+            .map(|(seq, fin)| FinishedRecord {
+                request_id: seq.id,
+                output: fin.output_tokens.clone(),
+                text: fin.text.clone(),
+                reason: fin.reason.as_openai().to_string(),
+                detail: format!("{:?}", fin.reason),
+            })
+            .collect();
+        lock(&self.cp)?.finished(&records).map_err(engine_err)
     }
 }
 

@@ -224,11 +224,13 @@ impl CheckpointStore {
             .map(|_| ())
     }
 
-    /// Journal a finished request durably (fsync) when its last output is delivered.
-    pub fn finished(&mut self, record: &FinishedRecord) -> Result<()> {
-        self.journal
-            .append(&JournalRecord::Finished(record.clone()))
-            .map(|_| ())
+    /// Journal finished requests durably (one fsync) before their last outputs are delivered.
+    pub fn finished(&mut self, records: &[FinishedRecord]) -> Result<()> {
+        let records: Vec<JournalRecord> = records
+            .iter()
+            .map(|r| JournalRecord::Finished(r.clone()))
+            .collect();
+        self.journal.append_all(&records).map(|_| ())
     }
 
     /// The whole journal as it stands (accepted, finished and checkpoint records).

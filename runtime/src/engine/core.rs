@@ -16,7 +16,7 @@ use super::codec::TextCodec;
 use super::error::EngineError;
 use super::forward::{ForwardModel, PickedRows, RowPick};
 use super::hook::CheckpointHook;
-use super::output::{FinishReason, Logprobs, Output};
+use super::output::{FinishReason, Finished, Logprobs, Output};
 use super::sampler::{Sampled, sample};
 use super::sequence::Sequence;
 use crate::model::batch::SeqChunk;
@@ -583,22 +583,30 @@ impl<F: ForwardModel> EngineCore<F> {
         }
         // The slots show the freed blocks before any client hears that its request finished.
         self.publish();
-        for (mut s, reason) in leaving {
-            let tail = if matches!(reason, FinishReason::Stop) {
-                String::new()
-            } else {
-                s.text
-                    .finish(self.codec.as_ref())
-                    .map(|d| d.text)
-                    .unwrap_or_default()
-            };
-            let done = s.finished(reason);
-            // Journaled before the client hears of it: a resumed engine reports it as delivered.
-            if let Some(hook) = self.checkpoint_hook.as_mut()
-                && let Err(e) = hook.finished(&s, &done)
-            {
-                tracing::error!("journaling finished request {}: {e}", s.id);
+        let done: Vec<(Sequence, String, Finished)> = leaving
+            .into_iter()
+            .map(|(mut s, reason)| {
+                let tail = if matches!(reason, FinishReason::Stop) {
+                    String::new()
+                } else {
+                    s.text
+                        .finish(self.codec.as_ref())
+                        .map(|d| d.text)
+                        .unwrap_or_default()
+                };
+                let fin = s.finished(reason);
+                (s, tail, fin)
+            })
+            .collect();
+        // Journaled (one durable write for the step) before any client hears of it: a resumed
+        // engine reports them as delivered.
+        if let Some(hook) = self.checkpoint_hook.as_mut() {
+            let batch: Vec<(&Sequence, &Finished)> = done.iter().map(|(s, _, f)| (s, f)).collect();
+            if let Err(e) = hook.finished(&batch) {
+                tracing::error!("journaling {} finished requests: {e}", batch.len());
             }
+        }
+        for (s, tail, done) in done {
             let _ = s.tx.send(Output {
                 request_id: s.id,
                 tokens: Vec::new(),

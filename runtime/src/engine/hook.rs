@@ -19,8 +19,9 @@ pub trait CheckpointHook<F: ForwardModel>: Send {
     fn checkpoint(&mut self, core: &mut EngineCore<F>) -> Result<(), EngineError>;
     /// Replace the core's sequences with the newest valid checkpoint's.
     fn restore(&mut self, core: &mut EngineCore<F>) -> Result<(), EngineError>;
-    /// `seq` finished with `done`; called before its final event is sent.
-    fn finished(&mut self, _seq: &Sequence, _done: &Finished) -> Result<(), EngineError> {
+    /// These sequences finished (each with its outcome) in one step; called before their final
+    /// events are sent.
+    fn finished(&mut self, _done: &[(&Sequence, &Finished)]) -> Result<(), EngineError> {
         Ok(())
     }
 }
