@@ -38,8 +38,8 @@ use crate::engine::sequence::Sequence;
 
 /// One request a resumed engine reports: still generating, or finished before the interruption.
 pub enum ResumedRequest {
-    /// Continues in the engine; its remaining output arrives here (tokens delivered before the
-    /// checkpoint are in `prior_tokens` / `prior_text` only when the snapshot had them).
+    /// Continues in the engine; its remaining output arrives here, and the final event's
+    /// `Finished` holds the whole output (tokens generated before the checkpoint included).
     Live {
         rx: Receiver<Output>,
         prompt_tokens: usize,

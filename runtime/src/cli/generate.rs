@@ -202,8 +202,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         && args.resume.is_none()
     {
         eprintln!(
-            "sov: accepted {} requests; resume with --resume {}",
+            "sov: accepted {} request{}; resume with --resume {}",
             pending.len(),
+            if pending.len() == 1 { "" } else { "s" },
             c.dir.parent().unwrap_or(&c.dir).display()
         );
     }
