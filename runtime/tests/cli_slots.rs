@@ -68,9 +68,11 @@ fn slots_set_steers_a_running_generate() {
     wait_for("the suspend interrupt", || {
         slots(&run, &["get", "power_state"]) == "active"
     });
-    // The suspend checkpointed: the chain head in the slots names a receipt on disk.
-    let height: u32 = slots(&run, &["get", "bft_quorum_height"]).parse().unwrap();
-    assert!(height >= 1, "suspend took no checkpoint");
+    // The suspend checkpoints (after clearing power_state, so wait for the chain height it bumps
+    // once the receipt is on disk); the chain head in the slots names that receipt.
+    let height = || -> u32 { slots(&run, &["get", "bft_quorum_height"]).parse().unwrap() };
+    wait_for("the suspend checkpoint", || height() >= 1);
+    let height = height();
     assert!(
         run.join(format!("checkpoints/receipt-{height:08}.note"))
             .exists(),

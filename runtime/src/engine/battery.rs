@@ -72,23 +72,29 @@ impl BatteryWatcher {
     /// Watches `root` every `every`, raising low_battery in `slots` at `threshold` percent.
     /// Returns None when `threshold` is 0 (off) or `root` has no battery to watch.
     pub fn spawn(root: PathBuf, threshold: u32, every: Duration, slots: Slots) -> Option<Self> {
-        if threshold == 0 || read_batteries(&root).is_none() {
+        let first = read_batteries(&root);
+        if threshold == 0 || first.is_none() {
             return None;
         }
+        // The first reading acts before this returns: an engine started on a low battery
+        // checkpoints at its first step, whatever the thread scheduler does.
+        let check = move |reading, armed| {
+            let (fire, rearm) = decide(reading, threshold, armed);
+            if fire {
+                tracing::warn!("battery at or below {threshold}%: checkpointing");
+                slots.set_power_state(PowerState::LowBattery);
+            }
+            rearm
+        };
+        let mut armed = check(first, true);
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = stop.clone();
         std::thread::Builder::new()
             .name("sov-battery".into())
             .spawn(move || {
-                let mut armed = true;
                 while !thread_stop.load(Ordering::Relaxed) {
-                    let (fire, rearm) = decide(read_batteries(&root), threshold, armed);
-                    if fire {
-                        tracing::warn!("battery at or below {threshold}%: checkpointing");
-                        slots.set_power_state(PowerState::LowBattery);
-                    }
-                    armed = rearm;
                     std::thread::sleep(every);
+                    armed = check(read_batteries(&root), armed);
                 }
             })
             .ok()?;
