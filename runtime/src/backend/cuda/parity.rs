@@ -119,6 +119,31 @@ fn greedy<B: Backend>(
     (new, all_logits)
 }
 
+/// Five prompts of lengths 1, 5, 16, 17, 40 (block boundaries and a chunk), ids below `vocab`.
+fn fixture_prompts(vocab: u32) -> Vec<Vec<u32>> {
+    [1usize, 5, 16, 17, 40]
+        .iter()
+        .map(|&len| {
+            (0..len as u32)
+                .map(|i| (i * 37 + len as u32 * 11 + 3) % vocab)
+                .collect()
+        })
+        .collect()
+}
+
+/// The fixture on the CPU and on the GPU in precise mode (f32 KV, hi/lo bf16 matmul).
+fn cpu_and_precise_gpu(
+    config: &LlamaConfig,
+    weights: &HashMap<String, HostTensor>,
+) -> (LlamaModel<CpuBackend>, LlamaModel<super::CudaBackend>) {
+    let cpu_model = LlamaModel::new(CpuBackend::new(), config, weights).expect("cpu model");
+    let gpu = super::CudaBackend::new(0)
+        .expect("device opened above")
+        .with_precise(true);
+    let gpu_model = LlamaModel::new(gpu, config, weights).expect("cuda model");
+    (cpu_model, gpu_model)
+}
+
 #[test]
 fn tiny_fixtures_greedy_tokens_match_cpu() {
     if device().is_none() {
@@ -128,20 +153,8 @@ fn tiny_fixtures_greedy_tokens_match_cpu() {
         let Some((config, weights)) = load(name) else {
             return;
         };
-        let v = config.vocab_size as u32;
-        let prompts: Vec<Vec<u32>> = [1usize, 5, 16, 17, 40]
-            .iter()
-            .map(|&len| {
-                (0..len as u32)
-                    .map(|i| (i * 37 + len as u32 * 11 + 3) % v)
-                    .collect()
-            })
-            .collect();
-        let cpu_model = LlamaModel::new(CpuBackend::new(), &config, &weights).expect("cpu model");
-        let gpu = super::CudaBackend::new(0)
-            .expect("device opened above")
-            .with_precise(true);
-        let gpu_model = LlamaModel::new(gpu, &config, &weights).expect("cuda model");
+        let prompts = fixture_prompts(config.vocab_size as u32);
+        let (cpu_model, gpu_model) = cpu_and_precise_gpu(&config, &weights);
         let fast = super::CudaBackend::new(0).expect("device opened above");
         let fast_model = LlamaModel::new(fast, &config, &weights).expect("cuda model");
         let (cpu_tokens, cpu_logits) = greedy(&cpu_model, &prompts);
@@ -252,21 +265,9 @@ fn decode_graphs_greedy_tokens_match_cpu() {
         let Some((config, weights)) = load(name) else {
             return;
         };
-        let v = config.vocab_size as u32;
         // 5 sequences run padded to a bucket of 8; one runs alone (bucket 1).
-        let prompts: Vec<Vec<u32>> = [1usize, 5, 16, 17, 40]
-            .iter()
-            .map(|&len| {
-                (0..len as u32)
-                    .map(|i| (i * 37 + len as u32 * 11 + 3) % v)
-                    .collect()
-            })
-            .collect();
-        let cpu_model = LlamaModel::new(CpuBackend::new(), &config, &weights).expect("cpu model");
-        let gpu = super::CudaBackend::new(0)
-            .expect("device opened above")
-            .with_precise(true);
-        let gpu_model = LlamaModel::new(gpu, &config, &weights).expect("cuda model");
+        let prompts = fixture_prompts(config.vocab_size as u32);
+        let (cpu_model, gpu_model) = cpu_and_precise_gpu(&config, &weights);
         let (cpu_tokens, _) = greedy(&cpu_model, &prompts);
         assert_eq!(
             greedy_graphs(&gpu_model, &prompts),
