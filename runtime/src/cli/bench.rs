@@ -79,6 +79,14 @@ pub struct BenchResult {
     /// busy time they took.
     pub checkpoints: u64,
     pub checkpoint_share: f64,
+    /// Engine-thread time per decode step outside the forward pass (µs), by phase: before the
+    /// pass, after it (tokens, text, events) and retiring plus handing events over; `host_other`
+    /// is the rest of the busy time that is neither forward nor checkpoint (prefill bookkeeping,
+    /// the scheduler loop), also per decode step.
+    pub host_schedule_us: f64,
+    pub host_tokens_us: f64,
+    pub host_retire_us: f64,
+    pub host_other_us: f64,
 }
 
 /// One request's prompt and output length.
@@ -224,6 +232,8 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
     let after = engine.stats();
     let busy = (after.busy_time - before.busy_time).as_secs_f64();
     let forward = (after.forward_time - before.forward_time).as_secs_f64();
+    let checkpoint = (after.checkpoint_time - before.checkpoint_time).as_secs_f64();
+    let host = after.decode_host.since(&before.decode_host);
     let secs = duration.as_secs_f64().max(1e-9);
     let total_output_tokens: usize = results.iter().map(|r| r.0.output_tokens.len()).sum();
     let ttfts: Vec<Duration> = results
@@ -263,11 +273,13 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
         forward_share: if busy > 0.0 { forward / busy } else { 0.0 },
         decode_steps: after.decode_steps - before.decode_steps,
         checkpoints: after.checkpoints - before.checkpoints,
-        checkpoint_share: if busy > 0.0 {
-            (after.checkpoint_time - before.checkpoint_time).as_secs_f64() / busy
-        } else {
-            0.0
-        },
+        checkpoint_share: if busy > 0.0 { checkpoint / busy } else { 0.0 },
+        host_schedule_us: host.per_step_us(host.schedule),
+        host_tokens_us: host.per_step_us(host.tokens),
+        host_retire_us: host.per_step_us(host.retire),
+        host_other_us: host.per_step_us(Duration::from_secs_f64(
+            (busy - forward - checkpoint - host.total().as_secs_f64()).max(0.0),
+        )),
     };
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
@@ -328,5 +340,19 @@ fn print_report(r: &BenchResult) {
         "Checkpoint share of busy time:",
         format!("{:.2}%", r.checkpoint_share * 100.0),
     );
+    println!("{:-^52}", "Host time per decode step (us)");
+    line(
+        "Before forward (schedule):",
+        format!("{:.1}", r.host_schedule_us),
+    );
+    line(
+        "After forward (tokens, events):",
+        format!("{:.1}", r.host_tokens_us),
+    );
+    line(
+        "Retire and hand over events:",
+        format!("{:.1}", r.host_retire_us),
+    );
+    line("Other (prefill, loop):", format!("{:.1}", r.host_other_us));
     println!("{:=^52}", "");
 }

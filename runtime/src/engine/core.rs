@@ -16,6 +16,7 @@ use super::codec::TextCodec;
 use super::error::EngineError;
 use super::forward::{ForwardModel, PickedRows, RowPick};
 use super::hook::CheckpointHook;
+use super::host_times::DecodeHostTimes;
 use super::output::{FinishReason, Finished, Logprobs, Output};
 use super::sampler::{Sampled, sample};
 use super::sequence::Sequence;
@@ -77,6 +78,8 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) spec_accepted: u64,
     /// Wall time spent inside the model's forward passes.
     pub(crate) forward_time: std::time::Duration,
+    /// Host time of decode steps outside the forward pass, by phase.
+    pub(crate) decode_host: DecodeHostTimes,
     /// The machine driving this core and its state at the current step (set by the engine loop).
     pub(crate) machine_name: &'static str,
     pub(crate) machine_state: &'static str,
@@ -104,6 +107,7 @@ impl<F: ForwardModel> EngineCore<F> {
             spec_proposed: 0,
             spec_accepted: 0,
             forward_time: std::time::Duration::ZERO,
+            decode_host: DecodeHostTimes::default(),
             machine_name: "",
             machine_state: "",
             checkpoint_hook: None,
@@ -182,6 +186,11 @@ impl<F: ForwardModel> EngineCore<F> {
     /// Decode (and verify) forward passes so far.
     pub fn decode_steps(&self) -> u64 {
         self.decode_steps
+    }
+
+    /// Host time of decode steps outside the forward pass so far.
+    pub fn decode_host_times(&self) -> DecodeHostTimes {
+        self.decode_host
     }
 
     // ----- predicates -----
@@ -336,6 +345,7 @@ impl<F: ForwardModel> EngineCore<F> {
     /// One decode forward over every prefilled running sequence; samples one token each, streams it,
     /// retires finished sequences and frees their blocks in this same step.
     pub fn decode(&mut self) -> Result<(), EngineError> {
+        let t_start = Instant::now();
         // The machine preempts before decoding when the cache is short; should it not have, preempt
         // here rather than fail the step.
         let idx = self.preempt_until_growable("preempt(decode fallback)");
@@ -359,7 +369,10 @@ impl<F: ForwardModel> EngineCore<F> {
         let picks: Vec<RowPick> = idx.iter().map(|&i| self.row_pick(i)).collect();
         let t_fwd = Instant::now();
         let result = self.model.forward_pick(&chunks, &picks);
-        self.forward_time += t_fwd.elapsed();
+        let t_tokens = Instant::now();
+        self.forward_time += t_tokens - t_fwd;
+        self.decode_host.steps += 1;
+        self.decode_host.schedule += t_fwd - t_start;
         drop(chunks);
         self.decode_steps += 1;
         let picked = match self.check_picked(result, &picks) {
@@ -383,7 +396,10 @@ impl<F: ForwardModel> EngineCore<F> {
                 finished.push((i, reason));
             }
         }
+        let t_retire = Instant::now();
+        self.decode_host.tokens += t_retire - t_tokens;
         self.retire(finished);
+        self.decode_host.retire += t_retire.elapsed();
         Ok(())
     }
 

@@ -18,6 +18,7 @@ use super::core::{CoreConfig, EngineCore};
 use super::error::EngineError;
 use super::forward::ForwardModel;
 use super::hook::{CheckpointHook, RequestJournal};
+use super::host_times::DecodeHostTimes;
 use super::intake::{IntakeLimits, build_sequence};
 use super::output::Output;
 use super::request::Request;
@@ -122,6 +123,8 @@ pub struct EngineStats {
     /// Wall time inside model forward passes, and in the whole loop (steps, idle waits excluded).
     pub forward_time: Duration,
     pub busy_time: Duration,
+    /// Host time of decode steps outside the forward pass, by phase (part of `busy_time`).
+    pub decode_host: DecodeHostTimes,
 }
 
 /// A running engine.
@@ -460,6 +463,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
                     stats.busy_time += t_step.elapsed();
                     stats.forward_time = core.forward_time();
                     stats.decode_steps = core.decode_steps();
+                    stats.decode_host = core.decode_host_times();
                     (stats.checkpoints, stats.restores) = core.checkpoint_counts();
                     stats.checkpoint_time = core.checkpoint_time();
                     (stats.spec_proposed, stats.spec_accepted) = core.speculation_counts();
@@ -510,6 +514,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
         spec_proposed,
         spec_accepted,
         forward_time: core.forward_time(),
+        decode_host: core.decode_host_times(),
         ..stats
     })
 }

@@ -17,6 +17,7 @@ pub mod fake;
 pub mod forward;
 pub mod handle;
 pub mod hook;
+pub mod host_times;
 pub mod intake;
 pub mod llama;
 pub mod output;
@@ -35,7 +36,10 @@ pub use codec::{ByteCodec, TextCodec};
 pub use error::EngineError;
 pub use forward::ForwardModel;
 pub use handle::{Engine, EngineConfig, EngineStats, TraceEntry};
+pub use host_times::DecodeHostTimes;
 pub use output::{FinishReason, Finished, Output};
 pub use request::{Prompt, Request, SamplingParams};
+#[cfg(test)]
+mod host_bench;
 #[cfg(test)]
 mod tests;
