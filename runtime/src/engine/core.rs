@@ -17,6 +17,7 @@ use super::error::EngineError;
 use super::forward::{ForwardModel, PickedRows, RowPick};
 use super::hook::CheckpointHook;
 use super::host_times::DecodeHostTimes;
+use super::outbox::Outbox;
 use super::output::{FinishReason, Finished, Logprobs, Output};
 use super::sampler::{Sampled, sample};
 use super::sequence::Sequence;
@@ -85,6 +86,8 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) machine_state: &'static str,
     /// Work behind the checkpoint and restore actions, when installed.
     pub(crate) checkpoint_hook: Option<Box<dyn CheckpointHook<F>>>,
+    /// Output events on their way to the request streams.
+    pub(crate) outbox: Outbox,
 }
 
 impl<F: ForwardModel> EngineCore<F> {
@@ -111,7 +114,14 @@ impl<F: ForwardModel> EngineCore<F> {
             machine_name: "",
             machine_state: "",
             checkpoint_hook: None,
+            outbox: Outbox::inline(),
         }
+    }
+
+    /// Delivers output events on a thread of their own from now on, so that waking the clients
+    /// overlaps the next forward pass (see [`super::outbox`]); the engine thread does this.
+    pub fn deliver_on_own_thread(&mut self) {
+        self.outbox = Outbox::with_courier();
     }
 
     pub fn config(&self) -> &CoreConfig {
@@ -572,29 +582,38 @@ impl<F: ForwardModel> EngineCore<F> {
             }],
             None => Vec::new(),
         };
-        // A receiver that went away cancels the request.
-        let sent = s.tx.send(Output {
-            request_id: s.id,
-            tokens: vec![token],
-            text,
-            logprobs,
-            time: now,
-            finished: None,
-        });
-        match (reason, sent) {
+        // A receiver that went away (found by an earlier delivery) cancels the request.
+        let gone = self.outbox.is_gone(s.id);
+        self.outbox.push(
+            &s.tx,
+            Output {
+                request_id: s.id,
+                tokens: vec![token],
+                text,
+                logprobs,
+                time: now,
+                finished: None,
+            },
+        );
+        match (reason, gone) {
             (Some(r), _) => Some(r),
-            (None, Err(_)) => Some(FinishReason::Error("receiver dropped".into())),
-            (None, Ok(())) => None,
+            (None, true) => Some(FinishReason::Error("receiver dropped".into())),
+            (None, false) => None,
         }
     }
 
-    /// Removes finished sequences (running indices), frees their blocks and sends the final event.
+    /// Removes finished sequences (running indices), frees their blocks, queues their final events
+    /// and hands this step's events over for delivery.
     pub(crate) fn retire(&mut self, mut finished: Vec<(usize, FinishReason)>) {
+        // Dropped receivers found by the previous delivery are known before the leaving requests
+        // are forgotten.
+        self.outbox.settle();
         finished.sort_by_key(|f| std::cmp::Reverse(f.0));
         let mut leaving = Vec::with_capacity(finished.len());
         for (i, reason) in finished {
             let mut s = self.running.remove(i);
             self.blocks.release(&mut s.block_table);
+            self.outbox.forget(s.id);
             leaving.push((s, reason));
         }
         // The slots show the freed blocks before any client hears that its request finished.
@@ -623,15 +642,19 @@ impl<F: ForwardModel> EngineCore<F> {
             }
         }
         for (s, tail, done) in done {
-            let _ = s.tx.send(Output {
-                request_id: s.id,
-                tokens: Vec::new(),
-                text: tail,
-                logprobs: Vec::new(),
-                time: Instant::now(),
-                finished: Some(done),
-            });
+            self.outbox.push(
+                &s.tx,
+                Output {
+                    request_id: s.id,
+                    tokens: Vec::new(),
+                    text: tail,
+                    logprobs: Vec::new(),
+                    time: Instant::now(),
+                    finished: Some(done),
+                },
+            );
         }
+        self.outbox.hand_off();
     }
 
     /// Ends running sequences `indices` with an error (a failed forward pass); others keep running.

@@ -212,6 +212,7 @@ impl Engine {
         let (tx, rx) = mpsc::channel::<Sequence>();
         let trace = Arc::new(Mutex::new(Vec::new()));
         let mut core = EngineCore::new(model, codec.clone(), core_cfg, slots.clone());
+        core.deliver_on_own_thread();
         let mut machine = M::new();
         let mut journal = None;
         if let Some(d) = durability {
@@ -457,6 +458,11 @@ fn run_loop<M: Machine, F: ForwardModel>(
         let t_step = Instant::now();
         match machine.step(&mut core, &slots) {
             Ok(t) => {
+                // A step that handed no events off (idle, suspended, a checkpoint) first waits
+                // for the earlier ones: an engine that is not producing has delivered everything.
+                if !core.outbox.take_handed_off() {
+                    core.outbox.settle();
+                }
                 stats.steps += 1;
                 wait = t.is_noop();
                 if !wait {

@@ -20,6 +20,7 @@ pub mod hook;
 pub mod host_times;
 pub mod intake;
 pub mod llama;
+pub mod outbox;
 pub mod output;
 pub mod random_model;
 pub mod request;
