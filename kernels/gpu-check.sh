@@ -6,8 +6,9 @@
 #   tests:     CUDA op tests against CPU references (GEMV, argmax, every kernel), NVRTC compile of
 #              every unit, greedy parity of the tiny-random fixtures (LlamaModel on CUDA vs CPU, and
 #              the engine's decode graphs vs CPU)
-#   attention: tests + decode-attention bandwidth vs copy vs torch SDPA (and the kernel's tuning
-#              variants, SOV_DECODE_ATTENTION_DEFINES / SOV_DECODE_CTAS_PER_SM)
+#   attention: tests + decode-attention bandwidth vs copy vs torch SDPA (and the kernels' tuning
+#              variants: SOV_DECODE_MMA, SOV_DECODE_ATTENTION_DEFINES, SOV_DECODE_STAGES,
+#              SOV_DECODE_SPLIT_TOKENS, SOV_DECODE_CTAS_PER_SM)
 #   full:      attention + Llama-3-8B-shape decode throughput: the direct op loop, and the engine
 #              (`sov bench`, batch 1/16/64/256 on one loaded model) next to transformers generate
 set -o pipefail
@@ -25,18 +26,19 @@ run .gpu/nvrtc-compile --test-threads=1
 [ "$MODE" = tests ] && exit 0
 ATT=backend::cuda::bench::bench_decode_attention
 run .gpu/sov-lib-tests $ATT --ignored --nocapture --test-threads=1
-# Loading variants of the decode kernel (see decode_attention.cu): each checked against the CPU
-# reference, then timed.
-VARIANTS=("-DREG_LOADS" "-DREG_LOADS -DPREFETCH" "-DSTAGES=4 -DMIN_BLOCKS=2")
-for v in "${VARIANTS[@]}"; do
-  say "variant SOV_DECODE_ATTENTION_DEFINES=$v"
-  SOV_DECODE_ATTENTION_DEFINES="$v" .gpu/sov-lib-tests backend::cuda::tests::decode_attention_matches_cpu --test-threads=1 2>&1 | grep "test result" | tee -a "$LOG"
-  SOV_DECODE_ATTENTION_DEFINES="$v" .gpu/sov-lib-tests $ATT --ignored --nocapture --test-threads=1 2>&1 | grep "BENCH decode" | tee -a "$LOG"
-done
-for c in 1 4; do
-  say "variant SOV_DECODE_CTAS_PER_SM=$c (default 2)"
-  SOV_DECODE_CTAS_PER_SM=$c .gpu/sov-lib-tests $ATT --ignored --nocapture --test-threads=1 2>&1 | grep "BENCH decode" | tee -a "$LOG"
-done
+# Variants of the decode kernels, each checked against the CPU reference, then timed: the CUDA-core
+# kernel (SOV_DECODE_MMA=0) with its loading variants (SOV_DECODE_ATTENTION_DEFINES, see
+# decode_attention.cu), the tensor-core kernel's ring depth (SOV_DECODE_STAGES) and split caps.
+variant() { # label, env assignments...
+  say "variant $1"; shift
+  env "$@" .gpu/sov-lib-tests backend::cuda::tests::decode_attention_matches_cpu --test-threads=1 2>&1 | grep "test result" | tee -a "$LOG"
+  env "$@" .gpu/sov-lib-tests $ATT --ignored --nocapture --test-threads=1 2>&1 | grep "BENCH decode" | tee -a "$LOG"
+}
+variant "CUDA cores" SOV_DECODE_MMA=0
+variant "CUDA cores, -DREG_LOADS -DPREFETCH" SOV_DECODE_MMA=0 "SOV_DECODE_ATTENTION_DEFINES=-DREG_LOADS -DPREFETCH"
+variant "tensor cores, STAGES=3" SOV_DECODE_STAGES=3
+variant "tensor cores, splits of <= 512 tokens" SOV_DECODE_SPLIT_TOKENS=512
+variant "tensor cores, 4 CTAs per SM target" SOV_DECODE_CTAS_PER_SM=4
 run python3 kernels/bench/sdpa_bench.py
 [ "$MODE" = attention ] && exit 0
 run .gpu/sov-lib-tests backend::cuda::bench::bench_llama8b_decode --ignored --nocapture --test-threads=1

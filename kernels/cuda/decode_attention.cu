@@ -7,10 +7,9 @@
 // takes chunks of tokens, every lane first loads its 16-byte pieces of K and V for the chunk (many
 // loads in flight), computes scores with a shuffle reduction over the lanes of a token row, updates
 // its own online softmax (running max m and sum l per head) and accumulates P·V in f32 registers.
-// The warps' states are merged through shared memory at the end. With one split the CTA writes the
-// output directly; otherwise it writes an unnormalised partial (o, m, l) and the last CTA of the
-// (sequence, kv head) to finish -- found with an atomic counter, which it resets for the next
-// launch -- merges the partials with all its threads. No second kernel launch.
+// The warps' states are merged through shared memory at the end, and the splits of a sequence are
+// merged by the last CTA to finish (decode_merge.cuh, shared with the tensor-core kernel in
+// decode_attention_mma.cu, which the host prefers for bf16 caches with GQA).
 //
 // Compile-time: HEAD_DIM (16, 32, 64, 128 or 256), GQA_GROUP (query heads per KV head, 1..8) and
 // KV_F32 (f32 cache, precise mode). Cache layout per layer: [num_blocks, block_size, n_kv_heads,
@@ -54,7 +53,7 @@
 #define MIN_BLOCKS 1             // __launch_bounds__ occupancy hint
 #endif
 #define WCHUNK (TPW * WSTEPS)    // tokens per warp chunk
-#define MAX_SPLITS 256           // the host never plans more splits
+#include "decode_merge.cuh"
 
 // Loads the K and V pieces of one warp chunk starting at token t0 (zeros past t_end).
 __device__ __forceinline__ void load_chunk(kv8* kreg, kv8* vreg, int t0, int row, int t_end,
@@ -130,8 +129,6 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
 
     __shared__ float w_m[NWARPS][G], w_l[NWARPS][G];
     __shared__ float w_acc[NWARPS][G][D];
-    __shared__ float s_m[G], s_l[G];
-    __shared__ int is_last;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int row = lane / LPT, sub = lane % LPT;
@@ -273,84 +270,6 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
         }
     }
     __syncthreads();
-    if (tid < G) {
-        float M = -SOV_INF;
-        for (int w = 0; w < NWARPS; w++) M = fmaxf(M, w_m[w][tid]);
-        float L = 0.f;
-        for (int w = 0; w < NWARPS; w++) L += w_m[w][tid] == -SOV_INF ? 0.f : __expf(w_m[w][tid] - M) * w_l[w][tid];
-        s_m[tid] = M;
-        s_l[tid] = L;
-    }
-    __syncthreads();
-
-    const size_t part_base = ((size_t)seq * n_kv_heads + kvh) * max_splits;
-    for (int i = tid; i < G * D; i += NTHREADS) {
-        const int g = i / D, d = i % D;
-        const float M = s_m[g];
-        float o = 0.f;
-#pragma unroll
-        for (int w = 0; w < NWARPS; w++)
-            if (w_m[w][g] != -SOV_INF) o += __expf(w_m[w][g] - M) * w_acc[w][g][d];
-        if (n_splits == 1) {
-            out[(size_t)seq * out_stride + (size_t)(kvh * G + g) * D + d] = o / s_l[g];
-        } else {
-            part_o[((part_base + split) * G + g) * D + d] = o;
-        }
-    }
-    if (n_splits == 1) return;
-    if (tid < G) {
-        part_ml[((part_base + split) * G + tid) * 2] = s_m[tid];
-        part_ml[((part_base + split) * G + tid) * 2 + 1] = s_l[tid];
-    }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const u32 prev = atomicAdd(&counters[(size_t)seq * n_kv_heads + kvh], 1u);
-        is_last = prev == (u32)(n_splits - 1);
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-
-    // Merge the partials of all splits: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
-    __shared__ float sp_w[MAX_SPLITS][G];
-    for (int i = tid; i < n_splits * G; i += NTHREADS) sp_w[i / G][i % G] = __ldcg(&part_ml[(part_base * G + i) * 2]);
-    __syncthreads();
-    if (tid < G) {
-        float M = -SOV_INF;
-        for (int s = 0; s < n_splits; s++) M = fmaxf(M, sp_w[s][tid]);
-        s_m[tid] = M;
-    }
-    __syncthreads();
-    for (int i = tid; i < n_splits * G; i += NTHREADS) {
-        const int s = i / G, g = i % G;
-        sp_w[s][g] = __expf(sp_w[s][g] - s_m[g]);
-    }
-    __syncthreads();
-    if (tid < G) {
-        float L = 0.f;
-        for (int s = 0; s < n_splits; s++) L += sp_w[s][tid] * __ldcg(&part_ml[((part_base + s) * G + tid) * 2 + 1]);
-        s_l[tid] = L;
-    }
-    __syncthreads();
-    // Every thread sums its OUT_PER_T outputs together, so OUT_PER_T loads per split are in flight
-    // at once (the merge of many splits is latency-bound).
-#define OUT_PER_T ((G * D + NTHREADS - 1) / NTHREADS)
-    float num[OUT_PER_T];
-#pragma unroll
-    for (int j = 0; j < OUT_PER_T; j++) num[j] = 0.f;
-#pragma unroll 4
-    for (int s = 0; s < n_splits; s++) {
-#pragma unroll
-        for (int j = 0; j < OUT_PER_T; j++) {
-            const int i = tid + j * NTHREADS;
-            if (i < G * D) num[j] += sp_w[s][i / D] * __ldcg(&part_o[((part_base + s) * G) * D + i]);
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < OUT_PER_T; j++) {
-        const int i = tid + j * NTHREADS;
-        if (i < G * D) out[(size_t)seq * out_stride + (size_t)(kvh * G) * D + i] = num[j] / s_l[i / D];
-    }
-    if (tid == 0) counters[(size_t)seq * n_kv_heads + kvh] = 0;
+    decode_finish(&w_m[0][0], &w_l[0][0], &w_acc[0][0][0], out, out_stride, part_o, part_ml, counters, seq, kvh,
+                  n_kv_heads, split, n_splits, max_splits);
 }

@@ -10,13 +10,65 @@
 /// The header every unit includes: bf16 conversion, vector unpacking, warp and block reductions.
 pub const COMMON_HEADER: &str = include_str!("../cuda/common.cuh");
 
-const INCLUDE_LINE: &str = "#include \"common.cuh\"";
+/// The end of a decode-attention CTA (warp and split merge), shared by both decode units.
+pub const DECODE_MERGE_HEADER: &str = include_str!("../cuda/decode_merge.cuh");
+
+/// Headers a unit may include: (file name, embedded text). Each `#include "<name>"` line is
+/// replaced by the header's text.
+const HEADERS: [(&str, &str); 2] = [
+    ("common.cuh", COMMON_HEADER),
+    ("decode_merge.cuh", DECODE_MERGE_HEADER),
+];
+
+/// Ring depth (chunks per warp, `STAGES`) of the tensor-core decode kernel: 2 unless
+/// `SOV_DECODE_STAGES` (2..=4) says otherwise, a tuning knob for benchmarks. Read once.
+pub fn decode_mma_stages() -> usize {
+    static STAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *STAGES.get_or_init(|| {
+        std::env::var("SOV_DECODE_STAGES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(2, |n| n.clamp(2, 4))
+    })
+}
+
+/// Bytes of dynamic shared memory `paged_decode_attention_mma` needs for `head_dim`: a ring of
+/// `decode_mma_stages()` chunks of 16 K and 16 V rows (bf16) for each of its 4 warps.
+pub fn decode_mma_shared_bytes(head_dim: usize) -> usize {
+    4 * decode_mma_stages() * 2 * 16 * head_dim * 2
+}
+
+/// Error reading a kernel source from a directory ([`KernelId::source_from_dir`]).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read kernel source {path}: {source}")]
+pub struct SourceDirError {
+    pub path: std::path::PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn inline_headers(
+    raw: &str,
+    header: impl Fn(&str, &'static str) -> Result<String, SourceDirError>,
+) -> Result<String, SourceDirError> {
+    let mut text = raw.to_string();
+    for (name, embedded) in HEADERS {
+        let line = format!("#include \"{name}\"");
+        if text.contains(&line) {
+            text = text.replacen(&line, &header(name, embedded)?, 1);
+        }
+    }
+    Ok(text)
+}
 
 /// One compilation unit of kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KernelId {
     /// Paged decode attention with split-K (flash-decoding) and GQA sharing; needs head defines.
     DecodeAttention,
+    /// The same decode attention on tensor cores (bf16 cache, head_dim 64/128/256); needs head
+    /// defines and [`decode_mma_shared_bytes`] of dynamic shared memory.
+    DecodeAttentionMma,
     /// Causal prefill attention over the paged cache, varlen batch; needs head defines.
     PrefillAttention,
     /// RMSNorm fused with the residual add, SiLU-mul, embedding and row gathers, bias, bf16 cast.
@@ -68,8 +120,9 @@ impl HeadConfig {
 
 impl KernelId {
     /// Every unit, for tools that compile them all.
-    pub const ALL: [KernelId; 6] = [
+    pub const ALL: [KernelId; 7] = [
         KernelId::DecodeAttention,
+        KernelId::DecodeAttentionMma,
         KernelId::PrefillAttention,
         KernelId::Elementwise,
         KernelId::RopeKv,
@@ -81,6 +134,7 @@ impl KernelId {
     pub fn file_name(self) -> &'static str {
         match self {
             KernelId::DecodeAttention => "decode_attention.cu",
+            KernelId::DecodeAttentionMma => "decode_attention_mma.cu",
             KernelId::PrefillAttention => "prefill_attention.cu",
             KernelId::Elementwise => "elementwise.cu",
             KernelId::RopeKv => "rope_kv.cu",
@@ -92,6 +146,7 @@ impl KernelId {
     fn raw_source(self) -> &'static str {
         match self {
             KernelId::DecodeAttention => include_str!("../cuda/decode_attention.cu"),
+            KernelId::DecodeAttentionMma => include_str!("../cuda/decode_attention_mma.cu"),
             KernelId::PrefillAttention => include_str!("../cuda/prefill_attention.cu"),
             KernelId::Elementwise => include_str!("../cuda/elementwise.cu"),
             KernelId::RopeKv => include_str!("../cuda/rope_kv.cu"),
@@ -100,15 +155,42 @@ impl KernelId {
         }
     }
 
-    /// The full program text for NVRTC, with the shared header inlined.
+    /// The full program text for NVRTC, with the shared headers inlined.
     pub fn source(self) -> String {
-        self.raw_source().replacen(INCLUDE_LINE, COMMON_HEADER, 1)
+        match inline_headers(self.raw_source(), |_, embedded| Ok(embedded.to_string())) {
+            Ok(text) => text,
+            Err(_) => unreachable!("embedded headers cannot fail to read"),
+        }
+    }
+
+    /// Like [`Self::source`] but reads the unit and its headers from `dir` (a checkout's
+    /// `kernels/cuda`), so a kernel can be edited and re-run without rebuilding sov.
+    pub fn source_from_dir(self, dir: &std::path::Path) -> Result<String, SourceDirError> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read_to_string(&path).map_err(|source| SourceDirError { path, source })
+        };
+        let raw = read(self.file_name())?;
+        inline_headers(&raw, |name, _| read(name))
+    }
+
+    /// Whether the unit can be compiled for `heads` (always, for units without head defines).
+    pub fn supports(self, heads: Option<HeadConfig>) -> bool {
+        match (self, heads) {
+            (KernelId::DecodeAttentionMma, Some(h)) => {
+                !h.kv_f32 && matches!(h.head_dim, 64 | 128 | 256) && (1..=8).contains(&h.group)
+            }
+            (KernelId::DecodeAttentionMma, None) => false,
+            (id, Some(h)) if id.needs_heads() => h.validate().is_ok(),
+            (id, _) => !id.needs_heads(),
+        }
     }
 
     /// `extern "C"` kernel names the unit defines.
     pub fn functions(self) -> &'static [&'static str] {
         match self {
             KernelId::DecodeAttention => &["paged_decode_attention"],
+            KernelId::DecodeAttentionMma => &["paged_decode_attention_mma"],
             KernelId::PrefillAttention => &["prefill_attention"],
             KernelId::Elementwise => &[
                 "rmsnorm_residual",
@@ -128,7 +210,10 @@ impl KernelId {
 
     /// Whether the unit is compiled per [`HeadConfig`].
     pub fn needs_heads(self) -> bool {
-        matches!(self, KernelId::DecodeAttention | KernelId::PrefillAttention)
+        matches!(
+            self,
+            KernelId::DecodeAttention | KernelId::DecodeAttentionMma | KernelId::PrefillAttention
+        )
     }
 
     /// NVRTC `-D` options for this unit (empty unless [`Self::needs_heads`]).
@@ -141,6 +226,9 @@ impl KernelId {
                 ];
                 if h.kv_f32 {
                     d.push("-DKV_F32".to_string());
+                }
+                if self == KernelId::DecodeAttentionMma {
+                    d.push(format!("-DSTAGES={}", decode_mma_stages()));
                 }
                 d
             }
@@ -164,8 +252,8 @@ mod tests {
         for id in KernelId::ALL {
             let src = id.source();
             assert!(
-                !src.contains(INCLUDE_LINE),
-                "{} still includes the header",
+                !src.contains("#include"),
+                "{} still includes a header",
                 id.file_name()
             );
             assert!(
@@ -181,6 +269,45 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn sources_read_from_the_checkout_equal_the_embedded_ones() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+        for id in KernelId::ALL {
+            assert_eq!(
+                id.source_from_dir(&dir).ok(),
+                Some(id.source()),
+                "{}",
+                id.file_name()
+            );
+        }
+        let err = KernelId::Gemv.source_from_dir(std::path::Path::new("/nonexistent"));
+        assert!(err.is_err_and(|e| e.to_string().contains("gemv.cu")));
+    }
+
+    #[test]
+    fn the_tensor_core_decode_unit_takes_bf16_caches_of_wide_heads_only() {
+        let h = |head_dim, group, kv_f32| {
+            Some(HeadConfig {
+                head_dim,
+                group,
+                kv_f32,
+            })
+        };
+        assert!(KernelId::DecodeAttentionMma.supports(h(128, 4, false)));
+        assert!(KernelId::DecodeAttentionMma.supports(h(64, 3, false)));
+        assert!(!KernelId::DecodeAttentionMma.supports(h(128, 4, true)));
+        assert!(!KernelId::DecodeAttentionMma.supports(h(32, 4, false)));
+        assert!(KernelId::DecodeAttention.supports(h(32, 4, true)));
+        assert!(!KernelId::DecodeAttention.supports(None));
+        assert!(KernelId::Gemv.supports(None));
+        let d = KernelId::DecodeAttentionMma.defines(h(128, 4, false));
+        assert_eq!(d.last(), Some(&format!("-DSTAGES={}", decode_mma_stages())));
+        assert!(
+            decode_mma_shared_bytes(128) >= 4 * 8 * 128 * 4,
+            "w_acc fits over the ring"
+        );
     }
 
     #[test]

@@ -1,10 +1,13 @@
-//! Paged attention launches: split-K decode (`decode_attention.cu`) when every sequence brings one
-//! new token, the tiled causal kernel (`prefill_attention.cu`) otherwise.
+//! Paged attention launches: split-K decode when every sequence brings one new token -- on tensor
+//! cores (`decode_attention_mma.cu`) for a bf16 cache with head_dim 64/128/256, else on CUDA cores
+//! (`decode_attention.cu`) -- and the tiled causal kernel (`prefill_attention.cu`) otherwise.
 //!
-//! Split-K planning: one CTA per (split, kv head, sequence). With few sequences the context is cut
-//! into splits of a multiple of 64 tokens so that about `SOV_DECODE_CTAS_PER_SM` (default 2) CTAs
-//! per SM are in flight; with many sequences there is one split and no merge. The split count depends only on the batch size and
-//! the longest context, so a captured decode graph stays valid while contexts stay in its range.
+//! Split-K planning: one CTA per (split, kv head, sequence). The context is cut into splits of a
+//! multiple of 64 tokens: with few sequences, enough of them that about `SOV_DECODE_CTAS_PER_SM`
+//! (default 2) CTAs per SM are in flight; with many, one split per sequence unless
+//! `SOV_DECODE_SPLIT_TOKENS` caps the split length (a tuning knob; uncapped measured fastest). The
+//! split count depends only on the batch size and the longest context, so a captured decode graph
+//! stays valid while contexts stay in its range.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::{HeadConfig, KernelId};
@@ -29,17 +32,22 @@ pub(super) struct SplitPlan {
 }
 
 /// Split-K plan for `seqs` sequences of up to `max_ctx` tokens, aiming at about `target_ctas`
-/// CTAs in flight (see [`CudaBackend::split_target_ctas`]).
+/// CTAs in flight and splits of at most `max_split_tokens` (see [`CudaBackend::split_target_ctas`]
+/// and [`CudaBackend::split_max_tokens`]).
 pub(super) fn plan_splits(
     seqs: usize,
     kv_heads: usize,
     max_ctx: usize,
     target_ctas: usize,
+    max_split_tokens: usize,
 ) -> SplitPlan {
     let ctas = (seqs * kv_heads).max(1);
     let target = target_ctas.max(1);
     let max_tiles = max_ctx.div_ceil(DECODE_TILE).max(1);
-    let splits = target.div_ceil(ctas).clamp(1, max_tiles.min(MAX_SPLITS));
+    let splits = target
+        .div_ceil(ctas)
+        .max(max_ctx.div_ceil(max_split_tokens.max(1)))
+        .clamp(1, max_tiles.min(MAX_SPLITS));
     let split_tokens = max_ctx.div_ceil(splits).div_ceil(DECODE_TILE).max(1) * DECODE_TILE;
     SplitPlan {
         splits: max_ctx.div_ceil(split_tokens).max(1),
@@ -132,12 +140,24 @@ impl CudaBackend {
             heads.n_kv_heads,
             meta.max_ctx_len,
             self.split_target_ctas,
+            self.split_max_tokens,
         );
-        let f = self.modules.function(
-            KernelId::DecodeAttention,
-            Some(cfg),
-            "paged_decode_attention",
-        )?;
+        let mma = self.decode_mma && KernelId::DecodeAttentionMma.supports(Some(cfg));
+        let (f, shared_mem_bytes) = if mma {
+            let f = self.modules.function(
+                KernelId::DecodeAttentionMma,
+                Some(cfg),
+                "paged_decode_attention_mma",
+            )?;
+            (f, sov_kernels::decode_mma_shared_bytes(cfg.head_dim) as u32)
+        } else {
+            let f = self.modules.function(
+                KernelId::DecodeAttention,
+                Some(cfg),
+                "paged_decode_attention",
+            )?;
+            (f, 0)
+        };
         let mut scratch = self
             .scratch
             .lock()
@@ -193,7 +213,7 @@ impl CudaBackend {
         let launch = LaunchConfig {
             grid_dim: (plan.splits as u32, heads.n_kv_heads as u32, seqs as u32),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes,
         };
         let mut b = self.stream.launch_builder(&f);
         b.arg(&ptrs[0])
@@ -212,7 +232,8 @@ impl CudaBackend {
             .arg(&bs);
         b.arg(&split_tokens).arg(&max_splits).arg(&scale);
         // SAFETY: buffers checked by the caller, scratch sized for this plan above; block tables
-        // reference blocks inside the cache by the engine's contract.
+        // reference blocks inside the cache by the engine's contract; the tensor-core unit's
+        // dynamic shared memory limit was raised to `shared_mem_bytes` when it loaded.
         unsafe { b.launch(launch) }.map_err(driver_err)?;
         Ok(())
     }
@@ -279,16 +300,23 @@ mod tests {
     #[test]
     fn split_plans_fill_the_gpu_and_cover_the_context() {
         // One sequence, long context: many splits of whole tiles.
-        let p = plan_splits(1, 8, 4096, 4 * 132);
+        let p = plan_splits(1, 8, 4096, 4 * 132, usize::MAX);
         assert_eq!(p.split_tokens % DECODE_TILE, 0);
         assert!(p.splits * p.split_tokens >= 4096);
         assert!(p.splits * 8 >= 4 * 132 / 2, "{p:?}");
-        // Many sequences: one split.
-        assert_eq!(plan_splits(256, 8, 1024, 4 * 132).splits, 1);
+        // Many sequences: one split, unless splits are capped.
+        assert_eq!(plan_splits(256, 8, 1024, 4 * 132, usize::MAX).splits, 1);
+        let p = plan_splits(256, 8, 1024, 4 * 132, 512);
+        assert_eq!((p.splits, p.split_tokens), (2, 512));
+        let p = plan_splits(64, 8, 2000, 4 * 132, 512);
+        assert!(
+            p.split_tokens <= 512 && p.splits * p.split_tokens >= 2000,
+            "{p:?}"
+        );
         // Short context never asks for more splits than tiles.
-        let p = plan_splits(1, 1, 10, 4 * 132);
+        let p = plan_splits(1, 1, 10, 4 * 132, 512);
         assert_eq!((p.splits, p.split_tokens), (1, 64));
         // Never more splits than the kernel's merge holds.
-        assert!(plan_splits(1, 1, 1 << 20, 4000).splits <= MAX_SPLITS);
+        assert!(plan_splits(1, 1, 1 << 20, 4000, 64).splits <= MAX_SPLITS);
     }
 }

@@ -104,7 +104,8 @@ fn bench_decode_attention() -> R<()> {
         })?;
         let kv_bytes = 2.0 * (batch * ctx * heads.kv_width() * 2) as f64;
         let bw = kv_bytes / (ms * 1e-3);
-        let plan = super::attention::plan_splits(batch, 8, ctx, b.split_target_ctas);
+        let plan =
+            super::attention::plan_splits(batch, 8, ctx, b.split_target_ctas, b.split_max_tokens);
         println!(
             "BENCH decode_attention batch={batch} ctx={ctx} time_us={:.1} kv_bytes={:.1}MB bandwidth={:.1} GB/s \
              pct_of_copy={:.1}% splits={} split_tokens={}",

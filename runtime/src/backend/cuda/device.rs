@@ -19,9 +19,16 @@ pub struct CudaBackend {
     /// CTAs a split-K decode-attention launch aims to have in flight: `SOV_DECODE_CTAS_PER_SM`
     /// (default 2, measured best at batch 1 and 64 on the H200) per streaming multiprocessor.
     pub(super) split_target_ctas: usize,
+    /// Longest split of a decode-attention launch (tokens): `SOV_DECODE_SPLIT_TOKENS`, unlimited
+    /// by default. A tuning knob: on the H200 one split per sequence at batch >= 64 was fastest
+    /// (short splits cost a pipeline fill and a merge each; kernels/bench/logs).
+    pub(super) split_max_tokens: usize,
     /// Products of up to four rows use `gemv.cu` (opt-in with `SOV_GEMV=1`: measured 3% slower
     /// than cuBLAS at batch 1 on the H200, kept for tuning).
     pub(super) use_gemv: bool,
+    /// Decode attention on tensor cores (`decode_attention_mma.cu`) where the head shape allows;
+    /// `SOV_DECODE_MMA=0` keeps the CUDA-core kernel, for comparisons.
+    pub(super) decode_mma: bool,
     /// Reusable scratch: the bf16 copy of matmul inputs and the decode-attention partials.
     pub(super) scratch: Mutex<Scratch>,
     /// Precise mode: matmul inputs as two bf16 terms (f32 accuracy, twice the weight reads; see
@@ -123,10 +130,19 @@ impl CudaBackend {
             blas,
             modules,
             split_target_ctas: sm_count * env_usize("SOV_DECODE_CTAS_PER_SM").unwrap_or(2).max(1),
+            split_max_tokens: env_usize("SOV_DECODE_SPLIT_TOKENS").unwrap_or(usize::MAX).max(1),
             use_gemv: env_usize("SOV_GEMV") == Some(1),
+            decode_mma: env_usize("SOV_DECODE_MMA") != Some(0),
             scratch: Mutex::new(Scratch::default()),
             precise: false,
         })
+    }
+
+    /// Chooses the decode-attention kernel: tensor cores where the head shape allows (`true`, the
+    /// default unless `SOV_DECODE_MMA=0`) or always the CUDA-core kernel (`false`).
+    pub fn with_decode_mma(mut self, on: bool) -> Self {
+        self.decode_mma = on;
+        self
     }
 
     /// Precise mode: matmul inputs keep f32 accuracy (split into two bf16 terms, two GEMMs, twice

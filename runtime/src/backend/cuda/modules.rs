@@ -86,16 +86,31 @@ impl ModuleCache {
             options,
             ..Default::default()
         };
-        let ptx = compile_ptx_with_opts(id.source(), opts).map_err(|e| {
+        // Development knob: `SOV_KERNEL_SOURCE_DIR=kernels/cuda` compiles the `.cu` files of a
+        // checkout instead of the embedded ones, so a kernel can be edited without rebuilding sov.
+        let source = match std::env::var_os("SOV_KERNEL_SOURCE_DIR") {
+            Some(dir) => id
+                .source_from_dir(std::path::Path::new(&dir))
+                .map_err(|e| BackendError::Device(e.to_string()))?,
+            None => id.source(),
+        };
+        let ptx = compile_ptx_with_opts(source, opts).map_err(|e| {
             BackendError::Device(format!("NVRTC failed on {}: {e:?}", id.file_name()))
         })?;
         let module = self.ctx.load_module(ptx).map_err(driver_err)?;
         let mut functions = HashMap::new();
         for &name in id.functions() {
             let f = module.load_function(name).map_err(driver_err)?;
-            if id == KernelId::PrefillAttention {
-                let head_dim = heads.map(|h| h.head_dim).unwrap_or(0);
-                let bytes = sov_kernels::prefill_shared_bytes(head_dim) as i32;
+            let head_dim = heads.map(|h| h.head_dim).unwrap_or(0);
+            let dynamic_shared = match id {
+                KernelId::PrefillAttention => sov_kernels::prefill_shared_bytes(head_dim),
+                KernelId::DecodeAttentionMma => sov_kernels::decode_mma_shared_bytes(head_dim),
+                _ => 0,
+            };
+            if dynamic_shared > 0 {
+                let bytes = i32::try_from(dynamic_shared).map_err(|_| {
+                    BackendError::Unsupported(format!("{dynamic_shared} bytes of shared memory"))
+                })?;
                 // SAFETY: `f` is a live function of a loaded module; the attribute only raises the
                 // dynamic shared-memory limit to what the launch will request.
                 unsafe {

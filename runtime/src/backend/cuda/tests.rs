@@ -427,8 +427,16 @@ fn decode_attention_matches_cpu() {
             seqs: vec![(31, 1), (1500, 1)],
         },
     ];
+    // Tensor-core kernel where the shape allows (bf16 cache, head_dim >= 64), then the CUDA-core
+    // kernel on every shape.
     for (i, c) in cases.iter().enumerate() {
         run_attention(&b, c, 100 + i as u64);
+    }
+    let Some(cuda_cores) = device() else { return };
+    let cuda_cores = cuda_cores.with_decode_mma(false);
+    println!("decode attention on CUDA cores:");
+    for (i, c) in cases.iter().enumerate() {
+        run_attention(&cuda_cores, c, 100 + i as u64);
     }
     // f32 cache (precise mode) for the first two shapes.
     let precise = b.with_precise(true);

@@ -1,0 +1,298 @@
+// decode_attention_mma.cu: paged decode attention (one new query token per sequence) on tensor cores.
+//
+// Design: the grid and the split-K contract are those of decode_attention.cu -- one CTA per (split,
+// kv head, sequence), four independent warps, the warps' states and the splits merged by
+// decode_merge.cuh -- but the arithmetic runs on mma.sync m16n8k16 (bf16 in, f32 accumulate), as
+// FlashInfer does for grouped-query decode. On CUDA cores the shuffles, bf16 unpacking and FMAs of
+// the GQA_GROUP dot products cost about as much issue time as streaming the KV bytes; on tensor
+// cores they are a few instructions per 16 tokens, so the loop is bound by the KV stream.
+//
+// A warp takes chunks of 16 tokens. Its lanes copy the chunk's K and V rows (16-byte pieces, each
+// token row contiguous) into a private ring of STAGES slots in shared memory with cp.async, STAGES
+// - 1 chunks in flight; a piece lands at column (piece ^ (token & 7)) so that ldmatrix reads 8 rows
+// without bank conflicts. Per chunk:
+//   S [16 heads x 16 tokens] = Q [16 x D] . K^T  -- Q in registers as the A operand (query heads
+//       0..G-1 in rows 0..G-1, zero rows above), K^T from ldmatrix as the B operand, D/16 k-steps
+//       for each of 2 n-tiles of 8 tokens;
+//   online softmax along each row (a row is spread over the 4 lanes of a quad: 2 shuffles);
+//   O [16 heads x D] += P [16 x 16 tokens] . V -- P re-used from S's accumulator registers as the A
+//       operand (bf16), V from ldmatrix.trans as the B operand, one mma per 8 output dims.
+// Rows G..15 of S and O are padding: their A rows are zero, their accumulators are never kept.
+//
+// Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), bf16 cache only; STAGES (ring depth,
+// default 2) and MIN_BLOCKS (occupancy hint). Dynamic shared memory:
+// NWARPS * STAGES * 2 * 16 * HEAD_DIM * 2 bytes (sov_kernels::decode_mma_shared_bytes).
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+#ifndef GQA_GROUP
+#error "GQA_GROUP must be defined"
+#endif
+#if HEAD_DIM != 64 && HEAD_DIM != 128 && HEAD_DIM != 256
+#error "the tensor-core decode kernel needs HEAD_DIM 64, 128 or 256"
+#endif
+#ifdef KV_F32
+#error "the tensor-core decode kernel reads a bf16 cache"
+#endif
+
+#define D HEAD_DIM
+#define G GQA_GROUP
+#define NTHREADS 128
+#define NWARPS (NTHREADS / 32)
+#define CHUNK 16                         // tokens per warp chunk: the mma's k (P.V) and 2 n-tiles (Q.K^T)
+#define PIECES (D / 8)                   // 16-byte pieces per K or V row
+#define PIECES_PER_LANE (CHUNK * PIECES / 32)
+#define SLOT (CHUNK * D)                 // bf16 elements of K (or V) per ring slot
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 2
+#endif
+#include "decode_merge.cuh"
+
+#define SLOT_BYTES (SLOT * 2)
+// Byte offset of (token row, 16-byte piece) inside a ring slot, swizzled against bank conflicts.
+// Shared-memory addresses are kept as 32-bit shared-window offsets throughout (no 64-bit math).
+__device__ __forceinline__ u32 slot_offset(int tok, int piece) { return (u32)(tok * D * 2 + ((piece ^ (tok & 7)) << 4)); }
+
+// .ca rather than .cg: through L1 a warp's 16-byte pieces reach L2 as whole 128-byte requests (with
+// .cg each sector was requested twice; measured with ncu on the H200).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* gmem, bool valid) {
+    const int src_size = valid ? 16 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_size) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_stages() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Four 8x8 b16 matrices from shared memory; lane l gives the row address of matrix l / 8, row l % 8.
+__device__ __forceinline__ void ldsm_x4(u32* r, u32 a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, u32 a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+// Two f32 -> one register of two bf16 (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// c[0..1] += A . B for the rows groupID of a 16x8 tile (f32 accumulate). A's rows groupID + 8 are
+// zero, so the tile's other two accumulators stay zero and are dropped. a_lo / a_hi: columns
+// tig*2.. and 8 + tig*2.. of row groupID; b0, b1: the B fragment.
+__device__ __forceinline__ void mma_top_rows(float* c, u32 a_lo, u32 a_hi, u32 b0, u32 b1) {
+    float drop0, drop1;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};\n"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(drop0), "=f"(drop1)
+        : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(0u), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(0.f), "f"(0.f));
+}
+
+// Copies the K and V rows of the warp chunk starting at token t0 into the ring slot at shared
+// address ks (K) and ks + SLOT_BYTES (V); pieces of
+// tokens at or past t_end are zero-filled without being read. Lane `lane` copies piece lane % PIECES
+// of tokens lane / PIECES + i * TOK_STEP. When the chunk lies inside one cache block (always, for
+// block sizes that are multiples of 16) one block-table entry serves all its tokens; otherwise each
+// token looks its block up.
+#define TOK_STEP (32 / PIECES)
+__device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
+                                            const u32* __restrict__ bt, int block_size, size_t row_elems,
+                                            size_t head_off, const bf16_t* __restrict__ k_cache,
+                                            const bf16_t* __restrict__ v_cache) {
+    const int tok0 = lane / PIECES, piece = lane % PIECES;
+    const int blk = t0 / block_size, off = t0 - blk * block_size;
+    if (off + CHUNK <= block_size) {
+        const size_t base = ((size_t)bt[blk] * block_size + off + tok0) * row_elems + head_off + piece * 8;
+        const bf16_t* kp = k_cache + base;
+        const bf16_t* vp = v_cache + base;
+        const size_t step = (size_t)TOK_STEP * row_elems;
+#pragma unroll
+        for (int i = 0; i < PIECES_PER_LANE; i++) {
+            const int tok = tok0 + i * TOK_STEP;
+            const bool valid = t0 + tok < t_end;
+            const u32 so = ks + slot_offset(tok, piece);
+            cp_async16(so, valid ? kp : k_cache, valid);
+            cp_async16(so + SLOT_BYTES, valid ? vp : v_cache, valid);
+            kp += step;
+            vp += step;
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < PIECES_PER_LANE; i++) {
+        const int tok = tok0 + i * TOK_STEP;
+        const int t = t0 + tok;
+        const bool valid = t < t_end;
+        size_t at = 0;
+        if (valid) at = ((size_t)bt[t / block_size] * block_size + (t % block_size)) * row_elems + head_off + piece * 8;
+        cp_async16(ks + slot_offset(tok, piece), k_cache + at, valid);
+        cp_async16(ks + SLOT_BYTES + slot_offset(tok, piece), v_cache + at, valid);
+    }
+}
+
+// Arguments, shapes and grid as paged_decode_attention in decode_attention.cu (bf16 cache), plus
+// dynamic shared memory of NWARPS * STAGES * 2 * SLOT bf16.
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
+paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
+                           const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
+                           const u32* __restrict__ block_tables, int max_blocks,
+                           const u32* __restrict__ context_lens, float* __restrict__ part_o,
+                           float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
+                           int block_size, int split_tokens, int max_splits, float scale) {
+    const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+    const int ctx = (int)context_lens[seq];
+    const int n_splits = (ctx + split_tokens - 1) / split_tokens;
+    if (split >= n_splits) return;
+    const int t_begin = split * split_tokens;
+    const int t_end = min(ctx, t_begin + split_tokens);
+
+    // ring: [NWARPS][STAGES][2 (K, V)][CHUNK, D] bf16; reused as w_acc [NWARPS][G][D] f32 at the end.
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float w_m[NWARPS][G], w_l[NWARPS][G];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
+    const u32 ring = (u32)__cvta_generic_to_shared(smem) + (u32)(warp * STAGES * 2 * SLOT_BYTES);
+
+    const u32* bt = block_tables + (size_t)seq * max_blocks;
+    const size_t row_elems = (size_t)n_kv_heads * D;
+    const size_t head_off = (size_t)kvh * D;
+    const int first = t_begin + warp * CHUNK;
+    const int my_chunks = first < t_end ? (t_end - first + NWARPS * CHUNK - 1) / (NWARPS * CHUNK) : 0;
+    // ldmatrix row addresses: this lane names row (lane & 7) of matrix (lane >> 3). K matrices are
+    // tokens 0-7 / 8-15 (mat >> 1) x pieces 2k / 2k + 1 (mat & 1); V matrices are tokens 0-7 / 8-15
+    // (mat & 1) x pieces 2n / 2n + 1 (mat >> 1). Piece 2k + b lands at (2k + b) ^ (tok & 7), which
+    // is 2k ^ (b ^ (tok & 7)) since 2k has no low bit: one XOR per step with a per-lane constant.
+    const int mat = lane >> 3, mrow = lane & 7;
+    const int k_tok = (mat >> 1) * 8 + mrow, v_tok = (mat & 1) * 8 + mrow;
+    const u32 k_row = (u32)(k_tok * D * 2), v_row = (u32)(v_tok * D * 2);
+    const int k_swz = (mat & 1) ^ (k_tok & 7), v_swz = (mat >> 1) ^ (v_tok & 7);
+
+#pragma unroll
+    for (int c = 0; c < STAGES - 1; c++) {
+        if (c < my_chunks) {
+            issue_chunk(ring + c * 2 * SLOT_BYTES, first + c * NWARPS * CHUNK, lane, t_end, bt, block_size, row_elems,
+                        head_off, k_cache, v_cache);
+        }
+        cp_async_commit();
+    }
+    // Q as the A operand, loaded while the first chunks are in flight: row gid = query head
+    // kvh * G + gid (zero for gid >= G), pre-scaled.
+    u32 qa[D / 16][2];  // [k-step][cols tig*2.. | 8 + tig*2..]
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        if (gid < G) {
+            const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + gid) * D + ks * 16 + tig * 2;
+            qa[ks][0] = pack_bf16x2(qp[0] * scale, qp[1] * scale);
+            qa[ks][1] = pack_bf16x2(qp[8] * scale, qp[9] * scale);
+        } else {
+            qa[ks][0] = 0u;
+            qa[ks][1] = 0u;
+        }
+    }
+    float acc[D / 8][2];  // O rows gid: dims nt * 8 + tig * 2 + {0, 1}
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) acc[nt][0] = acc[nt][1] = 0.f;
+    float m = -SOV_INF, l = 0.f;  // running max of row gid; this lane's part of its running sum
+
+    for (int c = 0; c < my_chunks; c++) {
+        const int t0 = first + c * NWARPS * CHUNK;
+        const int next = c + STAGES - 1;
+        if (next < my_chunks) {
+            issue_chunk(ring + (next % STAGES) * 2 * SLOT_BYTES, first + next * NWARPS * CHUNK, lane, t_end, bt,
+                        block_size, row_elems, head_off, k_cache, v_cache);
+        }
+        cp_async_commit();
+        cp_async_wait_stages();
+        __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
+        const u32 ks = ring + (c % STAGES) * 2 * SLOT_BYTES;
+        const u32 vs = ks + SLOT_BYTES;
+
+        // S = Q . K^T: s[n][j] is row gid, token n * 8 + tig * 2 + j of the chunk.
+        float s[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+        for (int kstep = 0; kstep < D / 16; kstep++) {
+            // Matrices: tokens 0-7 / 8-15 (mat >> 1) x dims kstep*16 + 0-7 / 8-15 (mat & 1).
+            u32 b[4];
+            ldsm_x4(b, ks + k_row + (((kstep * 2) ^ k_swz) << 4));
+            mma_top_rows(s[0], qa[kstep][0], qa[kstep][1], b[0], b[1]);
+            mma_top_rows(s[1], qa[kstep][0], qa[kstep][1], b[2], b[3]);
+        }
+        // Online softmax along row gid (its 16 tokens live in the 4 lanes of this quad).
+        float mx = -SOV_INF;
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                if (t0 + n * 8 + tig * 2 + j >= t_end) s[n][j] = -SOV_INF;
+                mx = fmaxf(mx, s[n][j]);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);  // finite: the chunk's first token is valid
+        const float alpha = __expf(m - m_new);
+        float ps = 0.f;
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                s[n][j] = __expf(s[n][j] - m_new);
+                ps += s[n][j];
+            }
+        l = l * alpha + ps;
+        m = m_new;
+        if (__any_sync(0xffffffffu, alpha != 1.f)) {  // after the first chunks the max rarely moves
+#pragma unroll
+            for (int nt = 0; nt < D / 8; nt++) {
+                acc[nt][0] *= alpha;
+                acc[nt][1] *= alpha;
+            }
+        }
+        // O += P . V: P (tokens 0-7 | 8-15 of row gid) as the A operand.
+        const u32 p_lo = pack_bf16x2(s[0][0], s[0][1]), p_hi = pack_bf16x2(s[1][0], s[1][1]);
+#pragma unroll
+        for (int np = 0; np < D / 16; np++) {
+            // Matrices: tokens 0-7 / 8-15 (mat & 1) x dims (2 np + (mat >> 1)) * 8 + 0-7, transposed.
+            u32 b[4];
+            ldsm_x4_trans(b, vs + v_row + (((np * 2) ^ v_swz) << 4));
+            mma_top_rows(acc[2 * np], p_lo, p_hi, b[0], b[1]);
+            mma_top_rows(acc[2 * np + 1], p_lo, p_hi, b[2], b[3]);
+        }
+        __syncwarp();  // the slot is refilled only after every lane has read it
+    }
+
+    // Row sums: add the quad's parts. Then the warps' states go to shared memory (w_acc over the ring).
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    cp_async_wait_all();
+    __syncthreads();
+    float* w_acc = (float*)smem;  // [NWARPS][G][D]
+    if (gid < G) {
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            w_acc[(warp * G + gid) * D + nt * 8 + tig * 2] = acc[nt][0];
+            w_acc[(warp * G + gid) * D + nt * 8 + tig * 2 + 1] = acc[nt][1];
+        }
+        if (tig == 0) {
+            w_m[warp][gid] = m;
+            w_l[warp][gid] = l;
+        }
+    }
+    __syncthreads();
+    decode_finish(&w_m[0][0], &w_l[0][0], w_acc, out, out_stride, part_o, part_ml, counters, seq, kvh, n_kv_heads,
+                  split, n_splits, max_splits);
+}

@@ -1,0 +1,110 @@
+// decode_merge.cuh: the end of a paged decode-attention CTA, shared by both decode kernels
+// (decode_attention.cu on CUDA cores, decode_attention_mma.cu on tensor cores).
+//
+// Design: every warp of the CTA leaves an online-softmax state in shared memory (running max m,
+// running sum l and the unnormalised P·V accumulator of each of the GQA_GROUP query heads). The CTA
+// merges those states. With one split it writes the normalised output directly; otherwise it writes
+// an unnormalised partial (o, m, l), and the last CTA of the (sequence, kv head) to finish -- found
+// with an atomic counter, which it resets for the next launch -- merges the partials of all splits
+// with all its threads (flash-decoding's reduction without a second kernel launch).
+//
+// The including unit defines D (head dim), G (query heads per KV head), NTHREADS and NWARPS.
+#pragma once
+
+#define MAX_SPLITS 256  // the host never plans more splits
+
+// w_m, w_l: [NWARPS][G] f32 and w_acc: [NWARPS][G][D] f32 in shared memory, complete (a barrier
+// passed) before the call; a warp that saw no token leaves m = -inf, l = 0, acc = 0.
+// out: [batch, out_stride] f32 (query head h at h * D). part_o: [batch, n_kv_heads, max_splits, G, D]
+// f32; part_ml: [batch, n_kv_heads, max_splits, G, 2] f32; counters: [batch, n_kv_heads] u32.
+// Every thread of the CTA calls this.
+__device__ __forceinline__ void decode_finish(const float* w_m, const float* w_l, const float* w_acc,
+                                              float* __restrict__ out, int out_stride,
+                                              float* __restrict__ part_o, float* __restrict__ part_ml,
+                                              u32* __restrict__ counters, int seq, int kvh, int n_kv_heads,
+                                              int split, int n_splits, int max_splits) {
+    __shared__ float s_m[G], s_l[G];
+    __shared__ int is_last;
+    const int tid = threadIdx.x;
+    if (tid < G) {
+        float M = -SOV_INF;
+        for (int w = 0; w < NWARPS; w++) M = fmaxf(M, w_m[w * G + tid]);
+        float L = 0.f;
+        for (int w = 0; w < NWARPS; w++)
+            L += w_m[w * G + tid] == -SOV_INF ? 0.f : __expf(w_m[w * G + tid] - M) * w_l[w * G + tid];
+        s_m[tid] = M;
+        s_l[tid] = L;
+    }
+    __syncthreads();
+
+    const size_t part_base = ((size_t)seq * n_kv_heads + kvh) * max_splits;
+    for (int i = tid; i < G * D; i += NTHREADS) {
+        const int g = i / D, d = i % D;
+        const float M = s_m[g];
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; w++)
+            if (w_m[w * G + g] != -SOV_INF) o += __expf(w_m[w * G + g] - M) * w_acc[(w * G + g) * D + d];
+        if (n_splits == 1) {
+            out[(size_t)seq * out_stride + (size_t)(kvh * G + g) * D + d] = o / s_l[g];
+        } else {
+            part_o[((part_base + split) * G + g) * D + d] = o;
+        }
+    }
+    if (n_splits == 1) return;
+    if (tid < G) {
+        part_ml[((part_base + split) * G + tid) * 2] = s_m[tid];
+        part_ml[((part_base + split) * G + tid) * 2 + 1] = s_l[tid];
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const u32 prev = atomicAdd(&counters[(size_t)seq * n_kv_heads + kvh], 1u);
+        is_last = prev == (u32)(n_splits - 1);
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+
+    // Merge the partials of all splits: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+    __shared__ float sp_w[MAX_SPLITS][G];
+    for (int i = tid; i < n_splits * G; i += NTHREADS) sp_w[i / G][i % G] = __ldcg(&part_ml[(part_base * G + i) * 2]);
+    __syncthreads();
+    if (tid < G) {
+        float M = -SOV_INF;
+        for (int s = 0; s < n_splits; s++) M = fmaxf(M, sp_w[s][tid]);
+        s_m[tid] = M;
+    }
+    __syncthreads();
+    for (int i = tid; i < n_splits * G; i += NTHREADS) {
+        const int s = i / G, g = i % G;
+        sp_w[s][g] = __expf(sp_w[s][g] - s_m[g]);
+    }
+    __syncthreads();
+    if (tid < G) {
+        float L = 0.f;
+        for (int s = 0; s < n_splits; s++) L += sp_w[s][tid] * __ldcg(&part_ml[((part_base + s) * G + tid) * 2 + 1]);
+        s_l[tid] = L;
+    }
+    __syncthreads();
+    // Every thread sums its OUT_PER_T outputs together, so OUT_PER_T loads per split are in flight
+    // at once (the merge of many splits is latency-bound).
+#define OUT_PER_T ((G * D + NTHREADS - 1) / NTHREADS)
+    float num[OUT_PER_T];
+#pragma unroll
+    for (int j = 0; j < OUT_PER_T; j++) num[j] = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < n_splits; s++) {
+#pragma unroll
+        for (int j = 0; j < OUT_PER_T; j++) {
+            const int i = tid + j * NTHREADS;
+            if (i < G * D) num[j] += sp_w[s][i / D] * __ldcg(&part_o[((part_base + s) * G) * D + i]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < OUT_PER_T; j++) {
+        const int i = tid + j * NTHREADS;
+        if (i < G * D) out[(size_t)seq * out_stride + (size_t)(kvh * G) * D + i] = num[j] / s_l[i / D];
+    }
+    if (tid == 0) counters[(size_t)seq * n_kv_heads + kvh] = 0;
+}
