@@ -23,6 +23,8 @@ impl TextCodec for ByteCodec {
 
     fn decode(&self, ids: &[u32]) -> Result<String, String> {
         let bytes: Vec<u8> = ids.iter().filter_map(|&t| u8::try_from(t).ok()).collect();
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        // Valid UTF-8 (the usual case) becomes the string without a copy.
+        Ok(String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 }

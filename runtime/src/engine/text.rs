@@ -3,8 +3,10 @@
 //!
 //! Design: Hugging Face TGI's / vLLM's incremental decoding with a prefix and a read offset: decode
 //! the tokens since `prefix_offset` twice (without and with the new ones) and emit the difference,
-//! unless the new text ends in U+FFFD (a character still incomplete). Stop strings: the newest
-//! `longest_stop - 1` bytes stay held back until the sequence finishes.
+//! unless the new text ends in U+FFFD (a character still incomplete). The first of those decodes
+//! only changes when the offsets move, so its length is kept until they do: a token that adds no
+//! text (an id the codec skips, one byte of a longer character) costs one decode, not two. Stop
+//! strings: the newest `longest_stop - 1` bytes stay held back until the sequence finishes.
 
 use super::codec::TextCodec;
 
@@ -15,6 +17,9 @@ pub struct TextStream {
     ids: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,
+    /// Length of the text of `ids[prefix_offset..read_offset]`, once decoded (None after the
+    /// offsets move).
+    prefix_text_len: Option<usize>,
     /// All text produced (before stop truncation takes effect).
     text: String,
     /// Bytes of `text` already handed out.
@@ -49,6 +54,7 @@ impl TextStream {
             ids: ctx.to_vec(),
             prefix_offset: 0,
             read_offset: ctx.len(),
+            prefix_text_len: None,
             text: String::new(),
             emitted: 0,
             stop,
@@ -69,29 +75,48 @@ impl TextStream {
     /// Adds one generated token.
     pub fn push(&mut self, codec: &dyn TextCodec, token: u32) -> Result<TextDelta, String> {
         self.ids.push(token);
-        let prefix = codec.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let prefix_len = self.prefix_text_len(codec)?;
         let full = codec.decode(&self.ids[self.prefix_offset..])?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
-            if let Some(new) = full.get(prefix.len()..) {
+        if full.len() > prefix_len && !full.ends_with('\u{FFFD}') {
+            if let Some(new) = full.get(prefix_len..) {
                 self.text.push_str(new);
             }
-            self.prefix_offset = self.read_offset;
-            self.read_offset = self.ids.len();
+            self.advance();
         }
         Ok(self.release(false))
+    }
+
+    /// Length of the text of `ids[prefix_offset..read_offset]`, decoded once per offset pair.
+    fn prefix_text_len(&mut self, codec: &dyn TextCodec) -> Result<usize, String> {
+        match self.prefix_text_len {
+            Some(n) => Ok(n),
+            None => {
+                let n = codec
+                    .decode(&self.ids[self.prefix_offset..self.read_offset])?
+                    .len();
+                self.prefix_text_len = Some(n);
+                Ok(n)
+            }
+        }
+    }
+
+    /// Everything decoded so far is text now: the read window becomes the prefix.
+    fn advance(&mut self) {
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        self.prefix_text_len = None;
     }
 
     /// The sequence finished: flushes everything still held back (an incomplete final character is
     /// emitted as U+FFFD, as the tokenizer decodes it).
     pub fn finish(&mut self, codec: &dyn TextCodec) -> Result<TextDelta, String> {
         if self.read_offset < self.ids.len() {
-            let prefix = codec.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+            let prefix_len = self.prefix_text_len(codec)?;
             let full = codec.decode(&self.ids[self.prefix_offset..])?;
-            if let Some(new) = full.get(prefix.len()..) {
+            if let Some(new) = full.get(prefix_len..) {
                 self.text.push_str(new);
             }
-            self.prefix_offset = self.read_offset;
-            self.read_offset = self.ids.len();
+            self.advance();
         }
         Ok(self.release(true))
     }
@@ -139,6 +164,8 @@ fn floor_char_boundary(s: &str, i: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::super::codec::ByteCodec;
     use super::*;
 
@@ -178,6 +205,80 @@ mod tests {
         let (deltas, stopped) = stream_all("STOxP", &["STOP"]);
         assert!(!stopped);
         assert_eq!(deltas.concat(), "STOxP");
+    }
+
+    /// The byte codec, counting its decode calls.
+    struct Counting(AtomicUsize);
+
+    impl TextCodec for Counting {
+        fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+            ByteCodec.encode(text)
+        }
+        fn decode(&self, ids: &[u32]) -> Result<String, String> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            ByteCodec.decode(ids)
+        }
+    }
+
+    /// The incremental decoding of TGI / vLLM written out plainly (two decodes per token, nothing
+    /// kept), without stop strings: the text after each token and at the end.
+    fn reference_deltas(prompt: &[u32], tokens: &[u32]) -> Vec<String> {
+        let mut ids = prompt[prompt.len().saturating_sub(CONTEXT)..].to_vec();
+        let (mut prefix_offset, mut read_offset) = (0, ids.len());
+        let mut deltas = Vec::new();
+        for &t in tokens {
+            ids.push(t);
+            let prefix = ByteCodec.decode(&ids[prefix_offset..read_offset]).unwrap();
+            let full = ByteCodec.decode(&ids[prefix_offset..]).unwrap();
+            if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
+                deltas.push(full.get(prefix.len()..).unwrap_or_default().to_string());
+                prefix_offset = read_offset;
+                read_offset = ids.len();
+            } else {
+                deltas.push(String::new());
+            }
+        }
+        let prefix = ByteCodec.decode(&ids[prefix_offset..read_offset]).unwrap();
+        let full = ByteCodec.decode(&ids[prefix_offset..]).unwrap();
+        deltas.push(full.get(prefix.len()..).unwrap_or_default().to_string());
+        deltas
+    }
+
+    proptest::proptest! {
+        /// Same deltas as the plain algorithm on random ids: ASCII, UTF-8 lead and continuation
+        /// bytes, and ids the codec skips (>= 256).
+        #[test]
+        fn same_deltas_as_the_plain_algorithm(
+            prompt in proptest::collection::vec(0u32..300, 1..8),
+            tokens in proptest::collection::vec(
+                proptest::prop_oneof![0u32..128, 0x80u32..0x100, 256u32..1000], 0..60),
+        ) {
+            let mut s = TextStream::new(&prompt, Vec::new());
+            let mut got: Vec<String> = tokens
+                .iter()
+                .map(|&t| s.push(&ByteCodec, t).unwrap().text)
+                .collect();
+            got.push(s.finish(&ByteCodec).unwrap().text);
+            proptest::prop_assert_eq!(got, reference_deltas(&prompt, &tokens));
+        }
+    }
+
+    #[test]
+    fn a_token_without_text_costs_one_decode() {
+        let codec = Counting(AtomicUsize::new(0));
+        let mut s = TextStream::new(&[b'>' as u32], Vec::new());
+        s.push(&codec, b'a' as u32).unwrap();
+        let before = codec.0.load(Ordering::Relaxed);
+        // Ids the byte codec skips add no text: the offsets stay, the prefix is not decoded again.
+        for _ in 0..10 {
+            assert_eq!(s.push(&codec, 1000).unwrap().text, "");
+        }
+        assert_eq!(
+            codec.0.load(Ordering::Relaxed) - before,
+            11,
+            "one prefix decode, then one per token"
+        );
+        assert_eq!(s.push(&codec, b'b' as u32).unwrap().text, "b");
     }
 
     #[test]
