@@ -458,9 +458,8 @@ fn run_loop<M: Machine, F: ForwardModel>(
         let t_step = Instant::now();
         match machine.step(&mut core, &slots) {
             Ok(t) => {
-                // A step that handed no events off (idle, suspended, a checkpoint) first waits
-                // for the earlier ones: an engine that is not producing has delivered everything.
-                if !core.outbox.take_handed_off() {
+                // An engine that has nothing to do has delivered everything.
+                if t.is_noop() {
                     core.outbox.settle();
                 }
                 stats.steps += 1;

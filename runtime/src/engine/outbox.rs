@@ -7,10 +7,10 @@
 //! decode step at batch 256 during which an accelerator would idle. With a courier thread
 //! ([`Outbox::with_courier`]) those sends overlap the next forward pass and the engine thread pays
 //! one channel send per step. At most one batch is in flight: a hand-off first waits until the
-//! previous batch is delivered, so a request's events stay in order, a slow client slows the engine
-//! instead of growing a queue, and [`Outbox::settle`] (the engine loop calls it after every step
-//! that handed nothing off) leaves nothing undelivered. Without a courier (a core driven directly,
-//! as tests do) a hand-off sends on the calling thread.
+//! previous batch is delivered, so a request's events stay in order and a slow client slows the
+//! engine instead of growing a queue. [`Outbox::settle`] waits for everything handed off; the
+//! engine calls it before a checkpoint or restore and when it has nothing to do. Without a courier
+//! (a core driven directly, as tests do) a hand-off sends on the calling thread.
 //!
 //! A client that dropped its receiver is found when an event for it cannot be sent; the request's
 //! id is then reported ([`Outbox::is_gone`]) and the engine ends the request at its next token.
@@ -45,8 +45,6 @@ pub struct Outbox {
     in_flight: usize,
     /// Requests whose receiver was dropped, not yet ended by the engine.
     gone: HashSet<u64>,
-    /// Set by a hand-off, cleared by [`Outbox::take_handed_off`].
-    handed_off: bool,
 }
 
 impl Default for Outbox {
@@ -63,7 +61,6 @@ impl Outbox {
             courier: None,
             in_flight: 0,
             gone: HashSet::new(),
-            handed_off: false,
         }
     }
 
@@ -139,7 +136,6 @@ impl Outbox {
         if self.pending.is_empty() {
             return;
         }
-        self.handed_off = true;
         let batch = std::mem::take(&mut self.pending);
         let batch = match self.courier.as_ref().and_then(|c| c.batches.as_ref()) {
             Some(tx) => match tx.send(batch) {
@@ -158,11 +154,6 @@ impl Outbox {
         let gone = deliver(&mut batch);
         self.gone.extend(gone);
         self.pending = batch;
-    }
-
-    /// Whether a hand-off happened since the previous call.
-    pub fn take_handed_off(&mut self) -> bool {
-        std::mem::take(&mut self.handed_off)
     }
 }
 
@@ -227,7 +218,6 @@ mod tests {
             outbox.push(&tx_a, event(1, step, false));
             outbox.push(&tx_b, event(2, step, false));
             outbox.hand_off();
-            assert!(outbox.take_handed_off());
         }
         outbox.push(&tx_a, event(1, 50, true));
         outbox.hand_off();
@@ -243,10 +233,6 @@ mod tests {
         outbox.hand_off();
         outbox.settle();
         assert!(!outbox.is_gone(2));
-        assert!(outbox.take_handed_off());
-        // A hand-off with nothing queued is none.
-        outbox.hand_off();
-        assert!(!outbox.take_handed_off());
     }
 
     #[test]
