@@ -9,14 +9,38 @@
 // out[t] = residual[t] * rsqrt(mean(residual[t]^2) + eps) * weight.
 // residual: [n, d] f32, delta: [n, d] f32 or null (plain RMSNorm of `residual`), weight: [d] f32,
 // out: [n, d] f32. Grid: n, block: 256..1024 threads (multiple of 32).
+// A thread keeps its first RMS_KEEP elements (and their weights, loaded before the reduction) in
+// registers, so a row of up to RMS_KEEP * blockDim elements (4096 with 1024 threads) is read once
+// and the weight read overlaps the reduction instead of following it; wider rows re-read the rest.
+#define RMS_KEEP 4
 extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __restrict__ residual,
                                             const float* __restrict__ delta,
                                             const float* __restrict__ weight, int d, float eps) {
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     float* r = residual + row * d;
+    float keep[RMS_KEEP], w[RMS_KEEP];
     float ss = 0.f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+#pragma unroll
+    for (int j = 0; j < RMS_KEEP; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        keep[j] = 0.f;
+        w[j] = 0.f;
+        if (i < d) {
+            keep[j] = r[i];
+            w[j] = weight[i];
+            if (delta != nullptr) keep[j] += delta[row * d + i];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < RMS_KEEP; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < d) {
+            if (delta != nullptr) r[i] = keep[j];
+            ss = fmaf(keep[j], keep[j], ss);
+        }
+    }
+    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x) {
         float v = r[i];
         if (delta != nullptr) {
             v += delta[row * d + i];
@@ -26,7 +50,12 @@ extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __re
     }
     ss = block_sum(ss, scratch);
     const float inv = rsqrtf(ss / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) out[row * d + i] = r[i] * inv * weight[i];
+#pragma unroll
+    for (int j = 0; j < RMS_KEEP; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < d) out[row * d + i] = keep[j] * inv * w[j];
+    }
+    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x) out[row * d + i] = r[i] * inv * weight[i];
 }
 
 // out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]; gate_up: [n, 2f] f32, out: [n, f] f32.

@@ -4,9 +4,9 @@
 // Design: one warp per output column (weight row); the eight warps of a CTA take eight rows. A lane
 // reads 16-byte pieces (8 bf16) of its weight row, UNROLL pieces per iteration issued before any
 // is used, so many loads are in flight per SM; the weights are read with the streaming cache hint
-// (used once). x arrives already rounded to bf16 (the host's cast, as for the cuBLAS path, so the
-// products are the same) and is read through L1, which every warp of the SM shares. Accumulation in
-// f32, one warp reduction per output.
+// (used once). x arrives as f32 -- no cast kernel in front -- and is read through L1, which every warp
+// of the SM shares; each element is rounded to bf16 as it is used, so the products are those of the
+// cuBLAS path (which multiplies a bf16 copy of x). Accumulation in f32, one warp reduction per output.
 // Requires k % 8 == 0 (16-byte aligned rows); the host falls back to cuBLAS otherwise.
 #include "common.cuh"
 
@@ -16,15 +16,28 @@
 #define UNROLL 8
 #endif
 
-// out: [n, m] f32. x: [n, k] bf16. w: [m, k] bf16. Grid: ceil(m / GEMV_WARPS), block: 32 * GEMV_WARPS.
+// Eight f32 of x (two float4) rounded to bf16 and widened back: the values cuBLAS multiplies.
+__device__ __forceinline__ void x8_as_bf16(const float4* p, float* xf) {
+    const float4 a = p[0], b = p[1];
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        u32 packed;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(v[j + 1]), "f"(v[j]));
+        xf[j] = __uint_as_float(packed << 16);
+        xf[j + 1] = __uint_as_float(packed & 0xffff0000u);
+    }
+}
+
+// out: [n, m] f32. x: [n, k] f32. w: [m, k] bf16. Grid: ceil(m / GEMV_WARPS), block: 32 * GEMV_WARPS.
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-gemv_bf16(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
+gemv_bf16(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
           int m) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (row >= m) return;
     const uint4* wr = (const uint4*)(w + (size_t)row * k);
-    const uint4* xr = (const uint4*)x;
+    const float4* xr = (const float4*)x;  // row r, piece v at xr + (r * vecs + v) * 2
     const int vecs = k / 8;
     float acc[GEMV_MAX_N];
 #pragma unroll
@@ -47,7 +60,7 @@ gemv_bf16(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* _
             for (int r = 0; r < GEMV_MAX_N; r++) {
                 if (r >= n) break;
                 float xf[8];
-                unpack8(xr[(size_t)r * vecs + v], xf);
+                x8_as_bf16(xr + ((size_t)r * vecs + v) * 2, xf);
                 float s = 0.f;
 #pragma unroll
                 for (int j = 0; j < 8; j++) s = fmaf(xf[j], wf[j], s);

@@ -44,6 +44,9 @@ impl CudaBackend {
             return Ok(());
         }
         let gemv = self.use_gemv && !self.precise && n <= GEMV_MAX_N && k.is_multiple_of(8);
+        if gemv {
+            return self.gemv(x, w, out, n, k, m);
+        }
         let mut scratch = self
             .scratch
             .lock()
@@ -68,19 +71,15 @@ impl CudaBackend {
             self.gemm_bf16_f32(lo, w.ptr(), out.ptr(), n, k, m, 1.0)
         } else {
             self.cast_f32_bf16(x.ptr(), xb.ptr(), n * k)?;
-            if gemv {
-                self.gemv(xb.ptr(), w, out, n, k, m)
-            } else {
-                self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0)
-            }
+            self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0)
         }
     }
 
-    /// `out = x @ w^T` for `n <= GEMV_MAX_N` rows with `gemv.cu` (weights streamed once), from the
-    /// bf16 copy of x at `x_bf16` (`[n, k]`), as the cuBLAS path multiplies.
+    /// `out = x @ w^T` for `n <= GEMV_MAX_N` rows with `gemv.cu` (weights streamed once), straight
+    /// from the f32 `x` (`[n, k]`), which the kernel rounds to bf16 as the cuBLAS path does.
     fn gemv(
         &self,
-        x_bf16: u64,
+        x: &CudaBuffer,
         w: &CudaBuffer,
         out: &mut CudaBuffer,
         n: usize,
@@ -89,15 +88,15 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let f = self.modules.function(KernelId::Gemv, None, "gemv_bf16")?;
         let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
-        let (o, wp) = (out.ptr(), w.ptr());
+        let (o, xp, wp) = (out.ptr(), x.ptr(), w.ptr());
         let cfg = LaunchConfig {
             grid_dim: (m.div_ceil(GEMV_WARPS) as u32, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&o).arg(&x_bf16).arg(&wp).arg(&ni).arg(&ki).arg(&mi);
-        // SAFETY: x_bf16 holds n*k bf16, w m*k bf16 with k % 8 == 0 (16-byte rows), out n*m f32
+        b.arg(&o).arg(&xp).arg(&wp).arg(&ni).arg(&ki).arg(&mi);
+        // SAFETY: x holds n*k f32, w m*k bf16 with k % 8 == 0 (16-byte rows), out n*m f32
         // (checked by the caller); n <= GEMV_MAX_N as the kernel requires.
         unsafe { b.launch(cfg) }.map_err(driver_err)?;
         Ok(())
