@@ -1,11 +1,20 @@
 // rope_kv.cu: rotary position embedding (Hugging Face rotate_half convention) on the q and k heads of
-// a fused qkv activation, and the write of new K/V rows into the paged bf16 cache.
+// a fused qkv activation, and the write of new K/V rows into the paged bf16 cache -- separately, or
+// fused into one launch (rope_kv_write: the decode step's kernel count is what batch 1 pays for).
 //
 // qkv rows: [(H + 2*KVH) * D] f32, q heads then k heads then v heads. cos/sin tables are
 // [max_pos, D/2] f32 computed by the model (Llama-3.1 rope_scaling baked in).
 // Paged cache layout, per layer: [num_blocks, block_size, KVH, D] bf16; a token's slot is
 // physical_block * block_size + offset_in_block.
 #include "common.cuh"
+
+// (a, b) rotated by the angle with cosine c and sine s: a' = a c - b s, b' = b c + a s, each product
+// rounded before the sum (no FMA contraction), as the CPU backend computes it, so rope_inplace and
+// rope_kv_write give the same bits.
+__device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, float* ra, float* rb) {
+    *ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
 
 // In place on the first n_rot_heads (= H + KVH) heads of each row: for j < D/2,
 // x'[j] = x[j] cos - x[j + D/2] sin, x'[j + D/2] = x[j + D/2] cos + x[j] sin at p = positions[t].
@@ -24,9 +33,7 @@ extern "C" __global__ void rope_inplace(float* __restrict__ qkv, const u32* __re
         const size_t p = positions[t];
         const float c = cos_t[p * half + j], s = sin_t[p * half + j];
         float* x = qkv + t * row_stride + (size_t)h * head_dim;
-        const float a = x[j], b = x[j + half];
-        x[j] = a * c - b * s;
-        x[j + half] = b * c + a * s;
+        rotate_pair(x[j], x[j + half], c, s, x + j, x + j + half);
     }
 }
 
@@ -73,4 +80,66 @@ extern "C" __global__ void kv_write_f32(float* __restrict__ k_cache, float* __re
         *(float4*)(k_cache + dst) = *(const float4*)k;
         *(float4*)(v_cache + dst) = *(const float4*)(k + kv_width);
     }
+}
+
+// rope_inplace followed by kv_write (or kv_write_f32) in one launch, with the same results: q and k
+// heads are rotated in place, and the rotated k heads and the v heads of each token with a slot are
+// stored into the caches. One work item per (token, head of all H + 2*KVH, pair j < D/2); grid-stride.
+// qkv: [n, row_stride] f32 (row_stride = (H + 2*KVH) * D), positions, slots: [n] u32 (0xffffffff
+// skips the cache write), cos_t/sin_t: [max_pos, D/2] f32, caches: [num_slots, KVH, D] of T.
+__device__ __forceinline__ void store_kv(bf16_t* p, float v) { *p = f2bf(v); }
+__device__ __forceinline__ void store_kv(float* p, float v) { *p = v; }
+
+template <typename T>
+__device__ __forceinline__ void rope_kv_write_impl(float* __restrict__ qkv, T* __restrict__ k_cache,
+                                                   T* __restrict__ v_cache, const u32* __restrict__ positions,
+                                                   const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                                   const u32* __restrict__ slots, int n, int n_heads, int n_kv_heads,
+                                                   int head_dim, int row_stride) {
+    const int half = head_dim / 2, all_heads = n_heads + 2 * n_kv_heads;
+    const size_t total = (size_t)n * all_heads * half;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const int j = idx % half;
+        const size_t th = idx / half;
+        const int h = th % all_heads;
+        const size_t t = th / all_heads;
+        float* x = qkv + t * row_stride + (size_t)h * head_dim;
+        float a = x[j], b = x[j + half];
+        if (h < n_heads + n_kv_heads) {
+            const size_t p = positions[t];
+            const float c = cos_t[p * half + j], s = sin_t[p * half + j];
+            rotate_pair(a, b, c, s, &a, &b);
+            x[j] = a;
+            x[j + half] = b;
+        }
+        if (h < n_heads) continue;
+        const u32 slot = slots[t];
+        if (slot == 0xffffffffu) continue;
+        T* cache = h < n_heads + n_kv_heads ? k_cache : v_cache;
+        const int kvh = (h - n_heads) % n_kv_heads;
+        const size_t dst = ((size_t)slot * n_kv_heads + kvh) * head_dim;
+        store_kv(cache + dst + j, a);
+        store_kv(cache + dst + j + half, b);
+    }
+}
+
+// bf16 cache.
+extern "C" __global__ void rope_kv_write(float* __restrict__ qkv, bf16_t* __restrict__ k_cache,
+                                         bf16_t* __restrict__ v_cache, const u32* __restrict__ positions,
+                                         const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                         const u32* __restrict__ slots, int n, int n_heads, int n_kv_heads,
+                                         int head_dim, int row_stride) {
+    rope_kv_write_impl(qkv, k_cache, v_cache, positions, cos_t, sin_t, slots, n, n_heads, n_kv_heads, head_dim,
+                       row_stride);
+}
+
+// f32 cache (precise mode).
+extern "C" __global__ void rope_kv_write_f32(float* __restrict__ qkv, float* __restrict__ k_cache,
+                                             float* __restrict__ v_cache, const u32* __restrict__ positions,
+                                             const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                             const u32* __restrict__ slots, int n, int n_heads, int n_kv_heads,
+                                             int head_dim, int row_stride) {
+    rope_kv_write_impl(qkv, k_cache, v_cache, positions, cos_t, sin_t, slots, n, n_heads, n_kv_heads, head_dim,
+                       row_stride);
 }

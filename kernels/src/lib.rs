@@ -202,7 +202,13 @@ impl KernelId {
                 "fill_random_bf16",
                 "split_f32_bf16",
             ],
-            KernelId::RopeKv => &["rope_inplace", "kv_write", "kv_write_f32"],
+            KernelId::RopeKv => &[
+                "rope_inplace",
+                "kv_write",
+                "kv_write_f32",
+                "rope_kv_write",
+                "rope_kv_write_f32",
+            ],
             KernelId::Sampling => &["argmax_rows", "sample_tokens"],
             KernelId::Gemv => &["gemv_bf16"],
         }

@@ -292,6 +292,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
         heads: HeadShape,
     ) -> Result<(), BackendError>;
 
+    /// [`Backend::rope`] then [`Backend::kv_write`] with the same `qkv`, as one call: a backend
+    /// may fuse them (the CUDA backend does: one kernel launch fewer per layer and step), with the
+    /// same results. Shapes as for the two ops.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_write(
+        &self,
+        qkv: &mut Self::Buffer,
+        positions: &Self::Buffer,
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        slot_mapping: &Self::Buffer,
+        k_cache: &mut Self::Buffer,
+        v_cache: &mut Self::Buffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        self.rope(qkv, positions, cos, sin, n, heads)?;
+        self.kv_write(qkv, slot_mapping, k_cache, v_cache, n, heads)
+    }
+
     /// Causal paged attention over several sequences (prefill chunks and decode tokens mixed):
     /// for token row `i` of sequence `s` at position `p`, query head `h`, kv head
     /// `g = h / (H / KVH)`: `out[i, h] = softmax_j(scale * q[i,h] . K[s, j, g]) @ V[s, j, g]`

@@ -254,16 +254,18 @@ impl<B: Backend> LlamaModel<B> {
             if let Some(bias) = &w.qkv_bias {
                 b.add_bias(&mut a.qkv, bias, n, qkv_w)?;
             }
-            b.rope(
+            let (k_cache, v_cache) = kv.layer_mut(l);
+            b.rope_kv_write(
                 &mut a.qkv,
                 &meta.positions,
                 &self.rope_cos,
                 &self.rope_sin,
+                &meta.slot_mapping,
+                k_cache,
+                v_cache,
                 n,
                 self.heads,
             )?;
-            let (k_cache, v_cache) = kv.layer_mut(l);
-            b.kv_write(&a.qkv, &meta.slot_mapping, k_cache, v_cache, n, self.heads)?;
             b.paged_attention(
                 &a.qkv,
                 k_cache,

@@ -229,6 +229,31 @@ impl Backend for CudaBackend {
         self.kv_write_impl(qkv, slot_mapping, k_cache, v_cache, n, heads)
     }
 
+    fn rope_kv_write(
+        &self,
+        qkv: &mut CudaBuffer,
+        positions: &CudaBuffer,
+        cos: &CudaBuffer,
+        sin: &CudaBuffer,
+        slot_mapping: &CudaBuffer,
+        k_cache: &mut CudaBuffer,
+        v_cache: &mut CudaBuffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        self.rope_kv_write_impl(
+            qkv,
+            positions,
+            cos,
+            sin,
+            slot_mapping,
+            k_cache,
+            v_cache,
+            n,
+            heads,
+        )
+    }
+
     fn paged_attention(
         &self,
         qkv: &CudaBuffer,

@@ -244,9 +244,18 @@ fn forward_logits(
             )?;
         }
         b.matmul(&a.h, &layer.wqkv, &mut a.qkv, n, HIDDEN, HEADS.qkv_width())?;
-        b.rope(&mut a.qkv, &meta.positions, &m.cos, &m.sin, n, HEADS)?;
         let (kc, vc) = &mut kv[l];
-        b.kv_write(&a.qkv, &meta.slot_mapping, kc, vc, n, HEADS)?;
+        b.rope_kv_write(
+            &mut a.qkv,
+            &meta.positions,
+            &m.cos,
+            &m.sin,
+            &meta.slot_mapping,
+            kc,
+            vc,
+            n,
+            HEADS,
+        )?;
         b.paged_attention(
             &a.qkv,
             kc,

@@ -334,9 +334,18 @@ fn enqueue_step(
         if let Some(bias) = &lw.qkv_bias {
             b.add_bias(&mut a.qkv, bias, n, qkv_w)?;
         }
-        b.rope(&mut a.qkv, &a.meta.positions, cos, sin, n, heads)?;
         let (k_cache, v_cache) = kv.layer_mut(l);
-        b.kv_write(&a.qkv, &a.meta.slot_mapping, k_cache, v_cache, n, heads)?;
+        b.rope_kv_write(
+            &mut a.qkv,
+            &a.meta.positions,
+            cos,
+            sin,
+            &a.meta.slot_mapping,
+            k_cache,
+            v_cache,
+            n,
+            heads,
+        )?;
         b.paged_attention(
             &a.qkv,
             k_cache,

@@ -130,7 +130,9 @@ impl CudaBackend {
             blas,
             modules,
             split_target_ctas: sm_count * env_usize("SOV_DECODE_CTAS_PER_SM").unwrap_or(2).max(1),
-            split_max_tokens: env_usize("SOV_DECODE_SPLIT_TOKENS").unwrap_or(usize::MAX).max(1),
+            split_max_tokens: env_usize("SOV_DECODE_SPLIT_TOKENS")
+                .unwrap_or(usize::MAX)
+                .max(1),
             use_gemv: env_usize("SOV_GEMV") == Some(1),
             decode_mma: env_usize("SOV_DECODE_MMA") != Some(0),
             scratch: Mutex::new(Scratch::default()),

@@ -228,6 +228,62 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `rope_impl` then `kv_write_impl` in one launch (`rope_kv_write` in `rope_kv.cu`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rope_kv_write_impl(
+        &self,
+        qkv: &mut CudaBuffer,
+        positions: &CudaBuffer,
+        cos: &CudaBuffer,
+        sin: &CudaBuffer,
+        slot_mapping: &CudaBuffer,
+        k_cache: &mut CudaBuffer,
+        v_cache: &mut CudaBuffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "rope_kv_write";
+        let half = heads.head_dim / 2;
+        check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
+        check_buffer(OP, "positions", positions, DType::U32, n)?;
+        check_buffer(OP, "cos", cos, DType::F32, half)?;
+        check_buffer(OP, "sin", sin, DType::F32, cos.len)?;
+        check_buffer(OP, "slot_mapping", slot_mapping, DType::U32, n)?;
+        let kv_dtype = if self.precise {
+            DType::F32
+        } else {
+            DType::BF16
+        };
+        check_buffer(OP, "k_cache", k_cache, kv_dtype, heads.kv_width())?;
+        check_buffer(OP, "v_cache", v_cache, kv_dtype, k_cache.len)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let name = if self.precise {
+            "rope_kv_write_f32"
+        } else {
+            "rope_kv_write"
+        };
+        let f = self.modules.function(KernelId::RopeKv, None, name)?;
+        let all_heads = heads.n_heads + 2 * heads.n_kv_heads;
+        let (ni, hi, kvi, di, si) = (
+            to_i32(n, "n")?,
+            to_i32(heads.n_heads, "heads")?,
+            to_i32(heads.n_kv_heads, "kv heads")?,
+            to_i32(heads.head_dim, "head_dim")?,
+            to_i32(heads.qkv_width(), "qkv width")?,
+        );
+        let (q, kc, vc) = (qkv.ptr(), k_cache.ptr(), v_cache.ptr());
+        let (p, c, s, sl) = (positions.ptr(), cos.ptr(), sin.ptr(), slot_mapping.ptr());
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&q).arg(&kc).arg(&vc).arg(&p).arg(&c).arg(&s).arg(&sl);
+        b.arg(&ni).arg(&hi).arg(&kvi).arg(&di).arg(&si);
+        // SAFETY: sizes checked above; positions index rows of the tables (the model sizes them to
+        // its max position) and slots are allocated by the engine inside the cache.
+        unsafe { b.launch(grid_stride(n * all_heads * half)) }.map_err(driver_err)?;
+        Ok(())
+    }
+
     pub(super) fn silu_mul_impl(
         &self,
         gate_up: &CudaBuffer,

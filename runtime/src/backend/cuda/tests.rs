@@ -246,6 +246,28 @@ fn rope_and_kv_write_match_cpu() {
         }
         assert_eq!(kgot, kexp, "kv_write K d={d}");
         assert_eq!(vgot, vexp, "kv_write V d={d}");
+
+        // The fused op gives exactly what rope then kv_write gave, in the activation and the cache.
+        let mut qkv_f = b.upload_f32(&qkv).unwrap();
+        let mut kf = weight(&b, &init, vec![slots_total * kvw]);
+        let mut vf = weight(&b, &init, vec![slots_total * kvw]);
+        b.rope_kv_write(&mut qkv_f, &pb, &cb, &sb, &sbuf, &mut kf, &mut vf, n, heads)
+            .unwrap();
+        assert_eq!(
+            download(&b, &qkv_f, n * row),
+            got,
+            "rope_kv_write qkv d={d}"
+        );
+        assert_eq!(
+            b.read_bytes(&kf, 0, slots_total * kvw).unwrap(),
+            kbytes,
+            "rope_kv_write K d={d}"
+        );
+        assert_eq!(
+            b.read_bytes(&vf, 0, slots_total * kvw).unwrap(),
+            vbytes,
+            "rope_kv_write V d={d}"
+        );
     }
 }
 
