@@ -64,8 +64,6 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
 
     fn checkpoint(&mut self) -> Result<(), EngineError> {
         self.checkpoints += 1;
-        // A checkpoint is taken with every event before it delivered.
-        self.outbox.settle();
         match self.checkpoint_hook.take() {
             Some(mut hook) => {
                 let t0 = std::time::Instant::now();
@@ -81,6 +79,7 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
 
     fn restore(&mut self) -> Result<(), EngineError> {
         self.restores += 1;
+        // The sequences are replaced: their earlier events go out first.
         self.outbox.settle();
         match self.checkpoint_hook.take() {
             Some(mut hook) => {

@@ -458,8 +458,9 @@ fn run_loop<M: Machine, F: ForwardModel>(
         let t_step = Instant::now();
         match machine.step(&mut core, &slots) {
             Ok(t) => {
-                // An engine that has nothing to do has delivered everything.
-                if t.is_noop() {
+                // An engine with nothing to do, or one that took a power event (suspend, resume,
+                // low battery), has delivered everything.
+                if t.is_noop() || matches!(t.cause, Cause::Interrupt(_)) {
                     core.outbox.settle();
                 }
                 stats.steps += 1;

@@ -9,7 +9,8 @@
 //! one channel send per step. At most one batch is in flight: a hand-off first waits until the
 //! previous batch is delivered, so a request's events stay in order and a slow client slows the
 //! engine instead of growing a queue. [`Outbox::settle`] waits for everything handed off; the
-//! engine calls it before a checkpoint or restore and when it has nothing to do. Without a courier
+//! engine calls it when it has nothing to do, after a power event and before a restore (not before
+//! a checkpoint: the journal, not delivery, is what a resume relies on). Without a courier
 //! (a core driven directly, as tests do) a hand-off sends on the calling thread.
 //!
 //! A client that dropped its receiver is found when an event for it cannot be sent; the request's
