@@ -9,6 +9,9 @@
 //!   directly against the Backend ops (the model crate's loop is not used here).
 //!   Reported: output tokens/s over prefill + decode wall time, and decode-only tokens/s; once
 //!   with eager launches and once with decode steps replayed from a CUDA graph.
+//! - `bench_decode_matmuls`: the products of a Llama-3-8B decode step (qkv, o, gate_up, down, lm
+//!   head) at 1 and 4 rows, through cuBLAS (with its input cast) and through `gemv.cu`; weight
+//!   bytes over the median time. Enough weight copies are cycled that none is served from L2.
 //! - `bench_llama8b_model_forward`: the same shape through `LlamaModel<CudaBackend>::forward`
 //!   (logits downloaded, argmax on the host), as the engine drives it today.
 //!
@@ -116,6 +119,55 @@ fn bench_decode_attention() -> R<()> {
             plan.splits,
             plan.split_tokens
         );
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
+fn bench_decode_matmuls() -> R<()> {
+    let Some(mut b) = device() else { return Ok(()) };
+    // (name, k, m): x [n, k] @ w [m, k]^T.
+    let shapes = [
+        ("qkv", 4096usize, 6144usize),
+        ("o", 4096, 4096),
+        ("gate_up", 4096, 28672),
+        ("down", 14336, 4096),
+        ("lm_head", 4096, 128256),
+    ];
+    for (name, k, m) in shapes {
+        let bytes = m * k * 2;
+        let copies = (512usize << 20).div_ceil(bytes).max(2);
+        let ws: Vec<CudaBuffer> = (0..copies)
+            .map(|i| random_weight(&b, m * k, 40 + i as u32, k))
+            .collect::<R<_>>()?;
+        for n in [1usize, 4] {
+            let x = b.upload_f32(&super::reference::random(n * k, 1.0, 5))?; // [n, k]
+            let mut out = b.alloc(DType::F32, n * m)?; // [n, m]
+            let mut us = [0f64; 2]; // [cuBLAS, GEMV] microseconds per product
+            for (path, gemv) in [false, true].into_iter().enumerate() {
+                b.gemv_max_rows = if gemv { 4 } else { 0 };
+                let ms = time_ms(&b, 2, 10, || {
+                    for w in &ws {
+                        b.matmul(&x, w, &mut out, n, k, m)?;
+                    }
+                    Ok(())
+                })?;
+                us[path] = ms * 1e3 / copies as f64;
+            }
+            b.gemv_max_rows = 1;
+            let gbps = |t: f64| bytes as f64 / (t * 1e-6) / 1e9;
+            println!(
+                "BENCH matmul {name} n={n} k={k} m={m} weight_mb={} cublas_us={:.1} cublas_gbps={:.0} \
+                 gemv_us={:.1} gemv_gbps={:.0} gemv_speedup={:.2}",
+                bytes >> 20,
+                us[0],
+                gbps(us[0]),
+                us[1],
+                gbps(us[1]),
+                us[0] / us[1]
+            );
+        }
     }
     Ok(())
 }

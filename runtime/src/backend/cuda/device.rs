@@ -23,9 +23,11 @@ pub struct CudaBackend {
     /// by default. A tuning knob: on the H200 one split per sequence at batch >= 64 was fastest
     /// (short splits cost a pipeline fill and a merge each; kernels/bench/logs).
     pub(super) split_max_tokens: usize,
-    /// Products of up to four rows use `gemv.cu` (opt-in with `SOV_GEMV=1`: measured 3% slower
-    /// than cuBLAS at batch 1 on the H200, kept for tuning).
-    pub(super) use_gemv: bool,
+    /// Products of at most this many rows (0..=4) use `gemv.cu` instead of cuBLAS in fast mode:
+    /// `SOV_GEMV` (default 1, 0 = never). At one row it measured faster than cuBLAS on four of
+    /// the five Llama-3-8B decode products on the H200 (`bench_decode_matmuls`, kernels/bench/logs);
+    /// at four rows it measured 0.4-0.7x cuBLAS.
+    pub(super) gemv_max_rows: usize,
     /// Decode attention on tensor cores (`decode_attention_mma.cu`) where the head shape allows;
     /// `SOV_DECODE_MMA=0` keeps the CUDA-core kernel, for comparisons.
     pub(super) decode_mma: bool,
@@ -133,7 +135,7 @@ impl CudaBackend {
             split_max_tokens: env_usize("SOV_DECODE_SPLIT_TOKENS")
                 .unwrap_or(usize::MAX)
                 .max(1),
-            use_gemv: env_usize("SOV_GEMV") == Some(1),
+            gemv_max_rows: env_usize("SOV_GEMV").unwrap_or(1),
             decode_mma: env_usize("SOV_DECODE_MMA") != Some(0),
             scratch: Mutex::new(Scratch::default()),
             precise: false,

@@ -75,11 +75,15 @@ impl ModuleCache {
         }
         let mut options = vec![format!("--gpu-architecture={}", self.arch)];
         options.extend(id.defines(heads));
-        // Tuning knob for benchmarks: extra defines of the decode-attention unit, e.g.
-        // `SOV_DECODE_ATTENTION_DEFINES="-DWSTEPS=8 -DPREFETCH"`.
-        if id == KernelId::DecodeAttention
-            && let Ok(extra) = std::env::var("SOV_DECODE_ATTENTION_DEFINES")
-        {
+        // Tuning knobs for benchmarks: extra defines of the CUDA-core decode-attention unit, e.g.
+        // `SOV_DECODE_ATTENTION_DEFINES="-DWSTEPS=8 -DPREFETCH"`, and of the GEMV unit
+        // (`SOV_GEMV_DEFINES="-DUNROLL=16"`).
+        let knob = match id {
+            KernelId::DecodeAttention => Some("SOV_DECODE_ATTENTION_DEFINES"),
+            KernelId::Gemv => Some("SOV_GEMV_DEFINES"),
+            _ => None,
+        };
+        if let Some(Ok(extra)) = knob.map(std::env::var) {
             options.extend(extra.split_whitespace().map(str::to_string));
         }
         let opts = CompileOptions {
