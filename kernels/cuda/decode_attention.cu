@@ -120,12 +120,10 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
                        const u32* __restrict__ context_lens, float* __restrict__ part_o,
                        float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
                        int block_size, int split_tokens, int max_splits, float scale) {
-    const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
-    const int ctx = (int)context_lens[seq];
-    const int n_splits = (ctx + split_tokens - 1) / split_tokens;
-    if (split >= n_splits) return;
-    const int t_begin = split * split_tokens;
-    const int t_end = min(ctx, t_begin + split_tokens);
+    const DecodeWork work = decode_work(context_lens, split_tokens);
+    if (!work.active) return;
+    const int split = work.split, kvh = work.kvh, seq = work.seq, n_splits = work.n_splits;
+    const int t_begin = work.t_begin, t_end = work.t_end;
 
     __shared__ float w_m[NWARPS][G], w_l[NWARPS][G];
     __shared__ float w_acc[NWARPS][G][D];

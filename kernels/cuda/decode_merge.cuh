@@ -13,6 +13,26 @@
 
 #define MAX_SPLITS 256  // the host never plans more splits
 
+// What one CTA of a decode launch covers: grid (split, kv head, sequence); tokens [t_begin, t_end)
+// of the sequence's context, cut into n_splits splits of split_tokens. `active` is false for a CTA
+// past its sequence's last split (it returns at once). context_lens: [batch] u32.
+struct DecodeWork {
+    int split, kvh, seq, n_splits, t_begin, t_end;
+    bool active;
+};
+__device__ __forceinline__ DecodeWork decode_work(const u32* __restrict__ context_lens, int split_tokens) {
+    DecodeWork w;
+    w.split = blockIdx.x;
+    w.kvh = blockIdx.y;
+    w.seq = blockIdx.z;
+    const int ctx = (int)context_lens[w.seq];
+    w.n_splits = (ctx + split_tokens - 1) / split_tokens;
+    w.active = w.split < w.n_splits;
+    w.t_begin = w.split * split_tokens;
+    w.t_end = min(ctx, w.t_begin + split_tokens);
+    return w;
+}
+
 // w_m, w_l: [NWARPS][G] f32 and w_acc: [NWARPS][G][D] f32 in shared memory, complete (a barrier
 // passed) before the call; a warp that saw no token leaves m = -inf, l = 0, acc = 0.
 // out: [batch, out_stride] f32 (query head h at h * D). part_o: [batch, n_kv_heads, max_splits, G, D]

@@ -29,6 +29,23 @@ fn per_row(rows: usize, width: usize) -> LaunchConfig {
     }
 }
 
+/// Checks the activation, positions and tables of a RoPE (`qkv: [n, qkv_width]` f32, positions
+/// `[n]` u32, cos/sin `[max_pos, D/2]` f32).
+fn check_rope_args(
+    op: &'static str,
+    qkv: &CudaBuffer,
+    positions: &CudaBuffer,
+    cos: &CudaBuffer,
+    sin: &CudaBuffer,
+    n: usize,
+    heads: HeadShape,
+) -> Result<(), BackendError> {
+    check_buffer(op, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
+    check_buffer(op, "positions", positions, DType::U32, n)?;
+    check_buffer(op, "cos", cos, DType::F32, heads.head_dim / 2)?;
+    check_buffer(op, "sin", sin, DType::F32, cos.len)
+}
+
 impl CudaBackend {
     pub(super) fn embedding_impl(
         &self,
@@ -129,6 +146,26 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Checks the slot mapping and the two caches of a KV write (cache dtype by mode).
+    fn check_kv_write_args(
+        &self,
+        op: &'static str,
+        slot_mapping: &CudaBuffer,
+        k_cache: &CudaBuffer,
+        v_cache: &CudaBuffer,
+        n: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        check_buffer(op, "slot_mapping", slot_mapping, DType::U32, n)?;
+        let kv_dtype = if self.precise {
+            DType::F32
+        } else {
+            DType::BF16
+        };
+        check_buffer(op, "k_cache", k_cache, kv_dtype, heads.kv_width())?;
+        check_buffer(op, "v_cache", v_cache, kv_dtype, k_cache.len)
+    }
+
     pub(super) fn rope_impl(
         &self,
         qkv: &mut CudaBuffer,
@@ -138,12 +175,8 @@ impl CudaBackend {
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
-        const OP: &str = "rope";
         let half = heads.head_dim / 2;
-        check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
-        check_buffer(OP, "positions", positions, DType::U32, n)?;
-        check_buffer(OP, "cos", cos, DType::F32, half)?;
-        check_buffer(OP, "sin", sin, DType::F32, cos.len)?;
+        check_rope_args("rope", qkv, positions, cos, sin, n, heads)?;
         if n == 0 {
             return Ok(());
         }
@@ -184,14 +217,7 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         const OP: &str = "kv_write";
         check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
-        check_buffer(OP, "slot_mapping", slot_mapping, DType::U32, n)?;
-        let kv_dtype = if self.precise {
-            DType::F32
-        } else {
-            DType::BF16
-        };
-        check_buffer(OP, "k_cache", k_cache, kv_dtype, heads.kv_width())?;
-        check_buffer(OP, "v_cache", v_cache, kv_dtype, k_cache.len)?;
+        self.check_kv_write_args(OP, slot_mapping, k_cache, v_cache, n, heads)?;
         if !heads.kv_width().is_multiple_of(8) {
             return Err(BackendError::Unsupported(format!(
                 "{OP}: KVH * D = {} not a multiple of 8",
@@ -244,18 +270,8 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         const OP: &str = "rope_kv_write";
         let half = heads.head_dim / 2;
-        check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
-        check_buffer(OP, "positions", positions, DType::U32, n)?;
-        check_buffer(OP, "cos", cos, DType::F32, half)?;
-        check_buffer(OP, "sin", sin, DType::F32, cos.len)?;
-        check_buffer(OP, "slot_mapping", slot_mapping, DType::U32, n)?;
-        let kv_dtype = if self.precise {
-            DType::F32
-        } else {
-            DType::BF16
-        };
-        check_buffer(OP, "k_cache", k_cache, kv_dtype, heads.kv_width())?;
-        check_buffer(OP, "v_cache", v_cache, kv_dtype, k_cache.len)?;
+        check_rope_args(OP, qkv, positions, cos, sin, n, heads)?;
+        self.check_kv_write_args(OP, slot_mapping, k_cache, v_cache, n, heads)?;
         if n == 0 {
             return Ok(());
         }
