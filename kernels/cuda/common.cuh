@@ -74,6 +74,22 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// Programmatic dependent launch (sm_90+). A kernel launched with programmatic stream serialization
+// (the GEMV at batch 1) may be scheduled while the kernel before it is still running, once that one
+// calls allow_dependents_early(); it must call wait_for_prerequisites() before it reads or writes
+// anything the earlier kernels touch (it may read constant data, such as weights, before). Both are
+// no-ops below sm_90 and for kernels launched the ordinary way.
+__device__ __forceinline__ void allow_dependents_early() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisites() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // KV-cache element type: bf16 by default; f32 when compiled with -DKV_F32 (precise mode).
 // kv8 holds 8 consecutive elements (16 bytes of bf16 or 32 bytes of f32).
 #ifdef KV_F32

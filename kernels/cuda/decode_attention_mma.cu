@@ -154,6 +154,7 @@ paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float*
                            const u32* __restrict__ context_lens, float* __restrict__ part_o,
                            float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
                            int block_size, int split_tokens, int max_splits, float scale) {
+    allow_dependents_early();  // the output projection's GEMV may start streaming its weights
     const DecodeWork work = decode_work(context_lens, split_tokens);
     if (!work.active) return;
     const int split = work.split, kvh = work.kvh, seq = work.seq, n_splits = work.n_splits;

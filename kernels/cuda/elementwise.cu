@@ -17,6 +17,7 @@ extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __re
                                             const float* __restrict__ delta,
                                             const float* __restrict__ weight, int d, float eps) {
     __shared__ float scratch[32];
+    allow_dependents_early();  // a GEMV after this may start streaming its weights
     const size_t row = blockIdx.x;
     float* r = residual + row * d;
     float keep[RMS_KEEP], w[RMS_KEEP];
@@ -60,6 +61,7 @@ extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __re
 
 // out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]; gate_up: [n, 2f] f32, out: [n, f] f32.
 extern "C" __global__ void silu_mul(float* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
+    allow_dependents_early();  // a GEMV after this may start streaming its weights
     const size_t total = (size_t)n * f;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {

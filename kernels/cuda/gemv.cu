@@ -50,6 +50,9 @@ gemv_bf16(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __
             const int v = v0 + u * 32;
             wv[u] = v < vecs ? __ldcs(wr + v) : make_uint4(0, 0, 0, 0);
         }
+        // Launched with programmatic serialization at batch 1: the first weight loads are in flight
+        // while the kernel before finishes; x and out are touched only after it has.
+        wait_for_prerequisites();
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int v = v0 + u * 32;

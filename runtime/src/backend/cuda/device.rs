@@ -28,6 +28,9 @@ pub struct CudaBackend {
     /// the five Llama-3-8B decode products on the H200 (`bench_decode_matmuls`, kernels/bench/logs);
     /// at four rows it measured 0.4-0.7x cuBLAS.
     pub(super) gemv_max_rows: usize,
+    /// Programmatic dependent launch for the GEMV ([`super::pdl`]): compute capability >= 9.0
+    /// unless `SOV_PDL=0`.
+    pub(super) pdl: bool,
     /// Decode attention on tensor cores (`decode_attention_mma.cu`) where the head shape allows;
     /// `SOV_DECODE_MMA=0` keeps the CUDA-core kernel, for comparisons.
     pub(super) decode_mma: bool,
@@ -137,6 +140,7 @@ impl CudaBackend {
                 .max(1),
             gemv_max_rows: env_usize("SOV_GEMV").unwrap_or(1),
             decode_mma: env_usize("SOV_DECODE_MMA") != Some(0),
+            pdl: major >= 9 && env_usize("SOV_PDL") != Some(0),
             scratch: Mutex::new(Scratch::default()),
             precise: false,
         })

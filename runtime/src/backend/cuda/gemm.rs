@@ -95,12 +95,19 @@ impl CudaBackend {
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&o).arg(&xp).arg(&wp).arg(&ni).arg(&ki).arg(&mi);
-        // SAFETY: x holds n*k f32, w m*k bf16 with k % 8 == 0 (16-byte rows), out n*m f32
-        // (checked by the caller); n <= GEMV_MAX_N as the kernel requires.
-        unsafe { b.launch(cfg) }.map_err(driver_err)?;
-        Ok(())
+        let mut params: [*mut c_void; 6] = [
+            (&o as *const u64).cast_mut().cast(),
+            (&xp as *const u64).cast_mut().cast(),
+            (&wp as *const u64).cast_mut().cast(),
+            (&ni as *const i32).cast_mut().cast(),
+            (&ki as *const i32).cast_mut().cast(),
+            (&mi as *const i32).cast_mut().cast(),
+        ];
+        // SAFETY: the parameters are gemv_bf16's (out, x, w, n, k, m) in order, alive for the call;
+        // x holds n*k f32, w m*k bf16 with k % 8 == 0 (16-byte rows), out n*m f32 (checked by the
+        // caller); n <= GEMV_MAX_N as the kernel requires; the kernel waits for its prerequisites
+        // before it touches x or out.
+        unsafe { self.launch_overlapping(&f, cfg, &mut params) }
     }
 
     /// Splits `len` f32 values at `src` into bf16 `hi` and `lo` terms.

@@ -8,7 +8,8 @@
 //! ([`gemm`]). Weights and the paged KV cache are bf16; activations are f32 as the Backend contract
 //! says. Decode attention is split-K with the merge done by the last CTA ([`attention`]); the
 //! next-token choice can run on the device so only token ids come back ([`sampling`]); a decode
-//! step can be captured once into a CUDA graph and replayed ([`graph`]); [`DecodeGraphs`] runs a
+//! step can be captured once into a CUDA graph and replayed ([`graph`]); the batch-1 GEMV starts
+//! streaming its weights while the kernel before it finishes ([`pdl`]); [`DecodeGraphs`] runs a
 //! model's decode steps that way, per batch-size bucket, for the engine.
 //! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
 //! [`CudaBackend::new`] then returns a clear error.
@@ -22,6 +23,7 @@ mod gemm;
 mod graph;
 mod modules;
 mod ops;
+mod pdl;
 mod sampling;
 
 #[cfg(test)]

@@ -1,0 +1,66 @@
+//! Programmatic dependent launch (Hopper and later): a kernel launched with programmatic stream
+//! serialization may be scheduled while the kernel before it on the stream is still running, once
+//! that one executes `griddepcontrol.launch_dependents`; it then waits in `griddepcontrol.wait` for
+//! the earlier grid to complete and flush before touching anything it wrote.
+//!
+//! Design: used for the batch-1 GEMV, whose weight stream does not depend on the previous kernel, so
+//! its first weight loads overlap the small kernel before it (RMSNorm, attention, SiLU) instead of
+//! starting after that kernel drains. The kernels' side of the contract is in `common.cuh`
+//! (`allow_dependents_early`, `wait_for_prerequisites`). Stream capture records the launch as a
+//! programmatic edge, so the decode graphs keep the overlap. cudarc's launch builder has no launch
+//! attributes, hence the direct `cuLaunchKernelEx` call.
+
+use std::ffi::c_void;
+
+use cudarc::driver::{CudaFunction, LaunchConfig, sys};
+
+use super::device::{CudaBackend, driver_err};
+use crate::backend::BackendError;
+
+impl CudaBackend {
+    /// Launches `f` with `params` (one pointer per kernel argument, in order) on this backend's
+    /// stream, with programmatic stream serialization when the device supports it (else an
+    /// ordinary launch with the same arguments).
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list in number, order and types, every pointer in
+    /// it must stay valid for the call, and the kernel must call `wait_for_prerequisites()` before
+    /// it reads or writes memory that earlier work on the stream touches.
+    pub(super) unsafe fn launch_overlapping(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<(), BackendError> {
+        self.ctx.bind_to_thread().map_err(driver_err)?;
+        // SAFETY: an all-zero CUlaunchAttribute is a valid value (id 0 = ignore, zero padding); the
+        // fields used are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
+        };
+        // SAFETY: the config points at `attr`, alive for the call; the function belongs to a loaded
+        // module of this context (bound above); `params` is the caller's contract.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(driver_err)
+    }
+}
