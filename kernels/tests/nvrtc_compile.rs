@@ -15,7 +15,11 @@ fn compile(id: KernelId, heads: Option<HeadConfig>) {
 }
 
 fn compile_with(id: KernelId, heads: Option<HeadConfig>, extra: &[&str]) {
-    let mut options = vec!["--gpu-architecture=compute_90".to_string()];
+    compile_for("compute_90", id, heads, extra);
+}
+
+fn compile_for(arch: &str, id: KernelId, heads: Option<HeadConfig>, extra: &[&str]) {
+    let mut options = vec![format!("--gpu-architecture={arch}")];
     options.extend(id.defines(heads));
     options.extend(extra.iter().map(|s| s.to_string()));
     let opts = CompileOptions {
@@ -24,7 +28,7 @@ fn compile_with(id: KernelId, heads: Option<HeadConfig>, extra: &[&str]) {
     };
     if let Err(e) = compile_ptx_with_opts(id.source(), opts) {
         panic!(
-            "{} ({heads:?} {extra:?}) failed to compile: {e:?}",
+            "{} for {arch} ({heads:?} {extra:?}) failed to compile: {e:?}",
             id.file_name()
         );
     }
@@ -74,5 +78,29 @@ fn every_unit_compiles_for_sm90() {
         &["-DSTAGES=4", "-DMIN_BLOCKS=2"],
     ] {
         compile_with(KernelId::DecodeAttention, heads, extra);
+    }
+}
+
+/// Ampere (A100, compute 8.0) is the oldest architecture the kernels target: the tensor-core decode
+/// kernel needs mma.sync bf16, ldmatrix and cp.async (sm_80), and the programmatic-launch
+/// instructions of sm_90 must compile away there.
+#[test]
+fn every_unit_compiles_for_sm80() {
+    if !nvrtc_present() {
+        println!("skipping: libnvrtc not found (set LD_LIBRARY_PATH to a CUDA 13 NVRTC)");
+        return;
+    }
+    let heads = Some(HeadConfig {
+        head_dim: 128,
+        group: 4,
+        kv_f32: false,
+    });
+    for id in KernelId::ALL {
+        compile_for(
+            "compute_80",
+            id,
+            id.needs_heads().then_some(heads).flatten(),
+            &[],
+        );
     }
 }
