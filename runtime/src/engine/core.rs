@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::advance::{Advanced, RowInput, advance, advance_all};
 use super::blocks::BlockManager;
 use super::codec::TextCodec;
 use super::error::EngineError;
@@ -18,8 +19,7 @@ use super::forward::{ForwardModel, PickedRows, RowPick};
 use super::hook::CheckpointHook;
 use super::host_times::DecodeHostTimes;
 use super::outbox::Outbox;
-use super::output::{FinishReason, Finished, Logprobs, Output};
-use super::sampler::{Sampled, sample};
+use super::output::{FinishReason, Finished, Output};
 use super::sequence::Sequence;
 use crate::model::batch::SeqChunk;
 use crate::scheduler::Slots;
@@ -332,21 +332,22 @@ impl<F: ForwardModel> EngineCore<F> {
             let now = Instant::now();
             let vocab = self.model.vocab_size();
             let mut host_rows = picked.logits.chunks_exact(vocab);
-            let mut finished = Vec::new();
+            // Sequences whose prompt completed, with their row: (running index, row input).
+            let mut rows: Vec<(usize, RowInput<'_>)> = Vec::new();
             for (row, &(i, take)) in plan.iter().enumerate() {
                 let s = &mut self.running[i];
                 s.computed += take;
+                let logits = match picks[row] {
+                    RowPick::Logits => host_rows.next().unwrap_or_default(),
+                    RowPick::Skip | RowPick::Argmax => &[],
+                };
                 if s.computed == s.tokens.len() {
                     s.prefilled = true;
-                    let logits = match picks[row] {
-                        RowPick::Logits => host_rows.next().unwrap_or_default(),
-                        RowPick::Skip | RowPick::Argmax => &[],
-                    };
-                    if let Some(reason) = self.append_picked(i, picked.tokens[row], logits, now) {
-                        finished.push((i, reason));
-                    }
+                    let token = picked.tokens[row];
+                    rows.push((i, RowInput { token, logits }));
                 }
             }
+            let finished = self.advance_rows(&rows, now);
             self.retire(finished);
         }
         Ok(())
@@ -395,17 +396,17 @@ impl<F: ForwardModel> EngineCore<F> {
         let now = Instant::now();
         let vocab = self.model.vocab_size();
         let mut host_rows = picked.logits.chunks_exact(vocab);
-        let mut finished = Vec::new();
+        let mut rows: Vec<(usize, RowInput<'_>)> = Vec::with_capacity(idx.len());
         for (row, &i) in idx.iter().enumerate() {
             self.running[i].computed += 1;
             let logits = match picks[row] {
                 RowPick::Logits => host_rows.next().unwrap_or_default(),
                 RowPick::Skip | RowPick::Argmax => &[],
             };
-            if let Some(reason) = self.append_picked(i, picked.tokens[row], logits, now) {
-                finished.push((i, reason));
-            }
+            let token = picked.tokens[row];
+            rows.push((i, RowInput { token, logits }));
         }
+        let finished = self.advance_rows(&rows, now);
         let t_retire = Instant::now();
         self.decode_host.tokens += t_retire - t_tokens;
         self.retire(finished);
@@ -457,28 +458,45 @@ impl<F: ForwardModel> EngineCore<F> {
         Ok(picked)
     }
 
-    /// Appends the next token of running sequence `i`: `token` when the model chose it (an
-    /// [`RowPick::Argmax`] row), else one sampled here from `logits`; says whether it finished.
-    fn append_picked(
+    /// Advances running sequences `rows` (ascending running indices, each with its row of the
+    /// forward pass) by one token each, on the thread pool when that pays (see
+    /// [`super::advance`]), queues their events and returns those that finished.
+    fn advance_rows(
         &mut self,
-        i: usize,
-        token: Option<u32>,
-        logits: &[f32],
+        rows: &[(usize, RowInput<'_>)],
         now: Instant,
-    ) -> Option<FinishReason> {
-        match token {
-            Some(token) => {
-                // The host sampler takes one draw per token, greedy too: keep the counter in step
-                // so a checkpoint or a later host-sampled step sees the same RNG state.
-                self.running[i].rng.next_uniform();
-                let sampled = Sampled {
-                    token,
-                    logprob: None,
-                    top: Vec::new(),
-                };
-                self.append_token(i, sampled, now)
+    ) -> Vec<(usize, FinishReason)> {
+        let mut wanted = rows.iter().map(|r| r.0).peekable();
+        let seqs: Vec<&mut Sequence> = self
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| wanted.next_if_eq(i).is_some())
+            .map(|(_, s)| s)
+            .collect();
+        let inputs: Vec<RowInput<'_>> = rows.iter().map(|r| r.1).collect();
+        let advanced = advance_all(seqs, &inputs, &self.cfg, self.codec.as_ref(), now);
+        let mut finished = Vec::new();
+        for (&(i, _), adv) in rows.iter().zip(advanced) {
+            if let Some(reason) = self.deliver(i, adv) {
+                finished.push((i, reason));
             }
-            None => self.append_sampled(i, logits, now),
+        }
+        finished
+    }
+
+    /// Queues running sequence `i`'s event and says whether it finished: for its own reason, or
+    /// because its receiver went away (found by an earlier delivery).
+    fn deliver(&mut self, i: usize, adv: Advanced) -> Option<FinishReason> {
+        let s = &self.running[i];
+        let gone = self.outbox.is_gone(s.id);
+        if let Some(event) = adv.event {
+            self.outbox.push(&s.tx, event);
+        }
+        match (adv.reason, gone) {
+            (Some(r), _) => Some(r),
+            (None, true) => Some(FinishReason::Error("receiver dropped".into())),
+            (None, false) => None,
         }
     }
 
@@ -528,78 +546,26 @@ impl<F: ForwardModel> EngineCore<F> {
         }
     }
 
-    /// Samples the next token of running sequence `i` from its logits row, streams it, and says
-    /// whether the sequence finished.
+    /// Samples the next token of running sequence `i` from its logits row, queues its event, and
+    /// says whether the sequence finished.
     pub(crate) fn append_sampled(
         &mut self,
         i: usize,
         logits: &[f32],
         now: Instant,
     ) -> Option<FinishReason> {
-        let s = &mut self.running[i];
-        let (prompt, output) = s.tokens.split_at(s.prompt_len);
-        let sampled = sample(logits, &s.sampling, prompt, output, &mut s.rng);
-        self.append_token(i, sampled, now)
-    }
-
-    /// Appends `sampled` to running sequence `i`, streams it, and says whether the sequence
-    /// finished.
-    fn append_token(&mut self, i: usize, sampled: Sampled, now: Instant) -> Option<FinishReason> {
-        let cfg = &self.cfg;
-        let s = &mut self.running[i];
-        let token = sampled.token;
-        s.tokens.push(token);
-        s.note_token_time(now);
-        let is_eos = !s.ignore_eos && cfg.eos_ids.contains(&token);
-        // EOS tokens add no text.
-        let delta = if is_eos {
-            Ok(Default::default())
-        } else {
-            s.text
-                .push(self.codec.as_ref(), token)
-                .map(|d| (d.text, d.stopped))
+        let row = RowInput {
+            token: None,
+            logits,
         };
-        let (text, stopped) = match delta {
-            Ok(d) => d,
-            Err(e) => return Some(FinishReason::Error(format!("detokenize: {e}"))),
-        };
-        let reason = if is_eos {
-            Some(FinishReason::Eos)
-        } else if stopped {
-            Some(FinishReason::Stop)
-        } else if s.output().len() >= s.max_tokens {
-            Some(FinishReason::Length)
-        } else if s.tokens.len() >= cfg.context_len {
-            Some(FinishReason::ContextLength)
-        } else {
-            None
-        };
-        let logprobs = match sampled.logprob {
-            Some(lp) => vec![Logprobs {
-                token,
-                logprob: lp,
-                top: sampled.top,
-            }],
-            None => Vec::new(),
-        };
-        // A receiver that went away (found by an earlier delivery) cancels the request.
-        let gone = self.outbox.is_gone(s.id);
-        self.outbox.push(
-            &s.tx,
-            Output {
-                request_id: s.id,
-                tokens: vec![token],
-                text,
-                logprobs,
-                time: now,
-                finished: None,
-            },
+        let adv = advance(
+            &mut self.running[i],
+            row,
+            &self.cfg,
+            self.codec.as_ref(),
+            now,
         );
-        match (reason, gone) {
-            (Some(r), _) => Some(r),
-            (None, true) => Some(FinishReason::Error("receiver dropped".into())),
-            (None, false) => None,
-        }
+        self.deliver(i, adv)
     }
 
     /// Removes finished sequences (running indices), frees their blocks, queues their final events

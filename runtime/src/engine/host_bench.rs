@@ -77,11 +77,30 @@ impl ForwardModel for SleepingModel {
 #[test]
 #[ignore = "a benchmark: run with --ignored --nocapture in release mode"]
 fn host_time_per_decode_step_at_batch_256() {
+    run_batch("greedy", SamplingParams::greedy(), OUTPUT);
+}
+
+/// Seeded sampling at temperature 1 (the default request): every row's logits go to the host
+/// sampler. Fewer tokens, since each step samples 256 rows of 128K logits.
+#[test]
+#[ignore = "a benchmark: run with --ignored --nocapture in release mode"]
+fn host_time_per_sampled_decode_step_at_batch_256() {
+    let sampling = SamplingParams {
+        temperature: 1.0,
+        seed: Some(7),
+        ..SamplingParams::default()
+    };
+    run_batch("sampled t=1", sampling, 16);
+}
+
+/// Runs `BATCH` requests of `PROMPT` tokens and `output` new tokens with `sampling`; prints the
+/// engine's host time per decode step.
+fn run_batch(label: &str, sampling: SamplingParams, output: usize) {
     let engine = Engine::start::<Scheduler, _>(
         SleepingModel,
         Arc::new(ByteCodec),
         EngineConfig {
-            num_blocks: BATCH * (PROMPT + OUTPUT).div_ceil(16) + 64,
+            num_blocks: BATCH * (PROMPT + output).div_ceil(16) + 64,
             max_batch: BATCH,
             max_prefill_tokens: 2048,
             context_len: 2048,
@@ -95,9 +114,9 @@ fn host_time_per_decode_step_at_batch_256() {
                 .map(|j| ((i * 7919 + j * 104_729) % VOCAB) as u32)
                 .collect();
             Request {
-                sampling: SamplingParams::greedy(),
+                sampling: sampling.clone(),
                 ignore_eos: true,
-                ..Request::new(Prompt::Tokens(prompt), OUTPUT)
+                ..Request::new(Prompt::Tokens(prompt), output)
             }
         })
         .collect();
@@ -124,20 +143,20 @@ fn host_time_per_decode_step_at_batch_256() {
     });
     let wall = t0.elapsed();
     let stats = engine.shutdown().unwrap();
-    assert_eq!(tokens, BATCH * OUTPUT, "every request got all its tokens");
+    assert_eq!(tokens, BATCH * output, "every request got all its tokens");
     let h = stats.decode_host;
     let other = stats
         .busy_time
         .saturating_sub(stats.forward_time + stats.checkpoint_time + h.total());
     println!(
-        "host_bench batch={BATCH} prompt={PROMPT} output={OUTPUT} forward_sleep_ms={} \
+        "host_bench {label} batch={BATCH} prompt={PROMPT} output={output} forward_sleep_ms={} \
          decode_steps={} wall_s={:.2}",
         FORWARD.as_millis(),
         h.steps,
         wall.as_secs_f64()
     );
     println!(
-        "host_bench us_per_decode_step: schedule={:.1} tokens={:.1} retire={:.1} total={:.1} \
+        "host_bench {label} us_per_decode_step: schedule={:.1} tokens={:.1} retire={:.1} total={:.1} \
          other(prefill, loop)={:.1}",
         h.per_step_us(h.schedule),
         h.per_step_us(h.tokens),

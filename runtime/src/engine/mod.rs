@@ -7,6 +7,7 @@
 //! decode (model forward + [`sampler`]), preempt by recomputation, and the side paths (checkpoint,
 //! swap, speculative draft/verify). Outputs stream back per request over a channel.
 
+pub mod advance;
 pub mod battery;
 pub mod bind;
 pub mod blocks;
