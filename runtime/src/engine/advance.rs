@@ -55,7 +55,18 @@ pub fn advance_all(
     // A host-sampled row costs ~0.7 ms at a 128K vocabulary: always worth the pool.
     let sampled = rows.len() > 1 && rows.iter().any(|r| r.token.is_none());
     let wide = rows.len() >= PARALLEL_ROWS && rayon::current_num_threads() >= PARALLEL_THREADS;
-    let parallel = sampled || wide;
+    advance_rows(sampled || wide, seqs, rows, cfg, codec, now)
+}
+
+/// [`advance_all`] with the choice made: on the pool (`parallel`) or on this thread.
+fn advance_rows(
+    parallel: bool,
+    seqs: Vec<&mut Sequence>,
+    rows: &[RowInput<'_>],
+    cfg: &CoreConfig,
+    codec: &dyn TextCodec,
+    now: Instant,
+) -> Vec<Advanced> {
     if parallel {
         seqs.into_par_iter()
             .zip(rows.par_iter())
@@ -152,5 +163,92 @@ pub fn append(
             time: now,
             finished: None,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::super::codec::ByteCodec;
+    use super::super::intake::{IntakeLimits, build_sequence};
+    use super::super::request::{Prompt, Request, SamplingParams};
+    use super::*;
+
+    const VOCAB: usize = 300;
+
+    fn batch(n: usize) -> Vec<Sequence> {
+        let limits = IntakeLimits {
+            context_len: 64,
+            vocab_size: VOCAB,
+            num_blocks: 64,
+            block_size: 16,
+            max_tokens_cap: 64,
+        };
+        (0..n)
+            .map(|i| {
+                let mut r = Request::new(Prompt::Tokens(vec![65 + i as u32 % 20; 3]), 24);
+                r.sampling = if i % 2 == 0 {
+                    SamplingParams {
+                        seed: Some(i as u64),
+                        ..SamplingParams::greedy()
+                    }
+                } else {
+                    SamplingParams {
+                        temperature: 0.9,
+                        top_p: 0.9,
+                        seed: Some(i as u64),
+                        ..SamplingParams::default()
+                    }
+                };
+                if i % 3 == 0 {
+                    r.stop = vec!["ca".into()];
+                }
+                build_sequence(i as u64, r, &ByteCodec, &limits, mpsc::channel().0).unwrap()
+            })
+            .collect()
+    }
+
+    /// Every row, step after step, gives the same tokens, text, events and reasons on the pool as on
+    /// one thread (greedy and sampled rows, stop strings; finished rows simply keep going here).
+    #[test]
+    fn pool_and_one_thread_agree() {
+        let cfg = CoreConfig {
+            num_blocks: 64,
+            block_size: 16,
+            max_batch: 64,
+            max_prefill_tokens: 64,
+            context_len: 64,
+            max_tokens_cap: 64,
+            eos_ids: vec![299],
+        };
+        let now = Instant::now();
+        let (mut a, mut b) = (batch(40), batch(40));
+        let mut finished = 0;
+        for step in 0..24usize {
+            // [rows, vocab]: a different pseudo-random row per sequence and step.
+            let logits: Vec<f32> = (0..40 * VOCAB)
+                .map(|k| ((k * 2_654_435_761 + step * 40_503) % 1000) as f32 / 250.0)
+                .collect();
+            let rows: Vec<RowInput<'_>> = (0..40)
+                .map(|i| RowInput {
+                    token: (i % 2 == 0).then_some(((i * 7 + step * 13) % 128) as u32 + 64),
+                    logits: &logits[i * VOCAB..(i + 1) * VOCAB],
+                })
+                .collect();
+            let one = advance_rows(false, a.iter_mut().collect(), &rows, &cfg, &ByteCodec, now);
+            let pool = advance_rows(true, b.iter_mut().collect(), &rows, &cfg, &ByteCodec, now);
+            for (x, y) in one.iter().zip(&pool) {
+                assert_eq!(x.reason, y.reason);
+                assert_eq!(x.event, y.event);
+                finished += usize::from(x.reason.is_some());
+            }
+        }
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.tokens, y.tokens);
+            assert_eq!(x.text.text(), y.text.text());
+            assert_eq!(x.rng, y.rng);
+        }
+        assert!(finished > 0, "the run reached finish reasons");
     }
 }
