@@ -9,7 +9,8 @@
 #   attention: tests + decode-attention bandwidth vs copy vs torch SDPA (and the kernels' tuning
 #              variants: SOV_DECODE_MMA, SOV_DECODE_ATTENTION_DEFINES, SOV_DECODE_STAGES,
 #              SOV_DECODE_SPLIT_TOKENS, SOV_DECODE_CTAS_PER_SM)
-#   full:      attention + Llama-3-8B-shape decode throughput: the direct op loop, and the engine
+#   full:      attention + the decode products (cuBLAS vs GEMV at 1 and 4 rows) + Llama-3-8B-shape
+#              decode throughput: the direct op loop, and the engine
 #              (`sov bench`, batch 1/16/64/256 on one loaded model) next to transformers generate
 set -o pipefail
 MODE=${1:-full}
@@ -41,6 +42,7 @@ variant "tensor cores, splits of <= 512 tokens" SOV_DECODE_SPLIT_TOKENS=512
 variant "tensor cores, 4 CTAs per SM target" SOV_DECODE_CTAS_PER_SM=4
 run python3 kernels/bench/sdpa_bench.py
 [ "$MODE" = attention ] && exit 0
+run .gpu/sov-lib-tests backend::cuda::bench::bench_decode_matmuls --ignored --nocapture --test-threads=1
 run .gpu/sov-lib-tests backend::cuda::bench::bench_llama8b_decode --ignored --nocapture --test-threads=1
 BENCH="--model random:llama3-8b --device cuda --kv-memory-mb 24000 --input-len 128 --output-len 256 --ignore-eos"
 run .gpu/sov bench $BENCH --sweep 1,16,64,256

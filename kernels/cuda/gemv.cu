@@ -71,6 +71,7 @@ gemv_bf16(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __
             }
         }
     }
+    wait_for_prerequisites();  // again for k == 0, where the loop never ran (a no-op otherwise)
 #pragma unroll
     for (int r = 0; r < GEMV_MAX_N; r++) {
         if (r >= n) break;

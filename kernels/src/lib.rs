@@ -21,7 +21,9 @@ const HEADERS: [(&str, &str); 2] = [
 ];
 
 /// Ring depth (chunks per warp, `STAGES`) of the tensor-core decode kernel: 2 unless
-/// `SOV_DECODE_STAGES` (2..=4) says otherwise, a tuning knob for benchmarks. Read once.
+/// `SOV_DECODE_STAGES` (2..=4) says otherwise, a tuning knob for benchmarks. Read once. At
+/// head_dim 256 a depth of 4 asks for 256 KiB of shared memory, more than an SM has: loading the
+/// unit then fails with the driver's error.
 pub fn decode_mma_stages() -> usize {
     static STAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *STAGES.get_or_init(|| {
@@ -47,10 +49,10 @@ pub struct SourceDirError {
     pub source: std::io::Error,
 }
 
-fn inline_headers(
+fn inline_headers<E>(
     raw: &str,
-    header: impl Fn(&str, &'static str) -> Result<String, SourceDirError>,
-) -> Result<String, SourceDirError> {
+    header: impl Fn(&str, &'static str) -> Result<String, E>,
+) -> Result<String, E> {
     let mut text = raw.to_string();
     for (name, embedded) in HEADERS {
         let line = format!("#include \"{name}\"");
@@ -157,9 +159,11 @@ impl KernelId {
 
     /// The full program text for NVRTC, with the shared headers inlined.
     pub fn source(self) -> String {
-        match inline_headers(self.raw_source(), |_, embedded| Ok(embedded.to_string())) {
+        let inlined: Result<String, std::convert::Infallible> =
+            inline_headers(self.raw_source(), |_, embedded| Ok(embedded.to_string()));
+        match inlined {
             Ok(text) => text,
-            Err(_) => unreachable!("embedded headers cannot fail to read"),
+            Err(never) => match never {},
         }
     }
 

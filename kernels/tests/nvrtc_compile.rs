@@ -48,6 +48,9 @@ fn every_unit_compiles_for_sm90() {
                     (2, false),
                     (3, false),
                     (4, false),
+                    (5, false),
+                    (6, false),
+                    (7, false),
                     (8, false),
                     (4, true),
                 ] {

@@ -23,8 +23,8 @@ pub struct CudaBackend {
     /// by default. A tuning knob: on the H200 one split per sequence at batch >= 64 was fastest
     /// (short splits cost a pipeline fill and a merge each; kernels/bench/logs).
     pub(super) split_max_tokens: usize,
-    /// Products of at most this many rows (0..=4) use `gemv.cu` instead of cuBLAS in fast mode:
-    /// `SOV_GEMV` (default 1, 0 = never). At one row it measured faster than cuBLAS on four of
+    /// Products of at most this many rows use `gemv.cu` instead of cuBLAS in fast mode:
+    /// `SOV_GEMV` (default 1, 0 = never; values above the kernel's 4 act as 4). At one row it measured faster than cuBLAS on four of
     /// the five Llama-3-8B decode products on the H200 (`bench_decode_matmuls`, kernels/bench/logs);
     /// at four rows it measured 0.4-0.7x cuBLAS.
     pub(super) gemv_max_rows: usize,
@@ -139,8 +139,8 @@ impl CudaBackend {
                 .unwrap_or(usize::MAX)
                 .max(1),
             gemv_max_rows: env_usize("SOV_GEMV").unwrap_or(1),
-            decode_mma: env_usize("SOV_DECODE_MMA") != Some(0),
-            pdl: major >= 9 && env_usize("SOV_PDL") != Some(0),
+            decode_mma: env_flag("SOV_DECODE_MMA", true),
+            pdl: major >= 9 && env_flag("SOV_PDL", true),
             scratch: Mutex::new(Scratch::default()),
             precise: false,
         })
@@ -249,6 +249,16 @@ impl CudaBackend {
 }
 
 /// A positive integer from environment variable `name` (a tuning knob for benchmarks).
+/// A switch read from the environment: unset or unparsable means `default`; `0`, `false`, `off`
+/// and `no` (any case) turn it off, `1`, `true`, `on` and `yes` on.
+pub(super) fn env_flag(name: &str, default: bool) -> bool {
+    match std::env::var(name).map(|v| v.trim().to_ascii_lowercase()) {
+        Ok(v) if ["0", "false", "off", "no"].contains(&v.as_str()) => false,
+        Ok(v) if ["1", "true", "on", "yes"].contains(&v.as_str()) => true,
+        _ => default,
+    }
+}
+
 pub(super) fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.trim().parse().ok()
 }

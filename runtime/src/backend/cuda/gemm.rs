@@ -105,8 +105,8 @@ impl CudaBackend {
         ];
         // SAFETY: the parameters are gemv_bf16's (out, x, w, n, k, m) in order, alive for the call;
         // x holds n*k f32, w m*k bf16 with k % 8 == 0 (16-byte rows), out n*m f32 (checked by the
-        // caller); n <= GEMV_MAX_N as the kernel requires; the kernel waits for its prerequisites
-        // before it touches x or out.
+        // caller); n <= GEMV_MAX_N as the kernel requires; before its wait for the prerequisites
+        // (on every path, k == 0 included) the kernel reads only w, which no kernel writes.
         unsafe { self.launch_overlapping(&f, cfg, &mut params) }
     }
 

@@ -24,8 +24,10 @@ impl CudaBackend {
     ///
     /// # Safety
     /// `params` must match the kernel's parameter list in number, order and types, every pointer in
-    /// it must stay valid for the call, and the kernel must call `wait_for_prerequisites()` before
-    /// it reads or writes memory that earlier work on the stream touches.
+    /// it must stay valid for the call, and the kernel must call `wait_for_prerequisites()` on
+    /// every path before it reads memory that earlier work on the stream may still write, or
+    /// writes memory that earlier work may still read or write. Before the wait it may only read
+    /// data no earlier work writes (the weights).
     pub(super) unsafe fn launch_overlapping(
         &self,
         f: &CudaFunction,

@@ -450,6 +450,35 @@ fn decode_attention_matches_cpu() {
             block_size: 32,
             seqs: vec![(31, 1), (1500, 1)],
         },
+        // Tensor-core kernel corners: one query head per KV head with 7-token blocks (chunks
+        // crossing blocks), two per KV head with 24-token blocks, seven (Qwen2-7B) over many splits.
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 8,
+                n_kv_heads: 8,
+                head_dim: 128,
+            },
+            block_size: 7,
+            seqs: vec![(1, 1), (50, 1), (301, 1)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 8,
+                n_kv_heads: 4,
+                head_dim: 64,
+            },
+            block_size: 24,
+            seqs: vec![(5, 1), (100, 1), (777, 1)],
+        },
+        AttnCase {
+            heads: HeadShape {
+                n_heads: 28,
+                n_kv_heads: 4,
+                head_dim: 128,
+            },
+            block_size: 16,
+            seqs: vec![(4001, 1)],
+        },
     ];
     // Tensor-core kernel where the shape allows (bf16 cache, head_dim >= 64), then the CUDA-core
     // kernel on every shape.
