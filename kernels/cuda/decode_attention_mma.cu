@@ -104,9 +104,8 @@ __device__ __forceinline__ void mma_top_rows(float* c, u32 a_lo, u32 a_hi, u32 b
 }
 
 // Copies the K and V rows of the warp chunk starting at token t0 into the ring slot at shared
-// address ks (K) and ks + SLOT_BYTES (V); pieces of
-// tokens at or past t_end are zero-filled without being read. Lane `lane` copies piece lane % PIECES
-// of tokens lane / PIECES + i * TOK_STEP. When the chunk lies inside one cache block one block-table
+// address ks (K) and ks + SLOT_BYTES (V); pieces of tokens at or past t_end are zero-filled without
+// being read. Lane `lane` copies piece lane % PIECES of tokens lane / PIECES + i * TOK_STEP. When the chunk lies inside one cache block one block-table
 // entry serves all its tokens; otherwise each token looks its block up. (Chunks start at multiples
 // of 16 because splits start at multiples of the host's 64-token tile, so with block sizes that
 // are multiples of 16 the single-block path is always taken.)
