@@ -2,10 +2,13 @@
 # Runs every sov GPU check and benchmark in one go on the GPU machine, logging to $OUT/gpu-check.log
 # (or ./gpu-check.log). Build the binaries first on a machine with Rust (see kernels/build-gpu.sh),
 # which puts them in .gpu/; then, from the repository root on the GPU machine:
-#   kernels/gpu-check.sh [tests|attention|full]
+#   kernels/gpu-check.sh [tests|gemv|attention|full]
 #   tests:     CUDA op tests against CPU references (GEMV, argmax, every kernel), NVRTC compile of
 #              every unit, greedy parity of the tiny-random fixtures (LlamaModel on CUDA vs CPU, and
 #              the engine's decode graphs vs CPU)
+#   gemv:      tests + the batch-1 products in each GEMV variant + the batch-1 op loop with each
+#              GEMV knob (SOV_PDL, SOV_GEMV_SWIGLU, SOV_GEMV_SPLIT, SOV_GEMV_SINGLE) off + the engine
+#              at batch 1
 #   attention: tests + decode-attention bandwidth vs copy vs torch SDPA (and the kernels' tuning
 #              variants: SOV_DECODE_MMA, SOV_DECODE_ATTENTION_DEFINES, SOV_DECODE_STAGES,
 #              SOV_DECODE_SPLIT_TOKENS, SOV_DECODE_CTAS_PER_SM)
@@ -25,6 +28,30 @@ export SOV_FIXTURE_DIR=$PWD/runtime/tests/fixtures
 run .gpu/sov-lib-tests backend::cuda --test-threads=1 --nocapture
 run .gpu/nvrtc-compile --test-threads=1
 [ "$MODE" = tests ] && exit 0
+BENCH="--model random:llama3-8b --device cuda --kv-memory-mb 24000 --input-len 128 --output-len 256 --ignore-eos"
+if [ "$MODE" = gemv ]; then
+  MM=backend::cuda::bench::bench_decode_matmuls
+  L8=backend::cuda::bench::bench_llama8b_decode
+  products() { # label, env assignments...
+    say "products: $1"; shift
+    env "$@" .gpu/sov-lib-tests $MM --ignored --nocapture --test-threads=1 2>&1 | grep "n=1 " | tee -a "$LOG"
+  }
+  products "default (one-row kernels, warps per row picked to fill one wave)"
+  products "one warp per row" SOV_GEMV_SPLIT=1
+  products "general kernel (up to 4 rows)" SOV_GEMV_SINGLE=0
+  oploop() { # label, env assignments...
+    say "op loop, batch 1: $1"; shift
+    env SOV_BENCH_BATCHES=1 "$@" .gpu/sov-lib-tests $L8 --ignored --nocapture --test-threads=1 2>&1 | grep "BENCH llama8b_decode" | tee -a "$LOG"
+  }
+  oploop "default (PDL on every kernel, one-row GEMV, fused SwiGLU)"
+  oploop "SOV_PDL=0" SOV_PDL=0
+  oploop "SOV_GEMV_SWIGLU=0" SOV_GEMV_SWIGLU=0
+  oploop "SOV_GEMV_SPLIT=1" SOV_GEMV_SPLIT=1
+  oploop "SOV_GEMV_SINGLE=0" SOV_GEMV_SINGLE=0
+  run .gpu/sov bench $BENCH --sweep 1
+  say "done $(date -u +%FT%TZ)"
+  exit 0
+fi
 ATT=backend::cuda::bench::bench_decode_attention
 run .gpu/sov-lib-tests $ATT --ignored --nocapture --test-threads=1
 # Variants of the decode kernels, each checked against the CPU reference, then timed: the CUDA-core
@@ -44,7 +71,6 @@ run python3 kernels/bench/sdpa_bench.py
 [ "$MODE" = attention ] && exit 0
 run .gpu/sov-lib-tests backend::cuda::bench::bench_decode_matmuls --ignored --nocapture --test-threads=1
 run .gpu/sov-lib-tests backend::cuda::bench::bench_llama8b_decode --ignored --nocapture --test-threads=1
-BENCH="--model random:llama3-8b --device cuda --kv-memory-mb 24000 --input-len 128 --output-len 256 --ignore-eos"
 run .gpu/sov bench $BENCH --sweep 1,16,64,256
 run python3 kernels/bench/hf_generate.py 1 16 64 256
 say "done $(date -u +%FT%TZ)"

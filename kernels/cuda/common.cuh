@@ -74,11 +74,17 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
-// Programmatic dependent launch (sm_90+). A kernel launched with programmatic stream serialization
-// (the GEMV at batch 1) may be scheduled while the kernel before it is still running, once that one
-// calls allow_dependents_early(); it must call wait_for_prerequisites() before it reads or writes
-// anything the earlier kernels touch (it may read constant data, such as weights, before). Both are
-// no-ops below sm_90 and for kernels launched the ordinary way.
+// SwiGLU of one gate and one up value: silu(g) * u with silu(g) = g / (1 + exp(-g)). The one
+// expression of silu_mul (elementwise.cu) and the fused GEMV (gemv.cu), so both give the same bits.
+__device__ __forceinline__ float swiglu(float g, float u) { return g / (1.f + expf(-g)) * u; }
+
+// Programmatic dependent launch (sm_90+). The kernels of a decode step (GEMVs, RMSNorm, RoPE + KV
+// write, decode attention, SiLU, gathers, argmax) are launched with programmatic stream
+// serialization: one may be scheduled while the kernel before it is still running, once that one
+// calls allow_dependents_early() (each does so first). It must call wait_for_prerequisites() before
+// it reads or writes anything earlier kernels touch; before that it may only read constant data, such
+// as weights (the GEMVs issue their first weight loads there). Both are no-ops below sm_90 and for
+// kernels launched the ordinary way.
 __device__ __forceinline__ void allow_dependents_early() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

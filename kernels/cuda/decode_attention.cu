@@ -121,6 +121,7 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
                        float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
                        int block_size, int split_tokens, int max_splits, float scale) {
     allow_dependents_early();  // the output projection's GEMV may start streaming its weights
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     const DecodeWork work = decode_work(context_lens, split_tokens);
     if (!work.active) return;
     const int split = work.split, kvh = work.kvh, seq = work.seq, n_splits = work.n_splits;

@@ -18,6 +18,7 @@ extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __re
                                             const float* __restrict__ weight, int d, float eps) {
     __shared__ float scratch[32];
     allow_dependents_early();  // a GEMV after this may start streaming its weights
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     const size_t row = blockIdx.x;
     float* r = residual + row * d;
     float keep[RMS_KEEP], w[RMS_KEEP];
@@ -62,13 +63,12 @@ extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __re
 // out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]; gate_up: [n, 2f] f32, out: [n, f] f32.
 extern "C" __global__ void silu_mul(float* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
     allow_dependents_early();  // a GEMV after this may start streaming its weights
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     const size_t total = (size_t)n * f;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         const size_t t = idx / f, j = idx % f;
-        const float g = gate_up[t * 2 * f + j];
-        const float u = gate_up[t * 2 * f + f + j];
-        out[idx] = g / (1.f + expf(-g)) * u;
+        out[idx] = swiglu(gate_up[t * 2 * f + j], gate_up[t * 2 * f + f + j]);
     }
 }
 
@@ -76,6 +76,8 @@ extern "C" __global__ void silu_mul(float* __restrict__ out, const float* __rest
 // out: [n, d] f32. Grid: n.
 extern "C" __global__ void embedding_gather(float* __restrict__ out, const bf16_t* __restrict__ table,
                                             const u32* __restrict__ ids, int d, int vocab) {
+    allow_dependents_early();
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     const size_t row = blockIdx.x;
     const size_t id = min(ids[row], (u32)(vocab - 1));
     for (int i = threadIdx.x; i < d; i += blockDim.x) out[row * d + i] = bf2f(table[id * d + i]);
@@ -84,6 +86,8 @@ extern "C" __global__ void embedding_gather(float* __restrict__ out, const bf16_
 // out[r, :] = x[rows[r], :]. x: [*, d] f32, rows: [n_rows] u32, out: [n_rows, d] f32. Grid: n_rows.
 extern "C" __global__ void gather_rows(float* __restrict__ out, const float* __restrict__ x,
                                        const u32* __restrict__ rows, int d) {
+    allow_dependents_early();
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     const size_t r = blockIdx.x;
     const size_t src = rows[r];
     for (int i = threadIdx.x; i < d; i += blockDim.x) out[r * d + i] = x[src * d + i];

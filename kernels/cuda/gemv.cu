@@ -1,19 +1,43 @@
 // gemv.cu: out[n, m] = x[n, k] @ w[m, k]^T for a few rows of x (decode at batch 1; up to 4 allowed),
-// where the product is bound by streaming the weights once.
+// where the product is bound by streaming the weights once; and the same product fused with the
+// SwiGLU activation of a [gate; up] weight: out[r, j] = swiglu(x[r] . w[j], x[r] . w[f + j]).
 //
-// Design: one warp per output column (weight row); the eight warps of a CTA take eight rows. A lane
-// reads 16-byte pieces (8 bf16) of its weight row, UNROLL pieces per iteration issued before any
-// is used, so many loads are in flight per SM; the weights are read with the streaming cache hint
-// (used once). x arrives as f32 -- no cast kernel in front -- and is read through L1, which every warp
-// of the SM shares; each element is rounded to bf16 as it is used, so the products are those of the
-// cuBLAS path (which multiplies a bf16 copy of x). Accumulation in f32, one warp reduction per output.
-// Requires k % 8 == 0 (16-byte aligned rows); the host falls back to cuBLAS otherwise.
+// Design: one warp per weight row; the eight warps of a CTA take eight rows, the grid has
+// ceil(rows / 8) CTAs. A lane reads 16-byte pieces (8 bf16) of
+// the row, UNROLL pieces per round issued before any is used; the weights are read with the
+// streaming cache hint (used once). x arrives as f32 -- no cast kernel in front -- and is read
+// through L1, which every warp of the SM shares; each element is rounded to bf16 as it is used, so
+// the products are those of the cuBLAS path (which multiplies a bf16 copy of x). Accumulation in
+// f32, one warp reduction per row. Requires k % 8 == 0 (16-byte rows); the host falls back to cuBLAS
+// otherwise.
+//
+// Four entry points from one template: gemv_bf16 / gemv_swiglu take up to GEMV_MAX_N rows of x;
+// gemv_bf16_1 / gemv_swiglu_1 take exactly one, which needs fewer registers: they are compiled for
+// ROW_MIN_BLOCKS CTAs per SM (32 registers a thread at 8), so every CTA of the qkv product is resident
+// in one wave (at 47 registers 5 CTAs fit, and qkv's 768 CTAs needed 1.16 waves). Fewer pieces per
+// round (UNROLL 2) measured better at that occupancy. A product of few rows can give each row
+// `split` warps (the host picks the most that keep the grid in one wave: 2 for Llama-3-8B's o and
+// down), each summing a contiguous share of k; the row's first warp adds the shares in order.
+// The SwiGLU kernels give a unit's gate row and up row to two warps of one CTA (the loads of the
+// unfused product), pass the sums through shared memory and apply the activation before the store,
+// so the SiLU kernel and the [n, 2f] round trip disappear. Every row is summed in the same order as
+// by gemv_bf16 with the same split, so the one-row and general kernels give the same bits, and so do
+// the fused and unfused SwiGLU where the unfused product keeps one warp a row (Llama-3-8B's gate/up
+// product does). (A first fused version gave both rows of a unit to one warp: half the warps, each
+// twice as long; 0.17 ms a step slower.)
+//
+// Programmatic dependent launch (common.cuh): the first weight round is issued before the wait for
+// the previous kernel; the next kernel is allowed to launch only after the main loop, so its CTAs
+// (an RMSNorm of 1024 threads, the attention's) do not take SM slots this kernel's waves still need.
 #include "common.cuh"
 
 #define GEMV_MAX_N 4
 #define GEMV_WARPS 8
 #ifndef UNROLL
-#define UNROLL 4  // measured best of 4 / 8 / 16 on four of the five Llama-3-8B shapes (H200)
+#define UNROLL 2  // pieces per lane per round (measured best of 2 / 4 / 8 at one row, H200)
+#endif
+#ifndef ROW_MIN_BLOCKS
+#define ROW_MIN_BLOCKS 8  // occupancy the one-row kernels are compiled for
 #endif
 
 // Eight f32 of x (two float4) rounded to bf16 and widened back: the values cuBLAS multiplies.
@@ -29,38 +53,50 @@ __device__ __forceinline__ void x8_as_bf16(const float4* p, float* xf) {
     }
 }
 
-// out: [n, m] f32. x: [n, k] f32. w: [m, k] bf16. Grid: ceil(m / GEMV_WARPS), block: 32 * GEMV_WARPS.
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-gemv_bf16(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
-          int m) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (row >= m) return;
-    const uint4* wr = (const uint4*)(w + (size_t)row * k);
+// out: [n, units] f32. x: [n, k] f32. w: [units, k] bf16, or [2 * units, k] (gate rows, then up
+// rows) for SWIGLU. n <= MAX_N. split (1, 2, 4 or 8; 1 for SWIGLU): warps per row, each summing a
+// contiguous share of k, the shares added in order by the row's first warp -- more warps in flight
+// for products of few rows. Grid: ceil(units / (GEMV_WARPS / split)) CTAs, or
+// ceil(units / (GEMV_WARPS / 2)) for SWIGLU (warps 0-3 of a CTA take the gate rows of its four units,
+// warps 4-7 their up rows, so the loads are those of the unfused product); block: 32 * GEMV_WARPS.
+template <int MAX_N, bool SWIGLU>
+__device__ __forceinline__ void gemv_rows(float* __restrict__ out, const float* __restrict__ x,
+                                          const bf16_t* __restrict__ w, int n, int k, int units, int split) {
+    if (SWIGLU) split = 1;
+    const int per_cta = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS / split;  // units of a CTA
+    __shared__ float sums[GEMV_WARPS][MAX_N];  // per-warp row sums handed to another warp
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int unit = blockIdx.x * per_cta + (SWIGLU ? warp % per_cta : warp / split);
+    const int half = SWIGLU ? warp / per_cta : 0;  // 1: this warp sums the unit's up row
+    const int part = SWIGLU ? 0 : warp % split;    // this warp's share of the row
+    const bool active = unit < units;
+    if (!SWIGLU && split == 1 && !active) return;  // (the others meet at a barrier below)
     const float4* xr = (const float4*)x;  // row r, piece v at xr + (r * vecs + v) * 2
     const int vecs = k / 8;
-    float acc[GEMV_MAX_N];
+    const int v_end = active ? (int)((long long)(part + 1) * vecs / split) : 0;
+    const uint4* wr = (const uint4*)(w + ((size_t)unit + (size_t)half * units) * k);
+    float acc[MAX_N];
 #pragma unroll
-    for (int r = 0; r < GEMV_MAX_N; r++) acc[r] = 0.f;
-
-    for (int v0 = lane; v0 < vecs; v0 += 32 * UNROLL) {
+    for (int r = 0; r < MAX_N; r++) acc[r] = 0.f;
+    const int v_begin = (int)((long long)part * vecs / split);
+    for (int v0 = v_begin + lane; v0 < v_end; v0 += 32 * UNROLL) {
         uint4 wv[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int v = v0 + u * 32;
-            wv[u] = v < vecs ? __ldcs(wr + v) : make_uint4(0, 0, 0, 0);
+            wv[u] = v < v_end ? __ldcs(wr + v) : make_uint4(0, 0, 0, 0);
         }
-        // Launched with programmatic serialization at batch 1: the first weight loads are in flight
-        // while the kernel before finishes; x and out are touched only after it has.
+        // Launched with programmatic serialization at batch 1: the first weight loads are in
+        // flight while the kernel before finishes; x and out are touched only after it has.
         wait_for_prerequisites();
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int v = v0 + u * 32;
-            if (v >= vecs) break;
+            if (v >= v_end) break;
             float wf[8];
             unpack8(wv[u], wf);
 #pragma unroll
-            for (int r = 0; r < GEMV_MAX_N; r++) {
+            for (int r = 0; r < MAX_N; r++) {
                 if (r >= n) break;
                 float xf[8];
                 x8_as_bf16(xr + ((size_t)r * vecs + v) * 2, xf);
@@ -72,10 +108,53 @@ gemv_bf16(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __
         }
     }
     wait_for_prerequisites();  // again for k == 0, where the loop never ran (a no-op otherwise)
+    allow_dependents_early();
+    if (SWIGLU || split > 1) {
+        // Every warp but a unit's first (its gate row, or part 0) hands its row sums over.
 #pragma unroll
-    for (int r = 0; r < GEMV_MAX_N; r++) {
-        if (r >= n) break;
-        const float s = warp_sum(acc[r]);
-        if (lane == 0) out[(size_t)r * m + row] = s;
+        for (int r = 0; r < MAX_N; r++) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0) sums[warp][r] = v;
+        }
+        __syncthreads();
+        if (half == 1 || part != 0 || !active) return;
     }
+#pragma unroll
+    for (int r = 0; r < MAX_N; r++) {
+        if (r >= n) break;
+        float g;
+        if (SWIGLU) {
+            g = swiglu(sums[warp][r], sums[warp + per_cta][r]);
+        } else if (split > 1) {
+            g = sums[warp][r];
+            for (int p = 1; p < split; p++) g += sums[warp + p][r];  // parts in order
+        } else {
+            g = warp_sum(acc[r]);
+        }
+        if (lane == 0) out[(size_t)r * units + unit] = g;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+gemv_bf16(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
+          int m, int split) {
+    gemv_rows<GEMV_MAX_N, false>(out, x, w, n, k, m, split);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, ROW_MIN_BLOCKS)
+gemv_bf16_1(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
+            int m, int split) {
+    gemv_rows<1, false>(out, x, w, n, k, m, split);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+gemv_swiglu(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
+            int f, int split) {
+    gemv_rows<GEMV_MAX_N, true>(out, x, w, n, k, f, split);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, ROW_MIN_BLOCKS)
+gemv_swiglu_1(float* __restrict__ out, const float* __restrict__ x, const bf16_t* __restrict__ w, int n,
+              int k, int f, int split) {
+    gemv_rows<1, true>(out, x, w, n, k, f, split);
 }

@@ -130,6 +130,8 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ qkv, bf16_t* __rest
                                          const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                          const u32* __restrict__ slots, int n, int n_heads, int n_kv_heads,
                                          int head_dim, int row_stride) {
+    allow_dependents_early();  // the attention after this may be scheduled
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     rope_kv_write_impl(qkv, k_cache, v_cache, positions, cos_t, sin_t, slots, n, n_heads, n_kv_heads, head_dim,
                        row_stride);
 }
@@ -140,6 +142,8 @@ extern "C" __global__ void rope_kv_write_f32(float* __restrict__ qkv, float* __r
                                              const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                              const u32* __restrict__ slots, int n, int n_heads, int n_kv_heads,
                                              int head_dim, int row_stride) {
+    allow_dependents_early();  // the attention after this may be scheduled
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     rope_kv_write_impl(qkv, k_cache, v_cache, positions, cos_t, sin_t, slots, n, n_heads, n_kv_heads, head_dim,
                        row_stride);
 }

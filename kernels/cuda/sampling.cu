@@ -101,6 +101,8 @@ __device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
 // its arguments, so a decode step that ends with it can be replayed from a CUDA graph.
 extern "C" __global__ void __launch_bounds__(NT)
 argmax_rows(u32* __restrict__ out, const float* __restrict__ logits, int vocab) {
+    allow_dependents_early();
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     __shared__ float best_v[32];
     __shared__ int best_i[32];
     const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

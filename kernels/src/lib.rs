@@ -214,7 +214,7 @@ impl KernelId {
                 "rope_kv_write_f32",
             ],
             KernelId::Sampling => &["argmax_rows", "sample_tokens"],
-            KernelId::Gemv => &["gemv_bf16"],
+            KernelId::Gemv => &["gemv_bf16", "gemv_bf16_1", "gemv_swiglu", "gemv_swiglu_1"],
         }
     }
 

@@ -343,6 +343,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
         f: usize,
     ) -> Result<(), BackendError>;
 
+    /// The SwiGLU feed-forward input in one call: `out = silu(x @ Wg^T) * (x @ Wu^T)` where
+    /// `w = [Wg; Wu]: [2 * f, k]` bf16 (gate rows, then up rows), `x: [n, k]` f32, `out: [n, f]` f32.
+    /// `gate_up: [n, 2 * f]` f32 is scratch: the default ([`Self::matmul`] into it, then
+    /// [`Self::silu_mul`]) leaves the two products there; a backend that fuses them may leave it
+    /// untouched. Either way `out` holds the same values as the two calls.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_silu_mul(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        gate_up: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        k: usize,
+        f: usize,
+    ) -> Result<(), BackendError> {
+        self.matmul(x, w, gate_up, n, k, 2 * f)?;
+        self.silu_mul(gate_up, out, n, f)
+    }
+
     /// Row gather: `out[r, :] = x[rows[r], :]`.
     /// `x: [n, d]` f32, `rows: [r]` u32 (each `< n`), `out: [r, d]` f32.
     fn gather_rows(

@@ -294,8 +294,15 @@ impl<B: Backend> LlamaModel<B> {
                 eps,
             )?;
             let f = c.intermediate_size;
-            b.matmul(&a.normed, &w.gate_up, &mut a.gate_up, n, hidden, 2 * f)?;
-            b.silu_mul(&a.gate_up, &mut a.act, n, f)?;
+            b.matmul_silu_mul(
+                &a.normed,
+                &w.gate_up,
+                &mut a.gate_up,
+                &mut a.act,
+                n,
+                hidden,
+                f,
+            )?;
             b.matmul(&a.act, &w.down, &mut a.sub_out, n, f, hidden)?;
         }
         if self.weights.layers.is_empty() {

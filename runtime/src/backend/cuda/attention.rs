@@ -15,6 +15,7 @@ use sov_kernels::{HeadConfig, KernelId};
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err};
 use super::ops::to_i32;
+use super::pdl::arg;
 use crate::backend::{BackendError, BatchMeta, DType, HeadShape, check_buffer};
 
 /// Granularity of split lengths (tokens).
@@ -32,18 +33,20 @@ pub(super) struct SplitPlan {
 }
 
 /// Split-K plan for `seqs` sequences of up to `max_ctx` tokens, aiming at about `target_ctas`
-/// CTAs in flight and splits of at most `max_split_tokens` (see [`CudaBackend::split_target_ctas`]
-/// and [`CudaBackend::split_max_tokens`]).
+/// CTAs in flight and splits of at most `max_split_tokens` and, where the context allows, at least
+/// `min_split_tokens` (see [`CudaBackend::split_target_ctas`], [`CudaBackend::split_max_tokens`]
+/// and [`CudaBackend::split_min_tokens`]).
 pub(super) fn plan_splits(
     seqs: usize,
     kv_heads: usize,
     max_ctx: usize,
     target_ctas: usize,
     max_split_tokens: usize,
+    min_split_tokens: usize,
 ) -> SplitPlan {
     let ctas = (seqs * kv_heads).max(1);
     let target = target_ctas.max(1);
-    let max_tiles = max_ctx.div_ceil(DECODE_TILE).max(1);
+    let max_tiles = max_ctx.div_ceil(min_split_tokens.max(DECODE_TILE)).max(1);
     let splits = target
         .div_ceil(ctas)
         .max(max_ctx.div_ceil(max_split_tokens.max(1)))
@@ -141,6 +144,7 @@ impl CudaBackend {
             meta.max_ctx_len,
             self.split_target_ctas,
             self.split_max_tokens,
+            self.split_min_tokens,
         );
         let mma = self.decode_mma && KernelId::DecodeAttentionMma.supports(Some(cfg));
         let (f, shared_mem_bytes) = if mma {
@@ -215,26 +219,32 @@ impl CudaBackend {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&ptrs[0])
-            .arg(&out_stride)
-            .arg(&ptrs[1])
-            .arg(&q_stride);
-        b.arg(&ptrs[2])
-            .arg(&ptrs[3])
-            .arg(&ptrs[4])
-            .arg(&max_blocks)
-            .arg(&ptrs[5]);
-        b.arg(&ptrs[6])
-            .arg(&ptrs[7])
-            .arg(&ptrs[8])
-            .arg(&kvh)
-            .arg(&bs);
-        b.arg(&split_tokens).arg(&max_splits).arg(&scale);
-        // SAFETY: buffers checked by the caller, scratch sized for this plan above; block tables
-        // reference blocks inside the cache by the engine's contract; the tensor-core unit's
-        // dynamic shared memory limit was raised to `shared_mem_bytes` when it loaded.
-        unsafe { b.launch(launch) }.map_err(driver_err)?;
+        let [o, q, kc, vc, bt, cl, po, pml, cnt] = ptrs;
+        let mut params = [
+            arg(&o),
+            arg(&out_stride),
+            arg(&q),
+            arg(&q_stride),
+            arg(&kc),
+            arg(&vc),
+            arg(&bt),
+            arg(&max_blocks),
+            arg(&cl),
+            arg(&po),
+            arg(&pml),
+            arg(&cnt),
+            arg(&kvh),
+            arg(&bs),
+            arg(&split_tokens),
+            arg(&max_splits),
+            arg(&scale),
+        ];
+        // SAFETY: the parameters are the decode kernels' list in order; buffers checked by the
+        // caller, scratch sized for this plan above; block tables reference blocks inside the
+        // cache by the engine's contract; the tensor-core unit's dynamic shared memory limit was
+        // raised to `shared_mem_bytes` when it loaded. Both kernels wait for their prerequisites
+        // before touching any buffer (super::pdl).
+        unsafe { self.launch_overlapping(&f, launch, &mut params) }?;
         Ok(())
     }
 
@@ -300,23 +310,27 @@ mod tests {
     #[test]
     fn split_plans_fill_the_gpu_and_cover_the_context() {
         // One sequence, long context: many splits of whole tiles.
-        let p = plan_splits(1, 8, 4096, 4 * 132, usize::MAX);
+        let p = plan_splits(1, 8, 4096, 4 * 132, usize::MAX, 64);
         assert_eq!(p.split_tokens % DECODE_TILE, 0);
         assert!(p.splits * p.split_tokens >= 4096);
         assert!(p.splits * 8 >= 4 * 132 / 2, "{p:?}");
         // Many sequences: one split, unless splits are capped.
-        assert_eq!(plan_splits(256, 8, 1024, 4 * 132, usize::MAX).splits, 1);
-        let p = plan_splits(256, 8, 1024, 4 * 132, 512);
+        assert_eq!(plan_splits(256, 8, 1024, 4 * 132, usize::MAX, 64).splits, 1);
+        let p = plan_splits(256, 8, 1024, 4 * 132, 512, 64);
         assert_eq!((p.splits, p.split_tokens), (2, 512));
-        let p = plan_splits(64, 8, 2000, 4 * 132, 512);
+        let p = plan_splits(64, 8, 2000, 4 * 132, 512, 64);
         assert!(
             p.split_tokens <= 512 && p.splits * p.split_tokens >= 2000,
             "{p:?}"
         );
+        // A minimum split length caps the splits of short contexts (one split up to it).
+        assert_eq!(plan_splits(1, 8, 256, 264, usize::MAX, 256).splits, 1);
+        let p = plan_splits(1, 8, 1000, 264, usize::MAX, 256);
+        assert!(p.splits == 4 && p.split_tokens >= 250, "{p:?}");
         // Short context never asks for more splits than tiles.
-        let p = plan_splits(1, 1, 10, 4 * 132, 512);
+        let p = plan_splits(1, 1, 10, 4 * 132, 512, 64);
         assert_eq!((p.splits, p.split_tokens), (1, 64));
         // Never more splits than the kernel's merge holds.
-        assert!(plan_splits(1, 1, 1 << 20, 4000, 64).splits <= MAX_SPLITS);
+        assert!(plan_splits(1, 1, 1 << 20, 4000, 64, 64).splits <= MAX_SPLITS);
     }
 }

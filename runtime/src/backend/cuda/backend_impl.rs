@@ -268,6 +268,19 @@ impl Backend for CudaBackend {
         self.paged_attention_impl(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
     }
 
+    fn matmul_silu_mul(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        gate_up: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        k: usize,
+        f: usize,
+    ) -> Result<(), BackendError> {
+        self.matmul_silu_mul_impl(x, w, gate_up, out, n, k, f)
+    }
+
     fn silu_mul(
         &self,
         gate_up: &CudaBuffer,

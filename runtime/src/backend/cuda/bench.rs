@@ -49,6 +49,24 @@ fn time_ms(b: &CudaBackend, warmup: usize, iters: usize, mut f: impl FnMut() -> 
     Ok(times[iters / 2])
 }
 
+/// Milliseconds per call when `reps` calls are queued back to back between two events (median of
+/// `iters` runs): the launch latency of every call but the first hides behind the work before it,
+/// as in a decode step replayed from a graph, where no host launch sits between the kernels.
+fn back_to_back_ms(
+    b: &CudaBackend,
+    reps: usize,
+    iters: usize,
+    mut f: impl FnMut() -> R<()>,
+) -> R<f64> {
+    let ms = time_ms(b, 1, iters, || {
+        for _ in 0..reps {
+            f()?;
+        }
+        Ok(())
+    })?;
+    Ok(ms / reps as f64)
+}
+
 /// Device-to-device copy bandwidth, (read + write) bytes per second.
 fn copy_bandwidth(b: &CudaBackend) -> R<f64> {
     let bytes = 1usize << 30;
@@ -105,17 +123,29 @@ fn bench_decode_attention() -> R<()> {
         let ms = time_ms(&b, 5, 50, || {
             Ok(b.paged_attention(&qb, &kc, &vc, &meta, &mut out, heads, bs, scale)?)
         })?;
+        let b2b_ms = back_to_back_ms(&b, 20, 20, || {
+            Ok(b.paged_attention(&qb, &kc, &vc, &meta, &mut out, heads, bs, scale)?)
+        })?;
         let kv_bytes = 2.0 * (batch * ctx * heads.kv_width() * 2) as f64;
         let bw = kv_bytes / (ms * 1e-3);
-        let plan =
-            super::attention::plan_splits(batch, 8, ctx, b.split_target_ctas, b.split_max_tokens);
+        let plan = super::attention::plan_splits(
+            batch,
+            8,
+            ctx,
+            b.split_target_ctas,
+            b.split_max_tokens,
+            b.split_min_tokens,
+        );
         println!(
             "BENCH decode_attention batch={batch} ctx={ctx} time_us={:.1} kv_bytes={:.1}MB bandwidth={:.1} GB/s \
-             pct_of_copy={:.1}% splits={} split_tokens={}",
+             pct_of_copy={:.1}% back_to_back_us={:.1} back_to_back_pct_of_copy={:.1}% splits={} \
+             split_tokens={}",
             ms * 1e3,
             kv_bytes / 1e6,
             bw / 1e9,
             100.0 * bw / copy,
+            b2b_ms * 1e3,
+            100.0 * kv_bytes / (b2b_ms * 1e-3) / copy,
             plan.splits,
             plan.split_tokens
         );
@@ -328,8 +358,15 @@ fn forward_logits(
             HIDDEN,
             eps,
         )?;
-        b.matmul(&a.h, &layer.w_gate_up, &mut a.gate_up, n, HIDDEN, 2 * INTER)?;
-        b.silu_mul(&a.gate_up, &mut a.act, n, INTER)?;
+        b.matmul_silu_mul(
+            &a.h,
+            &layer.w_gate_up,
+            &mut a.gate_up,
+            &mut a.act,
+            n,
+            HIDDEN,
+            INTER,
+        )?;
         b.matmul(&a.act, &layer.w_down, &mut a.proj, n, INTER, HIDDEN)?;
     }
     b.add_rms_norm(&mut a.residual, &a.proj, &m.norm, &mut a.h, n, HIDDEN, eps)?;
@@ -370,7 +407,13 @@ fn bench_llama8b_decode() -> R<()> {
         t0.elapsed().as_secs_f64()
     );
     let blocks_per_seq = max_ctx.div_ceil(bs);
-    for batch in [1usize, 16, 64, 256] {
+    // SOV_BENCH_BATCHES=1,16 narrows the sweep (quick A/B runs of kernel variants).
+    let batches: Vec<usize> = std::env::var("SOV_BENCH_BATCHES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![1, 16, 64, 256]);
+    for batch in batches {
         let num_blocks = batch * blocks_per_seq;
         let mut kv = Vec::new();
         for _ in 0..LAYERS {

@@ -374,8 +374,15 @@ fn enqueue_step(
             eps,
         )?;
         let f = c.intermediate_size;
-        b.matmul(&a.normed, &lw.gate_up, &mut a.gate_up, n, hidden, 2 * f)?;
-        b.silu_mul(&a.gate_up, &mut a.act, n, f)?;
+        b.matmul_silu_mul(
+            &a.normed,
+            &lw.gate_up,
+            &mut a.gate_up,
+            &mut a.act,
+            n,
+            hidden,
+            f,
+        )?;
         b.matmul(&a.act, &lw.down, &mut a.sub_out, n, f, hidden)?;
     }
     if w.layers.is_empty() {

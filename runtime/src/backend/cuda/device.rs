@@ -23,11 +23,25 @@ pub struct CudaBackend {
     /// by default. A tuning knob: on the H200 one split per sequence at batch >= 64 was fastest
     /// (short splits cost a pipeline fill and a merge each; kernels/bench/logs).
     pub(super) split_max_tokens: usize,
+    /// Shortest split a decode-attention launch makes where the context allows (tokens):
+    /// `SOV_DECODE_MIN_SPLIT_TOKENS`, default 64 (one tile). A short context then takes one split
+    /// and skips the merge of partial results.
+    pub(super) split_min_tokens: usize,
     /// Products of at most this many rows use `gemv.cu` instead of cuBLAS in fast mode:
     /// `SOV_GEMV` (default 1, 0 = never; values above the kernel's 4 act as 4). At one row it measured faster than cuBLAS on four of
     /// the five Llama-3-8B decode products on the H200 (`bench_decode_matmuls`, kernels/bench/logs);
     /// at four rows it measured 0.4-0.7x cuBLAS.
     pub(super) gemv_max_rows: usize,
+    /// One-row products use `gemv.cu`'s one-row kernels (`gemv_bf16_1`, `gemv_swiglu_1`: fewer
+    /// registers, all CTAs of a product resident at once) unless `SOV_GEMV_SINGLE=0`.
+    pub(super) gemv_single_row: bool,
+    /// Warps per weight row in the GEMV (1, 2, 4 or 8): `SOV_GEMV_SPLIT`; unset, the most that
+    /// keeps the grid in one wave (see `gemm::auto_gemv_split`).
+    pub(super) gemv_split: Option<usize>,
+    /// Streaming multiprocessors of the device.
+    pub(super) sm_count: usize,
+    /// The SwiGLU is fused into the gate/up GEMV (`gemv_swiglu*`) unless `SOV_GEMV_SWIGLU=0`.
+    pub(super) gemv_swiglu: bool,
     /// Programmatic dependent launch for the GEMV ([`super::pdl`]): compute capability >= 9.0
     /// unless `SOV_PDL=0`.
     pub(super) pdl: bool,
@@ -135,10 +149,15 @@ impl CudaBackend {
             blas,
             modules,
             split_target_ctas: sm_count * env_usize("SOV_DECODE_CTAS_PER_SM").unwrap_or(2).max(1),
+            split_min_tokens: env_usize("SOV_DECODE_MIN_SPLIT_TOKENS").unwrap_or(64),
             split_max_tokens: env_usize("SOV_DECODE_SPLIT_TOKENS")
                 .unwrap_or(usize::MAX)
                 .max(1),
             gemv_max_rows: env_usize("SOV_GEMV").unwrap_or(1),
+            gemv_single_row: env_flag("SOV_GEMV_SINGLE", true),
+            gemv_split: env_usize("SOV_GEMV_SPLIT").filter(|s| [1, 2, 4, 8].contains(s)),
+            sm_count,
+            gemv_swiglu: env_flag("SOV_GEMV_SWIGLU", true),
             decode_mma: env_flag("SOV_DECODE_MMA", true),
             pdl: major >= 9 && env_flag("SOV_PDL", true),
             scratch: Mutex::new(Scratch::default()),

@@ -19,12 +19,29 @@ use sov_kernels::KernelId;
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
 use super::ops::to_i32;
+use super::pdl::arg;
 use crate::backend::{BackendError, DType, check_buffer};
 
 /// Most rows of x the GEMV kernel takes (`GEMV_MAX_N` in `gemv.cu`).
 const GEMV_MAX_N: usize = 4;
 /// Warps (output columns) per CTA of the GEMV kernel (`GEMV_WARPS` in `gemv.cu`).
 const GEMV_WARPS: usize = 8;
+/// CTAs per SM the one-row GEMV kernels are compiled for (`ROW_MIN_BLOCKS` in `gemv.cu`).
+const GEMV_CTAS_PER_SM: usize = 8;
+
+/// Warps per weight row for a product of `rows` rows on `sm_count` SMs: the most (up to 8) whose
+/// grid still fits in one wave of [`GEMV_CTAS_PER_SM`] CTAs per SM. A product of few rows then has
+/// more warps streaming (Llama-3-8B's o and down: 2 warps a row, 11.1 -> 9.5 us and 30.8 -> 29.1 us
+/// on the H200), and one that already fills the GPU keeps one warp a row (qkv at 2 warps a row
+/// needed 1.45 waves: 14.5 -> 16.4 us).
+fn auto_gemv_split(rows: usize, sm_count: usize) -> usize {
+    let wave = GEMV_CTAS_PER_SM * sm_count.max(1);
+    let mut split = 1;
+    while split < GEMV_WARPS && (rows * split * 2).div_ceil(GEMV_WARPS) <= wave {
+        split *= 2;
+    }
+    split
+}
 
 impl CudaBackend {
     /// `out = x @ w^T` (see the module doc). `x: [n, k]` f32, `w: [m, k]` bf16, `out: [n, m]` f32.
@@ -44,8 +61,7 @@ impl CudaBackend {
         if n == 0 || m == 0 {
             return Ok(());
         }
-        let gemv = !self.precise && n <= self.gemv_max_rows.min(GEMV_MAX_N) && k.is_multiple_of(8);
-        if gemv {
+        if self.gemv_applies(n, k) {
             return self.gemv(x, w, out, n, k, m);
         }
         let mut scratch = self
@@ -76,6 +92,44 @@ impl CudaBackend {
         }
     }
 
+    /// Whether a product of `n` rows with inner dimension `k` goes to `gemv.cu` (fast mode, few
+    /// rows, 16-byte weight rows).
+    fn gemv_applies(&self, n: usize, k: usize) -> bool {
+        !self.precise && n <= self.gemv_max_rows.min(GEMV_MAX_N) && k.is_multiple_of(8)
+    }
+
+    /// `out = silu(x @ Wg^T) * (x @ Wu^T)` for `w = [Wg; Wu]` (see
+    /// [`crate::backend::Backend::matmul_silu_mul`]): one fused GEMV where the GEMV applies,
+    /// otherwise the product into `gate_up` and `silu_mul`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn matmul_silu_mul_impl(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        gate_up: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        k: usize,
+        f: usize,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "matmul_silu_mul";
+        if !self.gemv_applies(n, k) || !self.gemv_swiglu || n == 0 || f == 0 {
+            self.matmul_impl(x, w, gate_up, n, k, 2 * f)?;
+            return self.silu_mul_impl(gate_up, out, n, f);
+        }
+        check_buffer(OP, "x", x, DType::F32, n * k)?;
+        check_buffer(OP, "w", w, DType::BF16, 2 * f * k)?;
+        check_buffer(OP, "out", out, DType::F32, n * f)?;
+        let name = if n == 1 && self.gemv_single_row {
+            "gemv_swiglu_1"
+        } else {
+            "gemv_swiglu"
+        };
+        // SAFETY: the SwiGLU kernels' arguments are (out, x, w, n, k, f) with w holding 2f rows;
+        // the buffers were checked above.
+        unsafe { self.launch_gemv(name, out, x, w, n, k, f) }
+    }
+
     /// `out = x @ w^T` for `n <= GEMV_MAX_N` rows with `gemv.cu` (weights streamed once), straight
     /// from the f32 `x` (`[n, k]`), which the kernel rounds to bf16 as the cuBLAS path does.
     fn gemv(
@@ -87,26 +141,67 @@ impl CudaBackend {
         k: usize,
         m: usize,
     ) -> Result<(), BackendError> {
-        let f = self.modules.function(KernelId::Gemv, None, "gemv_bf16")?;
-        let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
+        let name = if n == 1 && self.gemv_single_row {
+            "gemv_bf16_1"
+        } else {
+            "gemv_bf16"
+        };
+        // SAFETY: both kernels take (out, x, w, n, k, m); the caller checked x: n*k f32, w: m*k
+        // bf16, out: n*m f32.
+        unsafe { self.launch_gemv(name, out, x, w, n, k, m) }
+    }
+
+    /// Launches the `gemv.cu` kernel `name` on (out, x, w, n, k, units) with
+    /// [`CudaBackend::gemv_split`] warps per row.
+    ///
+    /// # Safety
+    /// The buffers must hold what kernel `name` reads and writes for these sizes: x `n*k` f32,
+    /// w `units*k` bf16 (`2*units*k` for the SwiGLU kernel), out `n*units` f32; `n <= GEMV_MAX_N`
+    /// (exactly 1 for the `_1` kernels) and `k % 8 == 0`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_gemv(
+        &self,
+        name: &str,
+        out: &mut CudaBuffer,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        n: usize,
+        k: usize,
+        units: usize,
+    ) -> Result<(), BackendError> {
+        let f = self.modules.function(KernelId::Gemv, None, name)?;
+        // Warps per row: the SwiGLU kernels give each unit two warps (its gate and up rows).
+        let split = if name.starts_with("gemv_swiglu") {
+            1
+        } else {
+            self.gemv_split
+                .unwrap_or_else(|| auto_gemv_split(units, self.sm_count))
+        };
+        let units_per_cta = if name.starts_with("gemv_swiglu") {
+            GEMV_WARPS / 2
+        } else {
+            GEMV_WARPS / split
+        };
+        let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(units, "m")?);
+        let si = to_i32(split, "split")?;
         let (o, xp, wp) = (out.ptr(), x.ptr(), w.ptr());
         let cfg = LaunchConfig {
-            grid_dim: (m.div_ceil(GEMV_WARPS) as u32, 1, 1),
+            grid_dim: (units.div_ceil(units_per_cta) as u32, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut params: [*mut c_void; 6] = [
-            (&o as *const u64).cast_mut().cast(),
-            (&xp as *const u64).cast_mut().cast(),
-            (&wp as *const u64).cast_mut().cast(),
-            (&ni as *const i32).cast_mut().cast(),
-            (&ki as *const i32).cast_mut().cast(),
-            (&mi as *const i32).cast_mut().cast(),
+        let mut params = [
+            arg(&o),
+            arg(&xp),
+            arg(&wp),
+            arg(&ni),
+            arg(&ki),
+            arg(&mi),
+            arg(&si),
         ];
-        // SAFETY: the parameters are gemv_bf16's (out, x, w, n, k, m) in order, alive for the call;
-        // x holds n*k f32, w m*k bf16 with k % 8 == 0 (16-byte rows), out n*m f32 (checked by the
-        // caller); n <= GEMV_MAX_N as the kernel requires; before its wait for the prerequisites
-        // (on every path, k == 0 included) the kernel reads only w, which no kernel writes.
+        // SAFETY: the parameters are the kernel's (out, x, w, n, k, units, split) in order, alive for the
+        // call; the sizes are the caller's contract; before its wait for the prerequisites (on
+        // every path, k == 0 included) each gemv.cu kernel reads only w, which no kernel writes.
         unsafe { self.launch_overlapping(&f, cfg, &mut params) }
     }
 
@@ -188,5 +283,21 @@ impl CudaBackend {
             )
         }
         .map_err(|e| BackendError::Device(format!("cuBLAS gemm ({n}x{k} @ {m}x{k}^T): {e:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_gemv_split;
+
+    #[test]
+    fn gemv_split_keeps_the_grid_in_one_wave() {
+        // Llama-3-8B on 132 SMs (1056 CTAs of 8 warps in a wave).
+        assert_eq!(auto_gemv_split(6144, 132), 1); // qkv: 768 CTAs
+        assert_eq!(auto_gemv_split(4096, 132), 2); // o, down: 1024 CTAs
+        assert_eq!(auto_gemv_split(28672, 132), 1); // gate_up: several waves anyway
+        assert_eq!(auto_gemv_split(128256, 132), 1); // lm head
+        assert_eq!(auto_gemv_split(64, 132), 8); // tiny products: every warp a share
+        assert_eq!(auto_gemv_split(1000, 0), 1);
     }
 }

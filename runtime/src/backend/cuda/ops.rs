@@ -5,6 +5,7 @@ use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
+use super::pdl::arg;
 use crate::backend::{BackendError, DType, HeadShape, check_buffer};
 
 /// `v` as a kernel `int`, or an error naming `what`.
@@ -79,10 +80,10 @@ impl CudaBackend {
             .function(KernelId::Elementwise, None, "embedding_gather")?;
         let (d, v) = (to_i32(hidden, "hidden")?, to_i32(vocab, "vocab")?);
         let (o, t, i) = (out.ptr(), table.ptr(), ids.ptr());
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&o).arg(&t).arg(&i).arg(&d).arg(&v);
+        let mut params = [arg(&o), arg(&t), arg(&i), arg(&d), arg(&v)];
         // SAFETY: buffers checked above; argument list matches embedding_gather.
-        unsafe { b.launch(per_row(n, hidden)) }.map_err(driver_err)?;
+        // The kernel waits for its prerequisites before touching them (super::pdl).
+        unsafe { self.launch_overlapping(&f, per_row(n, hidden), &mut params) }?;
         Ok(())
     }
 
@@ -113,11 +114,18 @@ impl CudaBackend {
         let di = to_i32(d, "d")?;
         let (o, w) = (out.ptr(), weight.ptr());
         let x = delta.map_or(0u64, |b| b.ptr());
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&o).arg(&residual).arg(&x).arg(&w).arg(&di).arg(&eps);
+        let mut params = [
+            arg(&o),
+            arg(&residual),
+            arg(&x),
+            arg(&w),
+            arg(&di),
+            arg(&eps),
+        ];
         // SAFETY: sizes checked above (residual by the caller); a null delta means plain RMSNorm,
         // in which case the kernel never writes `residual`.
-        unsafe { b.launch(per_row(n, d)) }.map_err(driver_err)?;
+        // The kernel waits for its prerequisites before touching them (super::pdl).
+        unsafe { self.launch_overlapping(&f, per_row(n, d), &mut params) }?;
         Ok(())
     }
 
@@ -291,12 +299,24 @@ impl CudaBackend {
         );
         let (q, kc, vc) = (qkv.ptr(), k_cache.ptr(), v_cache.ptr());
         let (p, c, s, sl) = (positions.ptr(), cos.ptr(), sin.ptr(), slot_mapping.ptr());
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&q).arg(&kc).arg(&vc).arg(&p).arg(&c).arg(&s).arg(&sl);
-        b.arg(&ni).arg(&hi).arg(&kvi).arg(&di).arg(&si);
+        let mut params = [
+            arg(&q),
+            arg(&kc),
+            arg(&vc),
+            arg(&p),
+            arg(&c),
+            arg(&s),
+            arg(&sl),
+            arg(&ni),
+            arg(&hi),
+            arg(&kvi),
+            arg(&di),
+            arg(&si),
+        ];
         // SAFETY: sizes checked above; positions index rows of the tables (the model sizes them to
         // its max position) and slots are allocated by the engine inside the cache.
-        unsafe { b.launch(grid_stride(n * all_heads * half)) }.map_err(driver_err)?;
+        // The kernel waits for its prerequisites before touching them (super::pdl).
+        unsafe { self.launch_overlapping(&f, grid_stride(n * all_heads * half), &mut params) }?;
         Ok(())
     }
 
@@ -318,10 +338,10 @@ impl CudaBackend {
             .function(KernelId::Elementwise, None, "silu_mul")?;
         let (ni, fi) = (to_i32(n, "n")?, to_i32(f, "f")?);
         let (o, g) = (out.ptr(), gate_up.ptr());
-        let mut b = self.stream.launch_builder(&func);
-        b.arg(&o).arg(&g).arg(&ni).arg(&fi);
+        let mut params = [arg(&o), arg(&g), arg(&ni), arg(&fi)];
         // SAFETY: sizes checked above.
-        unsafe { b.launch(grid_stride(n * f)) }.map_err(driver_err)?;
+        // The kernel waits for its prerequisites before touching them (super::pdl).
+        unsafe { self.launch_overlapping(&func, grid_stride(n * f), &mut params) }?;
         Ok(())
     }
 
@@ -345,10 +365,10 @@ impl CudaBackend {
             .function(KernelId::Elementwise, None, "gather_rows")?;
         let di = to_i32(d, "d")?;
         let (o, xp, rp) = (out.ptr(), x.ptr(), rows.ptr());
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&o).arg(&xp).arg(&rp).arg(&di);
+        let mut params = [arg(&o), arg(&xp), arg(&rp), arg(&di)];
         // SAFETY: sizes checked above; row indices are < n by the op's contract.
-        unsafe { b.launch(per_row(r, d)) }.map_err(driver_err)?;
+        // The kernel waits for its prerequisites before touching them (super::pdl).
+        unsafe { self.launch_overlapping(&f, per_row(r, d), &mut params) }?;
         Ok(())
     }
 }

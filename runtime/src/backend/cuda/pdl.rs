@@ -3,9 +3,10 @@
 //! that one executes `griddepcontrol.launch_dependents`; it then waits in `griddepcontrol.wait` for
 //! the earlier grid to complete and flush before touching anything it wrote.
 //!
-//! Design: used for the batch-1 GEMV, whose weight stream does not depend on the previous kernel, so
-//! its first weight loads overlap the small kernel before it (RMSNorm, attention, SiLU) instead of
-//! starting after that kernel drains. The kernels' side of the contract is in `common.cuh`
+//! Design: used for every kernel of a decode step (GEMVs, RMSNorm, RoPE + KV write, decode attention,
+//! SiLU, gathers, argmax): each lets its successor be scheduled as soon as it starts, so a launch's
+//! latency hides behind the kernel before it, and a GEMV's first weight loads (which do not depend
+//! on the previous kernel) overlap that kernel's tail instead of starting after it drains. The kernels' side of the contract is in `common.cuh`
 //! (`allow_dependents_early`, `wait_for_prerequisites`). Stream capture records the launch as a
 //! programmatic edge, so the decode graphs keep the overlap. cudarc's launch builder has no launch
 //! attributes, hence the direct `cuLaunchKernelEx` call.
@@ -16,6 +17,11 @@ use cudarc::driver::{CudaFunction, LaunchConfig, sys};
 
 use super::device::{CudaBackend, driver_err};
 use crate::backend::BackendError;
+
+/// One kernel argument as `cuLaunchKernelEx` takes it: the address of the value.
+pub(super) fn arg<T>(value: &T) -> *mut c_void {
+    (value as *const T).cast_mut().cast()
+}
 
 impl CudaBackend {
     /// Launches `f` with `params` (one pointer per kernel argument, in order) on this backend's

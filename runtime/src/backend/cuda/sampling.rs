@@ -6,6 +6,7 @@ use sov_kernels::KernelId;
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err};
 use super::ops::to_i32;
+use super::pdl::arg;
 use crate::backend::{BackendError, DType, check_buffer};
 
 /// Sampling settings of one row of logits.
@@ -67,10 +68,10 @@ impl CudaBackend {
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&o).arg(&l).arg(&v);
+        let mut params = [arg(&o), arg(&l), arg(&v)];
         // SAFETY: logits holds rows * vocab f32 and out holds rows u32, checked above.
-        unsafe { b.launch(cfg) }.map_err(driver_err)?;
+        // The kernel waits for its prerequisites before touching them (super::pdl).
+        unsafe { self.launch_overlapping(&f, cfg, &mut params) }?;
         Ok(())
     }
 

@@ -133,6 +133,14 @@ fn matmul_matches_cpu() {
     };
     let Some(mut gemv) = device() else { return };
     gemv.gemv_max_rows = 4;
+    // The general GEMV at one row must give the one-row kernel's exact bits.
+    let Some(mut general) = device() else { return };
+    general.gemv_max_rows = 4;
+    general.gemv_single_row = false;
+    // Each row over four warps: the split shares (and their order) are checked against the CPU.
+    let Some(mut split4) = device() else { return };
+    split4.gemv_max_rows = 4;
+    split4.gemv_split = Some(4);
     for (n, k, m) in [
         (1, 64, 256),
         (3, 576, 1536),
@@ -158,15 +166,82 @@ fn matmul_matches_cpu() {
             &expect,
         );
         gemv.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
+        let gemv_out = download(&gemv, &ob, n * m);
         check(
             &format!("matmul (gemv where n <= 4) {n}x{k} @ {m}x{k}^T"),
-            &download(&gemv, &ob, n * m),
+            &gemv_out,
+            &expect,
+        );
+        general.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
+        let got = download(&general, &ob, n * m);
+        assert!(
+            got.iter()
+                .zip(&gemv_out)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "the general gemv differs from the one-row gemv at {n}x{k} @ {m}x{k}^T"
+        );
+        split4.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
+        check(
+            &format!("matmul (gemv, 4 warps per row) {n}x{k} @ {m}x{k}^T"),
+            &download(&split4, &ob, n * m),
             &expect,
         );
         precise.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
         let e = cpu::rel_err(&download(&precise, &ob, n * m), &expect);
         println!("matmul precise {n}x{k} @ {m}x{k}^T: rel err {e:.2e}");
         assert!(e <= 1e-4, "precise matmul rel err {e}");
+    }
+}
+
+#[test]
+fn matmul_silu_mul_matches_cpu() {
+    // The fused GEMV + SwiGLU (one row here; up to four with gemv_max_rows = 4) against the CPU
+    // products and activation, and bit for bit against the unfused GEMV + silu_mul on the device.
+    let Some(mut fused) = device() else { return };
+    fused.gemv_max_rows = 4;
+    let Some(mut unfused) = device() else { return };
+    unfused.gemv_max_rows = 4;
+    unfused.gemv_swiglu = false;
+    unfused.gemv_split = Some(1); // the fused kernels give each row one warp
+    let Some(default) = device() else { return };
+    for (n, k, f) in [
+        (1, 64, 128),
+        (1, 4096, 1000),
+        (3, 576, 77),
+        (4, 8, 5),
+        (2, 14336, 96),
+    ] {
+        let seed = (n * 5 + k + f * 11) as u64;
+        let x = cpu::random(n * k, 1.0, seed);
+        let w = cpu::round_bf16(&cpu::random(2 * f * k, 0.5, seed + 1));
+        let expect = cpu::silu_mul(&cpu::matmul(&x, &w, n, k, 2 * f), n, f);
+        let mut results = Vec::new();
+        for (name, b) in [
+            ("fused", &fused),
+            ("unfused", &unfused),
+            ("default", &default),
+        ] {
+            let xb = b.upload_f32(&x).unwrap();
+            let wb = weight(b, &w, vec![2 * f, k]);
+            let mut gate_up = b.alloc(DType::F32, n * 2 * f).unwrap();
+            let mut out = b.alloc(DType::F32, n * f).unwrap();
+            b.matmul_silu_mul(&xb, &wb, &mut gate_up, &mut out, n, k, f)
+                .unwrap();
+            let got = download(b, &out, n * f);
+            check(
+                &format!("matmul_silu_mul ({name}) n={n} k={k} f={f}"),
+                &got,
+                &expect,
+            );
+            results.push(got);
+        }
+        assert!(
+            results[0]
+                .iter()
+                .zip(&results[1])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "fused SwiGLU GEMV differs from GEMV + silu_mul at n={n} k={k} f={f}"
+        );
     }
 }
 
