@@ -16,7 +16,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::backend::{Backend, BatchMeta, DType, HeadShape};
+use crate::backend::{Backend, BackendError, BatchMeta, DType, HeadShape};
 use crate::loader::tensor::HostTensor;
 
 use super::batch::SeqChunk;
@@ -40,22 +40,23 @@ pub struct LlamaModel<B: Backend> {
     max_positions: usize,
 }
 
-/// Activations of one step, sized for its `n` token rows.
-struct Activations<B: Backend> {
+/// Activations of one step, sized for its `n` token rows (or more: a decode-graph runner keeps one
+/// set at fixed addresses for its largest batch).
+pub(crate) struct Activations<B: Backend> {
     /// `[n, hidden]`: the residual stream.
-    hidden: B::Buffer,
+    pub(crate) hidden: B::Buffer,
     /// `[n, hidden]`: normalized input of the current sublayer.
-    normed: B::Buffer,
+    pub(crate) normed: B::Buffer,
     /// `[n, (H + 2*KVH) * D]`.
-    qkv: B::Buffer,
+    pub(crate) qkv: B::Buffer,
     /// `[n, H * D]`.
-    attn: B::Buffer,
+    pub(crate) attn: B::Buffer,
     /// `[n, hidden]`: output of the current sublayer, added to `hidden` by the next norm.
-    sub_out: B::Buffer,
+    pub(crate) sub_out: B::Buffer,
     /// `[n, 2 * F]`.
-    gate_up: B::Buffer,
+    pub(crate) gate_up: B::Buffer,
     /// `[n, F]`.
-    act: B::Buffer,
+    pub(crate) act: B::Buffer,
 }
 
 fn check_config(c: &LlamaConfig) -> Result<HeadShape, ModelError> {
@@ -230,10 +231,52 @@ impl<B: Backend> LlamaModel<B> {
         let meta = self.upload_meta(&step)?;
         let n = meta.n_tokens;
         let b = &self.backend;
-        let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
+        let hidden = c.hidden_size;
         let mut a = self.alloc_activations(n)?;
         let tokens = b.upload_u32(&step.tokens)?; // [n]
-        b.embedding(&self.weights.embed, &tokens, &mut a.hidden, n, hidden)?;
+        self.run_layers(&tokens, kv, &meta, &mut a, n)?;
+        let (rows, picked) = if all_rows {
+            (n, None)
+        } else {
+            let r = step.last_rows.len();
+            let ids = b.upload_u32(&step.last_rows)?; // [r]
+            let mut picked = b.alloc(DType::F32, r * hidden)?; // [r, hidden]
+            b.gather_rows(&a.normed, &ids, &mut picked, r, hidden)?;
+            (r, Some(picked))
+        };
+        let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
+        let mut logits = b.alloc(DType::F32, rows * c.vocab_size)?; // [rows, vocab]
+        b.matmul(
+            picked.as_ref().unwrap_or(&a.normed),
+            head,
+            &mut logits,
+            rows,
+            hidden,
+            c.vocab_size,
+        )?;
+        let mut out = vec![0f32; rows * c.vocab_size];
+        b.download_f32(&logits, &mut out)?;
+        Ok(out)
+    }
+
+    /// The forward pass from token ids to the final normalized hidden states: the embedding of
+    /// `ids` (`[n]` u32), every layer over `kv` as `meta` describes, and the final RMSNorm, so
+    /// `a.normed` holds `[n, hidden]` for the head. One Backend op per step of the Llama forward,
+    /// shared by [`Self::forward`] and the CUDA decode-graph runner (which keeps `a` at fixed
+    /// addresses and captures these ops).
+    pub(crate) fn run_layers(
+        &self,
+        ids: &B::Buffer,
+        kv: &mut KvCache<B>,
+        meta: &BatchMeta<B>,
+        a: &mut Activations<B>,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        let c = &self.config;
+        let b = &self.backend;
+        let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
+        let block_size = kv.block_size();
+        b.embedding(&self.weights.embed, ids, &mut a.hidden, n, hidden)?;
         let scale = 1.0 / (self.heads.head_dim as f32).sqrt();
         for (l, w) in self.weights.layers.iter().enumerate() {
             if l == 0 {
@@ -270,10 +313,10 @@ impl<B: Backend> LlamaModel<B> {
                 &a.qkv,
                 k_cache,
                 v_cache,
-                &meta,
+                meta,
                 &mut a.attn,
                 self.heads,
-                limits.block_size,
+                block_size,
                 scale,
             )?;
             b.matmul(
@@ -325,28 +368,7 @@ impl<B: Backend> LlamaModel<B> {
                 eps,
             )?;
         }
-        let (rows, picked) = if all_rows {
-            (n, None)
-        } else {
-            let r = step.last_rows.len();
-            let ids = b.upload_u32(&step.last_rows)?; // [r]
-            let mut picked = b.alloc(DType::F32, r * hidden)?; // [r, hidden]
-            b.gather_rows(&a.normed, &ids, &mut picked, r, hidden)?;
-            (r, Some(picked))
-        };
-        let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        let mut logits = b.alloc(DType::F32, rows * c.vocab_size)?; // [rows, vocab]
-        b.matmul(
-            picked.as_ref().unwrap_or(&a.normed),
-            head,
-            &mut logits,
-            rows,
-            hidden,
-            c.vocab_size,
-        )?;
-        let mut out = vec![0f32; rows * c.vocab_size];
-        b.download_f32(&logits, &mut out)?;
-        Ok(out)
+        Ok(())
     }
 
     fn upload_meta(&self, step: &StepPlan) -> Result<BatchMeta<B>, ModelError> {
@@ -365,7 +387,7 @@ impl<B: Backend> LlamaModel<B> {
         })
     }
 
-    fn alloc_activations(&self, n: usize) -> Result<Activations<B>, ModelError> {
+    pub(crate) fn alloc_activations(&self, n: usize) -> Result<Activations<B>, ModelError> {
         let c = &self.config;
         let b = &self.backend;
         let f32s = |len: usize| b.alloc(DType::F32, len);

@@ -1,9 +1,9 @@
 //! Decode steps of a [`LlamaModel`] on the GPU, replayed from CUDA graphs, with the greedy token
 //! of every row chosen on the device so only token ids come back.
 //!
-//! Design: the op sequence of `LlamaModel::forward` (one Backend op per step of the Llama forward
-//! pass, the same kernels in the same order) enqueued on buffers this runner keeps at fixed
-//! addresses, so a step can be captured once into a CUDA graph and replayed. A step of `n`
+//! Design: the op sequence of `LlamaModel::forward` (its layer stack,
+//! [`LlamaModel::run_layers`], is called here too: the same kernels in the same order) enqueued on
+//! buffers this runner keeps at fixed addresses, so a step can be captured once into a CUDA graph and replayed. A step of `n`
 //! sequences runs padded to a batch bucket ([`batch_bucket`]) and is captured per (batch bucket,
 //! context bucket): the context bucket ([`ctx_bucket`], a power of two >= the longest context)
 //! fixes the decode split plan and the block-table stride the graph holds. Padding rows have
@@ -21,8 +21,9 @@ use std::collections::{HashMap, HashSet};
 use super::buffer::CudaBuffer;
 use super::device::CudaBackend;
 use super::graph::StepGraph;
-use crate::backend::{Backend, BackendError, BatchMeta, DType, HeadShape};
+use crate::backend::{Backend, BackendError, BatchMeta, DType};
 use crate::model::batch::SeqChunk;
+use crate::model::llama::Activations;
 use crate::model::plan::{PlanLimits, plan};
 use crate::model::{KvCache, LlamaModel, ModelError};
 
@@ -50,20 +51,8 @@ struct StepBuffers {
     ids: CudaBuffer,
     /// positions, slots, q_starts (`[rows + 1]` = 0..=rows), ctx_lens, block tables.
     meta: BatchMeta<CudaBackend>,
-    /// `[rows, hidden]`: the residual stream.
-    hidden: CudaBuffer,
-    /// `[rows, hidden]`.
-    normed: CudaBuffer,
-    /// `[rows, (H + 2*KVH) * D]`.
-    qkv: CudaBuffer,
-    /// `[rows, H * D]`.
-    attn: CudaBuffer,
-    /// `[rows, hidden]`.
-    sub_out: CudaBuffer,
-    /// `[rows, 2 * F]`.
-    gate_up: CudaBuffer,
-    /// `[rows, F]`.
-    act: CudaBuffer,
+    /// The forward pass's activations, `rows` token rows.
+    acts: Activations<CudaBackend>,
     /// `[rows, vocab]`.
     logits: CudaBuffer,
     /// `[rows]` u32: argmax of each logits row.
@@ -253,7 +242,6 @@ impl DecodeGraphs {
         self.graphs.clear();
         self.warm.clear();
         let c = model.config();
-        let heads = heads_of(model);
         let b = model.backend();
         let f32s = |len: usize| b.alloc(DType::F32, len);
         let u32s = |len: usize| b.alloc(DType::U32, len);
@@ -274,13 +262,7 @@ impl DecodeGraphs {
                 ctx_lens: u32s(rows)?,
                 block_tables: u32s(table_elems)?,
             },
-            hidden: f32s(rows * c.hidden_size)?,
-            normed: f32s(rows * c.hidden_size)?,
-            qkv: f32s(rows * heads.qkv_width())?,
-            attn: f32s(rows * heads.q_width())?,
-            sub_out: f32s(rows * c.hidden_size)?,
-            gate_up: f32s(rows * 2 * c.intermediate_size)?,
-            act: f32s(rows * c.intermediate_size)?,
+            acts: model.alloc_activations(rows)?,
             logits: f32s(rows * c.vocab_size)?,
             picked: u32s(rows)?,
         });
@@ -288,18 +270,9 @@ impl DecodeGraphs {
     }
 }
 
-fn heads_of(model: &LlamaModel<CudaBackend>) -> HeadShape {
-    let c = model.config();
-    HeadShape {
-        n_heads: c.num_attention_heads,
-        n_kv_heads: c.num_key_value_heads,
-        head_dim: c.head_dim,
-    }
-}
-
 /// Enqueues one decode step of `n` rows (the bucket) on the fixed buffers: the ops of
-/// `LlamaModel::forward` in its order, then the argmax of every logits row. Nothing is
-/// downloaded or allocated, so it can be captured.
+/// `LlamaModel::forward` (its own layer stack, [`LlamaModel::run_layers`]), then the argmax of
+/// every logits row. Nothing is downloaded or allocated, so it can be captured.
 fn enqueue_step(
     model: &LlamaModel<CudaBackend>,
     kv: &mut KvCache<CudaBackend>,
@@ -309,97 +282,16 @@ fn enqueue_step(
     let c = model.config();
     let b = model.backend();
     let w = model.weights();
-    let (cos, sin) = model.rope_tables();
-    let heads = heads_of(model);
-    let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
-    let block_size = kv.block_size();
-    let scale = 1.0 / (heads.head_dim as f32).sqrt();
-    b.embedding(&w.embed, &a.ids, &mut a.hidden, n, hidden)?;
-    for (l, lw) in w.layers.iter().enumerate() {
-        if l == 0 {
-            b.rms_norm(&a.hidden, &lw.input_norm, &mut a.normed, n, hidden, eps)?;
-        } else {
-            b.add_rms_norm(
-                &mut a.hidden,
-                &a.sub_out,
-                &lw.input_norm,
-                &mut a.normed,
-                n,
-                hidden,
-                eps,
-            )?;
-        }
-        let qkv_w = heads.qkv_width();
-        b.matmul(&a.normed, &lw.qkv, &mut a.qkv, n, hidden, qkv_w)?;
-        if let Some(bias) = &lw.qkv_bias {
-            b.add_bias(&mut a.qkv, bias, n, qkv_w)?;
-        }
-        let (k_cache, v_cache) = kv.layer_mut(l);
-        b.rope_kv_write(
-            &mut a.qkv,
-            &a.meta.positions,
-            cos,
-            sin,
-            &a.meta.slot_mapping,
-            k_cache,
-            v_cache,
-            n,
-            heads,
-        )?;
-        b.paged_attention(
-            &a.qkv,
-            k_cache,
-            v_cache,
-            &a.meta,
-            &mut a.attn,
-            heads,
-            block_size,
-            scale,
-        )?;
-        b.matmul(
-            &a.attn,
-            &lw.o_proj,
-            &mut a.sub_out,
-            n,
-            heads.q_width(),
-            hidden,
-        )?;
-        b.add_rms_norm(
-            &mut a.hidden,
-            &a.sub_out,
-            &lw.post_norm,
-            &mut a.normed,
-            n,
-            hidden,
-            eps,
-        )?;
-        let f = c.intermediate_size;
-        b.matmul_silu_mul(
-            &a.normed,
-            &lw.gate_up,
-            &mut a.gate_up,
-            &mut a.act,
-            n,
-            hidden,
-            f,
-        )?;
-        b.matmul(&a.act, &lw.down, &mut a.sub_out, n, f, hidden)?;
-    }
-    if w.layers.is_empty() {
-        b.rms_norm(&a.hidden, &w.final_norm, &mut a.normed, n, hidden, eps)?;
-    } else {
-        b.add_rms_norm(
-            &mut a.hidden,
-            &a.sub_out,
-            &w.final_norm,
-            &mut a.normed,
-            n,
-            hidden,
-            eps,
-        )?;
-    }
+    model.run_layers(&a.ids, kv, &a.meta, &mut a.acts, n)?;
     let head = w.lm_head.as_ref().unwrap_or(&w.embed);
-    b.matmul(&a.normed, head, &mut a.logits, n, hidden, c.vocab_size)?;
+    b.matmul(
+        &a.acts.normed,
+        head,
+        &mut a.logits,
+        n,
+        c.hidden_size,
+        c.vocab_size,
+    )?;
     b.argmax_rows(&a.logits, c.vocab_size, n, &mut a.picked)?;
     Ok(())
 }
