@@ -23,22 +23,10 @@ def median_ms(fn, warmup=5, iters=50):
     return times[iters // 2]
 
 
-def back_to_back_ms(fn, reps=20, warmup=5, iters=20):
+def back_to_back_ms(fn, reps=20, iters=20):
     """Time per call of `reps` calls queued back to back (the launch latency of all but the first
     hidden behind the kernels before it, as in a replayed decode step): median of `iters` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / reps)
-    times.sort()
-    return times[iters // 2]
+    return median_ms(lambda: [fn() for _ in range(reps)], warmup=1, iters=iters) / reps
 
 
 def main():
