@@ -147,12 +147,13 @@ impl DecodeGraphs {
             tables[s * stride..s * stride + used]
                 .copy_from_slice(&step.block_tables[s * src_stride..s * src_stride + used]);
         }
-        let u32s = |v: &[u32]| bytemuck::cast_slice::<u32, u8>(v).to_vec();
-        b.write_bytes(&mut bufs.ids, 0, &u32s(&ids))?;
-        b.write_bytes(&mut bufs.meta.positions, 0, &u32s(&positions))?;
-        b.write_bytes(&mut bufs.meta.slot_mapping, 0, &u32s(&slots))?;
-        b.write_bytes(&mut bufs.meta.ctx_lens, 0, &u32s(&ctx_lens))?;
-        b.write_bytes(&mut bufs.meta.block_tables, 0, &u32s(&tables))?;
+        b.upload_u32_many(&mut [
+            (&mut bufs.ids, &ids),
+            (&mut bufs.meta.positions, &positions),
+            (&mut bufs.meta.slot_mapping, &slots),
+            (&mut bufs.meta.ctx_lens, &ctx_lens),
+            (&mut bufs.meta.block_tables, &tables),
+        ])?;
         bufs.meta.n_tokens = bucket;
         bufs.meta.n_seqs = bucket;
         bufs.meta.max_q_len = 1;

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
 use super::buffer::CudaBuffer;
 use super::modules::ModuleCache;
-use crate::backend::{BackendError, DType};
+use crate::backend::{BackendError, DType, check_buffer};
 
 /// The CUDA backend: one device, one stream, the kernel cache and scratch memory.
 pub struct CudaBackend {
@@ -254,6 +254,34 @@ impl CudaBackend {
                 .map_err(driver_err)?;
         }
         self.stream.synchronize().map_err(driver_err)
+    }
+
+    /// Copies each host slice into the start of its u32 buffer, all on the stream, then waits once
+    /// (a decode step's inputs: one synchronisation instead of one per buffer).
+    pub(super) fn upload_u32_many(
+        &self,
+        copies: &mut [(&mut CudaBuffer, &[u32])],
+    ) -> Result<(), BackendError> {
+        for (buf, data) in copies.iter() {
+            check_buffer("upload_u32_many", "buffer", &**buf, DType::U32, data.len())?;
+        }
+        let mut first_err = None;
+        for (buf, data) in copies.iter_mut() {
+            if data.is_empty() || first_err.is_some() {
+                continue;
+            }
+            let bytes: &[u8] = bytemuck::cast_slice(data);
+            // SAFETY: the buffer holds at least data.len() u32 (checked above); the stream is
+            // synchronised below, on every path, before the host slices can be dropped.
+            let copied =
+                unsafe { result::memcpy_htod_async(buf.ptr(), bytes, self.stream.cu_stream()) };
+            first_err = copied.err();
+        }
+        let synced = self.stream.synchronize();
+        if let Some(e) = first_err {
+            return Err(driver_err(e));
+        }
+        synced.map_err(driver_err)
     }
 
     /// Device-to-device copy of `bytes` bytes between raw addresses, on the stream.
