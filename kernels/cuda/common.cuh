@@ -78,6 +78,14 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // expression of silu_mul (elementwise.cu) and the fused GEMV (gemv.cu), so both give the same bits.
 __device__ __forceinline__ float swiglu(float g, float u) { return g / (1.f + expf(-g)) * u; }
 
+// (a, b) rotated by the angle with cosine c and sine s: a' = a c - b s, b' = b c + a s, each product
+// rounded before the sum (no FMA contraction), as the CPU backend computes it, so rope_inplace,
+// rope_kv_write (rope_kv.cu) and the decode attention's fused RoPE give the same bits.
+__device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, float* ra, float* rb) {
+    *ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 // Programmatic dependent launch (sm_90+). The kernels of a decode step (GEMVs, RMSNorm, RoPE + KV
 // write, decode attention, SiLU, gathers, argmax) are launched with programmatic stream
 // serialization: one may be scheduled while the kernel before it is still running, once that one

@@ -19,6 +19,12 @@
 //       operand (bf16), V from ldmatrix.trans as the B operand, one mma per 8 output dims.
 // Rows G..15 of S and O are padding: their A rows are zero, their accumulators are never kept.
 //
+// Launched with programmatic dependent launch, a CTA issues its first chunks' copies before it waits
+// for the kernel before it: every token but each sequence's newest is already in the cache, so only
+// that one token's rows are placed after the wait (from the cache, or computed here with the fused
+// RoPE + KV write, see decode_attention_mma() below). Two entry points share the body so the host can
+// give grids of at most one CTA per SM their own shared-memory carveout (attention.rs).
+//
 // Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), bf16 cache only; STAGES (ring depth,
 // default 2) and MIN_BLOCKS (occupancy hint). Dynamic shared memory:
 // NWARPS * STAGES * 2 * 16 * HEAD_DIM * 2 bytes (sov_kernels::decode_mma_shared_bytes).
@@ -105,12 +111,13 @@ __device__ __forceinline__ void mma_top_rows(float* c, u32 a_lo, u32 a_hi, u32 b
 
 // Copies the K and V rows of the warp chunk starting at token t0 into the ring slot at shared
 // address ks (K) and ks + SLOT_BYTES (V); pieces of tokens at or past t_end are zero-filled without
-// being read. Lane `lane` copies piece lane % PIECES of tokens lane / PIECES + i * TOK_STEP. When the chunk lies inside one cache block one block-table
+// being read; the token `skip` (-1: none) is left alone, neither read nor zero-filled. Lane `lane`
+// copies piece lane % PIECES of tokens lane / PIECES + i * TOK_STEP. When the chunk lies inside one cache block one block-table
 // entry serves all its tokens; otherwise each token looks its block up. (Chunks start at multiples
 // of 16 because splits start at multiples of the host's 64-token tile, so with block sizes that
 // are multiples of 16 the single-block path is always taken.)
 #define TOK_STEP (32 / PIECES)
-__device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
+__device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end, int skip,
                                             const u32* __restrict__ bt, int block_size, size_t row_elems,
                                             size_t head_off, const bf16_t* __restrict__ k_cache,
                                             const bf16_t* __restrict__ v_cache) {
@@ -126,8 +133,10 @@ __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
             const int tok = tok0 + i * TOK_STEP;
             const bool valid = t0 + tok < t_end;
             const u32 so = ks + slot_offset(tok, piece);
-            cp_async16(so, valid ? kp : k_cache, valid);
-            cp_async16(so + SLOT_BYTES, valid ? vp : v_cache, valid);
+            if (t0 + tok != skip) {
+                cp_async16(so, valid ? kp : k_cache, valid);
+                cp_async16(so + SLOT_BYTES, valid ? vp : v_cache, valid);
+            }
             kp += step;
             vp += step;
         }
@@ -137,6 +146,7 @@ __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
     for (int i = 0; i < PIECES_PER_LANE; i++) {
         const int tok = tok0 + i * TOK_STEP;
         const int t = t0 + tok;
+        if (t == skip) continue;
         const bool valid = t < t_end;
         size_t at = 0;
         if (valid) at = ((size_t)bt[t / block_size] * block_size + (t % block_size)) * row_elems + head_off + piece * 8;
@@ -145,25 +155,56 @@ __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
     }
 }
 
-// Arguments, shapes and grid as paged_decode_attention in decode_attention.cu (bf16 cache), plus
-// dynamic shared memory of NWARPS * STAGES * 2 * SLOT bf16.
-extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
-                           const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
-                           const u32* __restrict__ block_tables, int max_blocks,
-                           const u32* __restrict__ context_lens, float* __restrict__ part_o,
-                           float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
-                           int block_size, int split_tokens, int max_splits, float scale) {
+// A 16-byte piece into shared memory at shared-window address `at`.
+__device__ __forceinline__ void st_shared16(u32 at, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// The newest token's K and V rows (fresh: [2][D] bf16 in shared memory) into row `tok` of the ring
+// slot at ks, where issue_chunk left them out. Lanes < PIECES copy one piece each.
+__device__ __forceinline__ void place_fresh(u32 ks, int tok, int lane, const bf16_t* fresh) {
+    for (int piece = lane; piece < PIECES; piece += 32) {
+        const u32 so = ks + slot_offset(tok, piece);
+        st_shared16(so, ((const uint4*)fresh)[piece]);
+        st_shared16(so + SLOT_BYTES, ((const uint4*)(fresh + D))[piece]);
+    }
+}
+
+// The body of both entry points below. Arguments, shapes and grid as paged_decode_attention in
+// decode_attention.cu (bf16 cache), plus dynamic shared memory of NWARPS * STAGES * 2 * SLOT bf16,
+// and the fused RoPE + KV write (all four null/absent: q and the cache already hold the rotated
+// rows): positions, slots: [batch] u32 (slot 0xffffffff: no cache write); cos_t, sin_t:
+// [max_pos, D/2] f32. With them, q is the raw qkv activation [batch, q_stride] (q heads, then k,
+// then v heads); this kernel rotates its q heads as it loads them, and the CTA holding a
+// sequence's newest token rotates that token's k head, stores it and the v head into the cache, and
+// uses them straight from shared memory -- exactly rope_kv_write's arithmetic (rope_kv.cu), so the
+// results are those of rope_kv_write followed by this kernel.
+__device__ __forceinline__ void decode_attention_mma(
+    float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride, bf16_t* __restrict__ k_cache,
+    bf16_t* __restrict__ v_cache, const u32* __restrict__ block_tables, int max_blocks,
+    const u32* __restrict__ context_lens, float* __restrict__ part_o, float* __restrict__ part_ml,
+    u32* __restrict__ counters, int n_kv_heads, int block_size, int split_tokens, int max_splits, float scale,
+    const u32* __restrict__ positions, const u32* __restrict__ slots, const float* __restrict__ cos_t,
+    const float* __restrict__ sin_t) {
     allow_dependents_early();  // the output projection's GEMV may start streaming its weights
-    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
+    // Launched with programmatic serialization, this CTA may run while the kernel before it (the
+    // RoPE + KV write, or with the fused RoPE the qkv product) is still running. Until
+    // wait_for_prerequisites() it reads only what no kernel of the decode step writes: the context
+    // lengths and block tables (uploaded before the step's first kernel) and the cache rows of every
+    // token but each sequence's newest. So the first chunks' K/V loads are in flight before the
+    // wait; the newest token's rows are placed after it.
     const DecodeWork work = decode_work(context_lens, split_tokens);
     if (!work.active) return;
     const int split = work.split, kvh = work.kvh, seq = work.seq, n_splits = work.n_splits;
     const int t_begin = work.t_begin, t_end = work.t_end;
+    const int fresh = split == n_splits - 1 ? t_end - 1 : -1;  // the newest token, if in this split
+    const bool rope = cos_t != nullptr;
 
     // ring: [NWARPS][STAGES][2 (K, V)][CHUNK, D] bf16; reused as w_acc [NWARPS][G][D] f32 at the end.
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float w_m[NWARPS][G], w_l[NWARPS][G];
+    __shared__ __align__(16) bf16_t fresh_kv[2 * D];  // the newest token's K row, then its V row
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
     const u32 ring = (u32)__cvta_generic_to_shared(smem) + (u32)(warp * STAGES * 2 * SLOT_BYTES);
@@ -173,6 +214,9 @@ paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float*
     const size_t head_off = (size_t)kvh * D;
     const int first = t_begin + warp * CHUNK;
     const int my_chunks = first < t_end ? (t_end - first + NWARPS * CHUNK - 1) / (NWARPS * CHUNK) : 0;
+    // The warp chunk holding the newest token, if this warp has it (it is then the warp's last).
+    const int fresh_chunk =
+        fresh >= first && (fresh - first) % (NWARPS * CHUNK) < CHUNK ? (fresh - first) / (NWARPS * CHUNK) : -1;
     // ldmatrix row addresses: this lane names row (lane & 7) of matrix (lane >> 3). K matrices are
     // tokens 0-7 / 8-15 (mat >> 1) x pieces 2k / 2k + 1 (mat & 1); V matrices are tokens 0-7 / 8-15
     // (mat & 1) x pieces 2n / 2n + 1 (mat >> 1). Piece 2k + b lands at (2k + b) ^ (tok & 7), which
@@ -185,23 +229,75 @@ paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float*
 #pragma unroll
     for (int c = 0; c < STAGES - 1; c++) {
         if (c < my_chunks) {
-            issue_chunk(ring + c * 2 * SLOT_BYTES, first + c * NWARPS * CHUNK, lane, t_end, bt, block_size, row_elems,
-                        head_off, k_cache, v_cache);
+            issue_chunk(ring + c * 2 * SLOT_BYTES, first + c * NWARPS * CHUNK, lane, t_end, fresh, bt, block_size,
+                        row_elems, head_off, k_cache, v_cache);
         }
         cp_async_commit();
     }
-    // Q as the A operand, loaded while the first chunks are in flight: row gid = query head
-    // kvh * G + gid (zero for gid >= G), pre-scaled.
-    u32 qa[D / 16][2];  // [k-step][cols tig*2.. | 8 + tig*2..]
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        if (gid < G) {
-            const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + gid) * D + ks * 16 + tig * 2;
-            qa[ks][0] = pack_bf16x2(qp[0] * scale, qp[1] * scale);
-            qa[ks][1] = pack_bf16x2(qp[8] * scale, qp[9] * scale);
+    wait_for_prerequisites();
+
+    // The newest token's K and V rows into fresh_kv: rotated from qkv and stored into the cache
+    // (fused RoPE), or read back from the cache where the kernel before wrote them.
+    if (fresh >= 0) {
+        if (rope) {
+            const float* kr = q + (size_t)seq * q_stride + (size_t)(n_kv_heads * G + kvh) * D;  // [D] f32
+            const float* vr = kr + (size_t)n_kv_heads * D;                                    // [D] f32
+            const size_t p = positions[seq];
+            for (int j = tid; j < D / 2; j += NTHREADS) {
+                float a = kr[j], b = kr[j + D / 2];
+                rotate_pair(a, b, cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j], &a, &b);
+                fresh_kv[j] = f2bf(a);
+                fresh_kv[j + D / 2] = f2bf(b);
+            }
+            for (int j = tid; j < D; j += NTHREADS) fresh_kv[D + j] = f2bf(vr[j]);
         } else {
-            qa[ks][0] = 0u;
-            qa[ks][1] = 0u;
+            const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems + head_off;
+            for (int i = tid; i < 2 * PIECES; i += NTHREADS)
+                ((uint4*)fresh_kv)[i] = __ldcg((const uint4*)((i < PIECES ? k_cache : v_cache) + at) + i % PIECES);
+        }
+        __syncthreads();
+        if (rope) {
+            const u32 slot = slots[seq];
+            if (slot != 0xffffffffu) {
+                const size_t at = (size_t)slot * row_elems + head_off;
+                for (int i = tid; i < 2 * PIECES; i += NTHREADS)
+                    ((uint4*)((i < PIECES ? k_cache : v_cache) + at))[i % PIECES] = ((const uint4*)fresh_kv)[i];
+            }
+        }
+        if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
+            place_fresh(ring + fresh_chunk * 2 * SLOT_BYTES,
+                        fresh - (first + fresh_chunk * NWARPS * CHUNK), lane, fresh_kv);
+    }
+    // Q as the A operand, loaded while the first chunks are in flight: row gid = query head
+    // kvh * G + gid (zero for gid >= G), rotated if the RoPE is fused, then pre-scaled. A lane holds
+    // dims ks * 16 + tig * 2 + {0, 1, 8, 9} of every k-step ks, so both dims of each rotated pair
+    // (j, j + D/2), D/2 being D/32 k-steps.
+    u32 qa[D / 16][2];  // [k-step][cols tig*2.. | 8 + tig*2..]
+    {
+        float qf[D / 16][4];  // [k-step][dims tig*2 + {0, 1, 8, 9}]
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + min(gid, G - 1)) * D + ks * 16 + tig * 2;
+            qf[ks][0] = qp[0];
+            qf[ks][1] = qp[1];
+            qf[ks][2] = qp[8];
+            qf[ks][3] = qp[9];
+        }
+        if (rope) {
+            const size_t p = positions[seq];
+#pragma unroll
+            for (int ks = 0; ks < D / 32; ks++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = ks * 16 + tig * 2 + (e & 1) + (e >> 1) * 8;
+                    rotate_pair(qf[ks][e], qf[ks + D / 32][e], cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j],
+                                &qf[ks][e], &qf[ks + D / 32][e]);
+                }
+        }
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            qa[ks][0] = gid < G ? pack_bf16x2(qf[ks][0] * scale, qf[ks][1] * scale) : 0u;
+            qa[ks][1] = gid < G ? pack_bf16x2(qf[ks][2] * scale, qf[ks][3] * scale) : 0u;
         }
     }
     float acc[D / 8][2];  // O rows gid: dims nt * 8 + tig * 2 + {0, 1}
@@ -213,8 +309,11 @@ paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float*
         const int t0 = first + c * NWARPS * CHUNK;
         const int next = c + STAGES - 1;
         if (next < my_chunks) {
-            issue_chunk(ring + (next % STAGES) * 2 * SLOT_BYTES, first + next * NWARPS * CHUNK, lane, t_end, bt,
+            issue_chunk(ring + (next % STAGES) * 2 * SLOT_BYTES, first + next * NWARPS * CHUNK, lane, t_end, fresh, bt,
                         block_size, row_elems, head_off, k_cache, v_cache);
+            if (next == fresh_chunk)
+                place_fresh(ring + (next % STAGES) * 2 * SLOT_BYTES, fresh - (first + next * NWARPS * CHUNK), lane,
+                            fresh_kv);
         }
         cp_async_commit();
         cp_async_wait_stages();
@@ -295,4 +394,35 @@ paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float*
     __syncthreads();
     decode_finish(&w_m[0][0], &w_l[0][0], w_acc, out, out_stride, part_o, part_ml, counters, seq, kvh, n_kv_heads,
                   split, n_splits, max_splits);
+}
+
+// Grids of more CTAs than SMs (batch >= 2 or long contexts).
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
+paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
+                           bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                           const u32* __restrict__ block_tables, int max_blocks,
+                           const u32* __restrict__ context_lens, float* __restrict__ part_o,
+                           float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
+                           int block_size, int split_tokens, int max_splits, float scale,
+                           const u32* __restrict__ positions, const u32* __restrict__ slots,
+                           const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
+    decode_attention_mma(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
+                         part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
+                         slots, cos_t, sin_t);
+}
+
+// The same kernel for grids of at most one CTA per SM (batch 1, short contexts). A separate entry
+// so the host can give it its own shared-memory carveout (attention.rs).
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
+paged_decode_attention_mma_few(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
+                               bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                               const u32* __restrict__ block_tables, int max_blocks,
+                               const u32* __restrict__ context_lens, float* __restrict__ part_o,
+                               float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
+                               int block_size, int split_tokens, int max_splits, float scale,
+                               const u32* __restrict__ positions, const u32* __restrict__ slots,
+                               const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
+    decode_attention_mma(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
+                         part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
+                         slots, cos_t, sin_t);
 }

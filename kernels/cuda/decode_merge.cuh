@@ -86,45 +86,52 @@ __device__ __forceinline__ void decode_finish(const float* w_m, const float* w_l
     if (!is_last) return;
     __threadfence();
 
-    // Merge the partials of all splits: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
-    __shared__ float sp_w[MAX_SPLITS][G];
-    for (int i = tid; i < n_splits * G; i += NTHREADS) sp_w[i / G][i % G] = __ldcg(&part_ml[(part_base * G + i) * 2]);
+    // Merge the partials of all splits: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. The merge
+    // is a chain of L2 round trips, so each pass keeps as many loads in flight as it can: (m, l)
+    // of every split in one pass, then each thread streams one float4 column of o over the splits,
+    // MERGE_BATCH loads at a time.
+    __shared__ float sp_w[MAX_SPLITS][G], sp_l[MAX_SPLITS][G];
+    const float2* ml = (const float2*)part_ml;  // [.., max_splits, G] of (m, l)
+    for (int i = tid; i < n_splits * G; i += NTHREADS) {
+        const float2 v = __ldcg(&ml[part_base * G + i]);
+        sp_w[i / G][i % G] = v.x;
+        sp_l[i / G][i % G] = v.y;
+    }
     __syncthreads();
     if (tid < G) {
         float M = -SOV_INF;
         for (int s = 0; s < n_splits; s++) M = fmaxf(M, sp_w[s][tid]);
-        s_m[tid] = M;
-    }
-    __syncthreads();
-    for (int i = tid; i < n_splits * G; i += NTHREADS) {
-        const int s = i / G, g = i % G;
-        sp_w[s][g] = __expf(sp_w[s][g] - s_m[g]);
-    }
-    __syncthreads();
-    if (tid < G) {
         float L = 0.f;
-        for (int s = 0; s < n_splits; s++) L += sp_w[s][tid] * __ldcg(&part_ml[((part_base + s) * G + tid) * 2 + 1]);
+        for (int s = 0; s < n_splits; s++) {
+            const float w = __expf(sp_w[s][tid] - M);
+            sp_w[s][tid] = w;
+            L += w * sp_l[s][tid];
+        }
         s_l[tid] = L;
     }
     __syncthreads();
-    // Every thread sums its OUT_PER_T outputs together, so OUT_PER_T loads per split are in flight
-    // at once (the merge of many splits is latency-bound).
-#define OUT_PER_T ((G * D + NTHREADS - 1) / NTHREADS)
-    float num[OUT_PER_T];
+#define MERGE_BATCH 8
+    const float4* po4 = (const float4*)(part_o + part_base * G * D);  // [max_splits, G * D / 4]
+    float4* out4 = (float4*)(out + (size_t)seq * out_stride + (size_t)(kvh * G) * D);
+    for (int c = tid; c < G * D / 4; c += NTHREADS) {
+        const int g = c / (D / 4);
+        float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = 0; s0 < n_splits; s0 += MERGE_BATCH) {
+            float4 v[MERGE_BATCH];
 #pragma unroll
-    for (int j = 0; j < OUT_PER_T; j++) num[j] = 0.f;
-#pragma unroll 4
-    for (int s = 0; s < n_splits; s++) {
+            for (int j = 0; j < MERGE_BATCH; j++)
+                v[j] = s0 + j < n_splits ? __ldcg(&po4[(size_t)(s0 + j) * (G * D / 4) + c]) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int j = 0; j < OUT_PER_T; j++) {
-            const int i = tid + j * NTHREADS;
-            if (i < G * D) num[j] += sp_w[s][i / D] * __ldcg(&part_o[((part_base + s) * G) * D + i]);
+            for (int j = 0; j < MERGE_BATCH; j++) {
+                const float w = s0 + j < n_splits ? sp_w[s0 + j][g] : 0.f;
+                num.x += w * v[j].x;
+                num.y += w * v[j].y;
+                num.z += w * v[j].z;
+                num.w += w * v[j].w;
+            }
         }
-    }
-#pragma unroll
-    for (int j = 0; j < OUT_PER_T; j++) {
-        const int i = tid + j * NTHREADS;
-        if (i < G * D) out[(size_t)seq * out_stride + (size_t)(kvh * G) * D + i] = num[j] / s_l[i / D];
+        const float L = s_l[g];
+        out4[c] = make_float4(num.x / L, num.y / L, num.z / L, num.w / L);
     }
     if (tid == 0) counters[(size_t)seq * n_kv_heads + kvh] = 0;
 }

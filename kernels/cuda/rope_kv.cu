@@ -8,14 +8,6 @@
 // physical_block * block_size + offset_in_block.
 #include "common.cuh"
 
-// (a, b) rotated by the angle with cosine c and sine s: a' = a c - b s, b' = b c + a s, each product
-// rounded before the sum (no FMA contraction), as the CPU backend computes it, so rope_inplace and
-// rope_kv_write give the same bits.
-__device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, float* ra, float* rb) {
-    *ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    *rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-}
-
 // In place on the first n_rot_heads (= H + KVH) heads of each row: for j < D/2,
 // x'[j] = x[j] cos - x[j + D/2] sin, x'[j + D/2] = x[j + D/2] cos + x[j] sin at p = positions[t].
 // Grid-stride over n * n_rot_heads * D/2 pairs.

@@ -194,7 +194,10 @@ impl KernelId {
     pub fn functions(self) -> &'static [&'static str] {
         match self {
             KernelId::DecodeAttention => &["paged_decode_attention"],
-            KernelId::DecodeAttentionMma => &["paged_decode_attention_mma"],
+            KernelId::DecodeAttentionMma => &[
+                "paged_decode_attention_mma",
+                "paged_decode_attention_mma_few",
+            ],
             KernelId::PrefillAttention => &["prefill_attention"],
             KernelId::Elementwise => &[
                 "rmsnorm_residual",

@@ -333,6 +333,40 @@ pub trait Backend: Send + Sync + Sized + 'static {
         scale: f32,
     ) -> Result<(), BackendError>;
 
+    /// [`Backend::rope_kv_write`] of `meta`'s tokens (its positions and slot mapping) followed by
+    /// [`Backend::paged_attention`], as one call: a backend may fuse them for decode steps (the
+    /// CUDA backend does: the attention rotates q and the new k row as it loads them and writes
+    /// the new K/V rows itself, one kernel launch fewer per layer and step), with the same `out`
+    /// and cache contents. Afterwards `qkv`'s q and k heads may or may not be rotated.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_attention(
+        &self,
+        qkv: &mut Self::Buffer,
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        k_cache: &mut Self::Buffer,
+        v_cache: &mut Self::Buffer,
+        meta: &BatchMeta<Self>,
+        out: &mut Self::Buffer,
+        heads: HeadShape,
+        block_size: usize,
+        scale: f32,
+    ) -> Result<(), BackendError> {
+        let n = meta.n_tokens;
+        self.rope_kv_write(
+            qkv,
+            &meta.positions,
+            cos,
+            sin,
+            &meta.slot_mapping,
+            k_cache,
+            v_cache,
+            n,
+            heads,
+        )?;
+        self.paged_attention(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
+    }
+
     /// SwiGLU activation: `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]`,
     /// `silu(x) = x / (1 + exp(-x))`. `gate_up: [n, 2 * f]` f32, `out: [n, f]` f32.
     fn silu_mul(

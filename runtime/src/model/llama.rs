@@ -298,19 +298,10 @@ impl<B: Backend> LlamaModel<B> {
                 b.add_bias(&mut a.qkv, bias, n, qkv_w)?;
             }
             let (k_cache, v_cache) = kv.layer_mut(l);
-            b.rope_kv_write(
+            b.rope_kv_attention(
                 &mut a.qkv,
-                &meta.positions,
                 &self.rope_cos,
                 &self.rope_sin,
-                &meta.slot_mapping,
-                k_cache,
-                v_cache,
-                n,
-                self.heads,
-            )?;
-            b.paged_attention(
-                &a.qkv,
                 k_cache,
                 v_cache,
                 meta,

@@ -8,6 +8,12 @@
 //! `SOV_DECODE_SPLIT_TOKENS` caps the split length (a tuning knob; uncapped measured fastest). The
 //! split count depends only on the batch size and the longest context, so a captured decode graph
 //! stays valid while contexts stay in its range.
+//!
+//! Decode steps of the model come through [`CudaBackend::rope_kv_attention_impl`]: with the
+//! tensor-core kernel the RoPE and the KV write of the new token happen inside the attention
+//! launch (one kernel fewer per layer), otherwise `rope_kv_write` runs first. The tensor-core
+//! kernel has two entry points, for grids of at most one CTA per SM and for wider ones, so each
+//! gets its own shared-memory carveout ([`decode_carveout`]).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::{HeadConfig, KernelId};
@@ -58,7 +64,122 @@ pub(super) fn plan_splits(
     }
 }
 
+/// The fused RoPE + KV write of a decode launch (see `decode_attention_mma.cu`): the step's
+/// positions and slots (`[batch]` u32) and the model's rotation tables (`[max_pos, D/2]` f32).
+#[derive(Clone, Copy)]
+struct FusedRope<'a> {
+    positions: &'a CudaBuffer,
+    slots: &'a CudaBuffer,
+    cos: &'a CudaBuffer,
+    sin: &'a CudaBuffer,
+}
+
+/// Shared-memory carveout (percent of the SM's maximum) of the tensor-core decode kernel's two
+/// entry points: `paged_decode_attention_mma_few` (grids of at most one CTA per SM) and
+/// `paged_decode_attention_mma`. `SOV_DECODE_CARVEOUT=few,wide` overrides them (a tuning knob;
+/// -1 leaves the driver's choice). Without a carveout the driver gave the kernel so much shared
+/// memory that at batch 1 the GEMVs overlapping it (PDL) lost the L1 they read x through
+/// (4.59 vs 4.25 ms a Llama-3-8B step on the H200), and at batch 64 it ran at 74% of copy
+/// bandwidth instead of 94%. Measured on the H200 (kernels/bench/logs): 40 was best at batch 1
+/// (4.17-4.20 ms a step) and 72 for wide grids (64 x 2048: 93.7% of copy, 1 x 4096: 40% back to
+/// back).
+pub(super) fn decode_carveout(function: &str) -> Option<i32> {
+    let (few, wide) = std::env::var("SOV_DECODE_CARVEOUT")
+        .ok()
+        .and_then(|v| {
+            let (a, b) = v.split_once(',')?;
+            Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+        })
+        .unwrap_or((40, 72));
+    let percent = match function {
+        "paged_decode_attention_mma_few" => few,
+        "paged_decode_attention_mma" => wide,
+        _ => return None,
+    };
+    (0..=100).contains(&percent).then_some(percent)
+}
+
 impl CudaBackend {
+    /// `rope_kv_write` then `paged_attention`; fused into the tensor-core decode kernel for decode
+    /// steps where it applies (bf16 cache, head_dim 64/128/256) unless `SOV_FUSED_ROPE=0`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rope_kv_attention_impl(
+        &self,
+        qkv: &mut CudaBuffer,
+        cos: &CudaBuffer,
+        sin: &CudaBuffer,
+        k_cache: &mut CudaBuffer,
+        v_cache: &mut CudaBuffer,
+        meta: &BatchMeta<CudaBackend>,
+        out: &mut CudaBuffer,
+        heads: HeadShape,
+        block_size: usize,
+        scale: f32,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "rope_kv_attention";
+        let n = meta.n_tokens;
+        let cfg = self.attention_config(heads)?;
+        let fused = self.fused_rope
+            && self.decode_mma
+            && KernelId::DecodeAttentionMma.supports(Some(cfg))
+            && n > 0
+            && meta.max_q_len == 1
+            && n == meta.n_seqs;
+        if !fused {
+            self.rope_kv_write_impl(
+                qkv,
+                &meta.positions,
+                cos,
+                sin,
+                &meta.slot_mapping,
+                k_cache,
+                v_cache,
+                n,
+                heads,
+            )?;
+            return self
+                .paged_attention_impl(qkv, k_cache, v_cache, meta, out, heads, block_size, scale);
+        }
+        super::ops::check_rope_args(OP, qkv, &meta.positions, cos, sin, n, heads)?;
+        self.check_kv_write_args(OP, &meta.slot_mapping, k_cache, v_cache, n, heads)?;
+        self.check_attention_args(OP, qkv, k_cache, v_cache, meta, out, heads, block_size)?;
+        let rope = FusedRope {
+            positions: &meta.positions,
+            slots: &meta.slot_mapping,
+            cos,
+            sin,
+        };
+        self.decode_attention(
+            qkv,
+            k_cache,
+            v_cache,
+            meta,
+            out,
+            heads,
+            cfg,
+            block_size,
+            scale,
+            Some(rope),
+        )
+    }
+
+    /// The kernel configuration of `heads` in this backend's mode.
+    fn attention_config(&self, heads: HeadShape) -> Result<HeadConfig, BackendError> {
+        if heads.n_kv_heads == 0 || !heads.n_heads.is_multiple_of(heads.n_kv_heads) {
+            return Err(BackendError::Shape {
+                op: "paged_attention",
+                detail: format!("{heads:?}"),
+            });
+        }
+        HeadConfig {
+            head_dim: heads.head_dim,
+            group: heads.n_heads / heads.n_kv_heads,
+            kv_f32: self.precise,
+        }
+        .validate()
+        .map_err(|e| BackendError::Unsupported(e.to_string()))
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn paged_attention_impl(
         &self,
@@ -71,57 +192,71 @@ impl CudaBackend {
         block_size: usize,
         scale: f32,
     ) -> Result<(), BackendError> {
-        const OP: &str = "paged_attention";
-        if heads.n_kv_heads == 0 || !heads.n_heads.is_multiple_of(heads.n_kv_heads) {
-            return Err(BackendError::Shape {
-                op: OP,
-                detail: format!("{heads:?}"),
-            });
-        }
-        let kv_dtype = if self.precise {
-            DType::F32
-        } else {
-            DType::BF16
-        };
-        let cfg = HeadConfig {
-            head_dim: heads.head_dim,
-            group: heads.n_heads / heads.n_kv_heads,
-            kv_f32: self.precise,
-        }
-        .validate()
-        .map_err(|e| BackendError::Unsupported(e.to_string()))?;
-        let n = meta.n_tokens;
-        check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
-        check_buffer(OP, "out", out, DType::F32, n * heads.q_width())?;
-        check_buffer(
-            OP,
-            "k_cache",
+        let cfg = self.attention_config(heads)?;
+        self.check_attention_args(
+            "paged_attention",
+            qkv,
             k_cache,
-            kv_dtype,
-            block_size * heads.kv_width(),
+            v_cache,
+            meta,
+            out,
+            heads,
+            block_size,
         )?;
-        check_buffer(OP, "v_cache", v_cache, kv_dtype, k_cache.len)?;
-        check_buffer(OP, "ctx_lens", &meta.ctx_lens, DType::U32, meta.n_seqs)?;
-        check_buffer(OP, "q_starts", &meta.q_starts, DType::U32, meta.n_seqs + 1)?;
-        check_buffer(
-            OP,
-            "block_tables",
-            &meta.block_tables,
-            DType::U32,
-            meta.n_seqs * meta.max_blocks_per_seq,
-        )?;
+        let n = meta.n_tokens;
         if n == 0 || meta.n_seqs == 0 {
             return Ok(());
         }
         if meta.max_q_len == 1 && n == meta.n_seqs {
             self.decode_attention(
-                qkv, k_cache, v_cache, meta, out, heads, cfg, block_size, scale,
+                qkv, k_cache, v_cache, meta, out, heads, cfg, block_size, scale, None,
             )
         } else {
             self.prefill_attention(
                 qkv, k_cache, v_cache, meta, out, heads, cfg, block_size, scale,
             )
         }
+    }
+
+    /// Buffer checks of an attention call.
+    #[allow(clippy::too_many_arguments)]
+    fn check_attention_args(
+        &self,
+        op: &'static str,
+        qkv: &CudaBuffer,
+        k_cache: &CudaBuffer,
+        v_cache: &CudaBuffer,
+        meta: &BatchMeta<CudaBackend>,
+        out: &CudaBuffer,
+        heads: HeadShape,
+        block_size: usize,
+    ) -> Result<(), BackendError> {
+        let kv_dtype = if self.precise {
+            DType::F32
+        } else {
+            DType::BF16
+        };
+        let n = meta.n_tokens;
+        check_buffer(op, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
+        check_buffer(op, "out", out, DType::F32, n * heads.q_width())?;
+        check_buffer(
+            op,
+            "k_cache",
+            k_cache,
+            kv_dtype,
+            block_size * heads.kv_width(),
+        )?;
+        check_buffer(op, "v_cache", v_cache, kv_dtype, k_cache.len)?;
+        check_buffer(op, "ctx_lens", &meta.ctx_lens, DType::U32, meta.n_seqs)?;
+        check_buffer(op, "q_starts", &meta.q_starts, DType::U32, meta.n_seqs + 1)?;
+        check_buffer(
+            op,
+            "block_tables",
+            &meta.block_tables,
+            DType::U32,
+            meta.n_seqs * meta.max_blocks_per_seq,
+        )?;
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -136,6 +271,7 @@ impl CudaBackend {
         cfg: HeadConfig,
         block_size: usize,
         scale: f32,
+        rope: Option<FusedRope<'_>>,
     ) -> Result<(), BackendError> {
         let seqs = meta.n_seqs;
         let plan = plan_splits(
@@ -147,12 +283,23 @@ impl CudaBackend {
             self.split_min_tokens,
         );
         let mma = self.decode_mma && KernelId::DecodeAttentionMma.supports(Some(cfg));
+        if rope.is_some() && !mma {
+            return Err(BackendError::Unsupported(
+                "the fused RoPE needs the tensor-core decode kernel".into(),
+            ));
+        }
+        let ctas = plan.splits * heads.n_kv_heads * seqs;
         let (f, shared_mem_bytes) = if mma {
-            let f = self.modules.function(
-                KernelId::DecodeAttentionMma,
-                Some(cfg),
-                "paged_decode_attention_mma",
-            )?;
+            // Two entry points of one kernel, each with its own shared-memory carveout
+            // (`decode_carveout`).
+            let name = if ctas <= self.sm_count {
+                "paged_decode_attention_mma_few"
+            } else {
+                "paged_decode_attention_mma"
+            };
+            let f = self
+                .modules
+                .function(KernelId::DecodeAttentionMma, Some(cfg), name)?;
             (f, sov_kernels::decode_mma_shared_bytes(cfg.head_dim) as u32)
         } else {
             let f = self.modules.function(
@@ -220,6 +367,12 @@ impl CudaBackend {
             shared_mem_bytes,
         };
         let [o, q, kc, vc, bt, cl, po, pml, cnt] = ptrs;
+        // The fused RoPE's buffers, or null pointers (the tensor-core kernel's last four
+        // parameters; the CUDA-core kernel has none of them).
+        let [pos, slots, cos, sin] = match rope {
+            Some(r) => [r.positions.ptr(), r.slots.ptr(), r.cos.ptr(), r.sin.ptr()],
+            None => [0; 4],
+        };
         let mut params = [
             arg(&o),
             arg(&out_stride),
@@ -238,13 +391,24 @@ impl CudaBackend {
             arg(&split_tokens),
             arg(&max_splits),
             arg(&scale),
+            arg(&pos),
+            arg(&slots),
+            arg(&cos),
+            arg(&sin),
         ];
-        // SAFETY: the parameters are the decode kernels' list in order; buffers checked by the
-        // caller, scratch sized for this plan above; block tables reference blocks inside the
+        let params = if mma {
+            &mut params[..]
+        } else {
+            &mut params[..17]
+        };
+        // SAFETY: the parameters are the chosen kernel's list in order (17 for the CUDA-core
+        // kernel, 21 for the tensor-core one); buffers checked by the caller (with the fused RoPE
+        // also positions, slots and tables, whose rows the model sizes to its max position),
+        // scratch sized for this plan above; block tables and slots reference blocks inside the
         // cache by the engine's contract; the tensor-core unit's dynamic shared memory limit was
-        // raised to `shared_mem_bytes` when it loaded. Both kernels wait for their prerequisites
-        // before touching any buffer (super::pdl).
-        unsafe { self.launch_overlapping(&f, launch, &mut params) }?;
+        // raised to `shared_mem_bytes` when it loaded. Before their prerequisites have finished
+        // the kernels read only what no kernel of the step writes (decode_attention_mma.cu).
+        unsafe { self.launch_overlapping(&f, launch, params) }?;
         Ok(())
     }
 

@@ -268,6 +268,24 @@ impl Backend for CudaBackend {
         self.paged_attention_impl(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
     }
 
+    fn rope_kv_attention(
+        &self,
+        qkv: &mut CudaBuffer,
+        cos: &CudaBuffer,
+        sin: &CudaBuffer,
+        k_cache: &mut CudaBuffer,
+        v_cache: &mut CudaBuffer,
+        meta: &BatchMeta<Self>,
+        out: &mut CudaBuffer,
+        heads: HeadShape,
+        block_size: usize,
+        scale: f32,
+    ) -> Result<(), BackendError> {
+        self.rope_kv_attention_impl(
+            qkv, cos, sin, k_cache, v_cache, meta, out, heads, block_size, scale,
+        )
+    }
+
     fn matmul_silu_mul(
         &self,
         x: &CudaBuffer,

@@ -92,7 +92,23 @@ fn bench_decode_attention() -> R<()> {
     };
     let bs = 16;
     let mut rng = StdRng::seed_from_u64(7);
-    for (batch, ctx) in [(1usize, 4096usize), (64, 2048), (256, 1024)] {
+    // SOV_BENCH_ATTN_SHAPES=1x256,1x4096 replaces the three (batch, context) shapes
+    // (contexts are rounded up to whole blocks).
+    let shapes: Vec<(usize, usize)> = std::env::var("SOV_BENCH_ATTN_SHAPES")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|x| {
+                    let (b, c) = x.trim().split_once('x')?;
+                    Some((b.parse().ok()?, c.parse().ok()?))
+                })
+                .filter(|&(b, c): &(usize, usize)| b > 0 && c > 0)
+                .collect()
+        })
+        .filter(|v: &Vec<(usize, usize)>| !v.is_empty())
+        .unwrap_or_else(|| vec![(1, 4096), (64, 2048), (256, 1024)]);
+    for (batch, ctx) in shapes {
+        let ctx = ctx.div_ceil(bs) * bs;
         let blocks_per_seq = ctx / bs;
         let num_blocks = batch * blocks_per_seq;
         let cache_len = num_blocks * bs * heads.kv_width();
@@ -327,19 +343,10 @@ fn forward_logits(
         }
         b.matmul(&a.h, &layer.wqkv, &mut a.qkv, n, HIDDEN, HEADS.qkv_width())?;
         let (kc, vc) = &mut kv[l];
-        b.rope_kv_write(
+        b.rope_kv_attention(
             &mut a.qkv,
-            &meta.positions,
             &m.cos,
             &m.sin,
-            &meta.slot_mapping,
-            kc,
-            vc,
-            n,
-            HEADS,
-        )?;
-        b.paged_attention(
-            &a.qkv,
             kc,
             vc,
             meta,

@@ -48,6 +48,10 @@ pub struct CudaBackend {
     /// Decode attention on tensor cores (`decode_attention_mma.cu`) where the head shape allows;
     /// `SOV_DECODE_MMA=0` keeps the CUDA-core kernel, for comparisons.
     pub(super) decode_mma: bool,
+    /// Decode steps rotate q and the new k row inside the tensor-core attention kernel and write
+    /// the new K/V rows there ([`crate::backend::Backend::rope_kv_attention`]) unless
+    /// `SOV_FUSED_ROPE=0`.
+    pub(super) fused_rope: bool,
     /// Reusable scratch: the bf16 copy of matmul inputs and the decode-attention partials.
     pub(super) scratch: Mutex<Scratch>,
     /// Precise mode: matmul inputs as two bf16 terms (f32 accuracy, twice the weight reads; see
@@ -159,6 +163,7 @@ impl CudaBackend {
             sm_count,
             gemv_swiglu: env_flag("SOV_GEMV_SWIGLU", true),
             decode_mma: env_flag("SOV_DECODE_MMA", true),
+            fused_rope: env_flag("SOV_FUSED_ROPE", true),
             pdl: major >= 9 && env_flag("SOV_PDL", true),
             scratch: Mutex::new(Scratch::default()),
             precise: false,

@@ -29,6 +29,8 @@ mod sampling;
 #[cfg(test)]
 mod bench;
 #[cfg(test)]
+mod fused_rope_tests;
+#[cfg(test)]
 mod parity;
 #[cfg(test)]
 mod reference;

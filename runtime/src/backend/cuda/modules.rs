@@ -126,6 +126,18 @@ impl ModuleCache {
                 }
                 .map_err(driver_err)?;
             }
+            if let Some(percent) = super::attention::decode_carveout(name) {
+                // SAFETY: `f` is a live function of a loaded module; the carveout is a hint for the
+                // split of the SM's memory between L1 and shared memory (0..=100 percent).
+                unsafe {
+                    result::function::set_function_attribute(
+                        f.cu_function(),
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                        percent,
+                    )
+                }
+                .map_err(driver_err)?;
+            }
             functions.insert(name, f);
         }
         Ok(Unit {

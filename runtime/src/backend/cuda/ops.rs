@@ -32,7 +32,7 @@ fn per_row(rows: usize, width: usize) -> LaunchConfig {
 
 /// Checks the activation, positions and tables of a RoPE (`qkv: [n, qkv_width]` f32, positions
 /// `[n]` u32, cos/sin `[max_pos, D/2]` f32).
-fn check_rope_args(
+pub(super) fn check_rope_args(
     op: &'static str,
     qkv: &CudaBuffer,
     positions: &CudaBuffer,
@@ -155,7 +155,7 @@ impl CudaBackend {
     }
 
     /// Checks the slot mapping and the two caches of a KV write (cache dtype by mode).
-    fn check_kv_write_args(
+    pub(super) fn check_kv_write_args(
         &self,
         op: &'static str,
         slot_mapping: &CudaBuffer,

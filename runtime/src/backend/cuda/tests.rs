@@ -32,7 +32,7 @@ fn download(b: &CudaBackend, buf: &CudaBuffer, n: usize) -> Vec<f32> {
     out
 }
 
-fn weight(b: &CudaBackend, data: &[f32], shape: Vec<usize>) -> CudaBuffer {
+pub(super) fn weight(b: &CudaBackend, data: &[f32], shape: Vec<usize>) -> CudaBuffer {
     let t = HostTensor {
         shape,
         data: HostData::BF16(data.iter().map(|&x| bf16::from_f32(x)).collect()),
