@@ -236,69 +236,72 @@ __device__ __forceinline__ void decode_attention_mma(
     }
     wait_for_prerequisites();
 
-    // The newest token's K and V rows into fresh_kv: rotated from qkv and stored into the cache
-    // (fused RoPE), or read back from the cache where the kernel before wrote them.
-    if (fresh >= 0) {
-        if (rope) {
-            const float* kr = q + (size_t)seq * q_stride + (size_t)(n_kv_heads * G + kvh) * D;  // [D] f32
-            const float* vr = kr + (size_t)n_kv_heads * D;                                    // [D] f32
-            const size_t p = positions[seq];
-            for (int j = tid; j < D / 2; j += NTHREADS) {
-                float a = kr[j], b = kr[j + D / 2];
-                rotate_pair(a, b, cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j], &a, &b);
-                fresh_kv[j] = f2bf(a);
-                fresh_kv[j + D / 2] = f2bf(b);
-            }
-            for (int j = tid; j < D; j += NTHREADS) fresh_kv[D + j] = f2bf(vr[j]);
-        } else {
-            const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems + head_off;
-            for (int i = tid; i < 2 * PIECES; i += NTHREADS)
-                ((uint4*)fresh_kv)[i] = __ldcg((const uint4*)((i < PIECES ? k_cache : v_cache) + at) + i % PIECES);
-        }
-        __syncthreads();
-        if (rope) {
-            const u32 slot = slots[seq];
-            if (slot != 0xffffffffu) {
-                const size_t at = (size_t)slot * row_elems + head_off;
-                for (int i = tid; i < 2 * PIECES; i += NTHREADS)
-                    ((uint4*)((i < PIECES ? k_cache : v_cache) + at))[i % PIECES] = ((const uint4*)fresh_kv)[i];
-            }
-        }
-        if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
-            place_fresh(ring + fresh_chunk * 2 * SLOT_BYTES,
-                        fresh - (first + fresh_chunk * NWARPS * CHUNK), lane, fresh_kv);
-    }
     // Q as the A operand, loaded while the first chunks are in flight: row gid = query head
     // kvh * G + gid (zero for gid >= G), rotated if the RoPE is fused, then pre-scaled. A lane holds
     // dims ks * 16 + tig * 2 + {0, 1, 8, 9} of every k-step ks, so both dims of each rotated pair
-    // (j, j + D/2), D/2 being D/32 k-steps.
+    // (j, j + D/2), D/2 being D/32 k-steps. The loads are issued first, so their latency overlaps
+    // the newest token's below.
+    float qf[D / 16][4];  // [k-step][dims tig*2 + {0, 1, 8, 9}]
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + min(gid, G - 1)) * D + ks * 16 + tig * 2;
+        qf[ks][0] = qp[0];
+        qf[ks][1] = qp[1];
+        qf[ks][2] = qp[8];
+        qf[ks][3] = qp[9];
+    }
+
+    // The newest token's K and V rows. Fused RoPE: rotated from qkv into fresh_kv, stored into the
+    // cache, and placed into the ring slot from fresh_kv (here for a chunk issued above, in the loop
+    // otherwise). Unfused: only a chunk issued above left the row out; its warp copies it from the
+    // cache now (the loop's chunks are issued after the wait and copy it as any other row).
+    if (rope && fresh >= 0) {
+        const float* kr = q + (size_t)seq * q_stride + (size_t)(n_kv_heads * G + kvh) * D;  // [D] f32
+        const float* vr = kr + (size_t)n_kv_heads * D;                                    // [D] f32
+        const size_t p = positions[seq];
+        for (int j = tid; j < D / 2; j += NTHREADS) {
+            float a = kr[j], b = kr[j + D / 2];
+            rotate_pair(a, b, cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j], &a, &b);
+            fresh_kv[j] = f2bf(a);
+            fresh_kv[j + D / 2] = f2bf(b);
+        }
+        for (int j = tid; j < D; j += NTHREADS) fresh_kv[D + j] = f2bf(vr[j]);
+        __syncthreads();
+        const u32 slot = slots[seq];
+        if (slot != 0xffffffffu) {
+            const size_t at = (size_t)slot * row_elems + head_off;
+            for (int i = tid; i < 2 * PIECES; i += NTHREADS)
+                ((uint4*)((i < PIECES ? k_cache : v_cache) + at))[i % PIECES] = ((const uint4*)fresh_kv)[i];
+        }
+        if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
+            place_fresh(ring + fresh_chunk * 2 * SLOT_BYTES, fresh - (first + fresh_chunk * NWARPS * CHUNK), lane,
+                        fresh_kv);
+    } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
+        const int tok = fresh - (first + fresh_chunk * NWARPS * CHUNK);
+        const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems + head_off;
+        const u32 ks = ring + fresh_chunk * 2 * SLOT_BYTES;
+        for (int piece = lane; piece < PIECES; piece += 32) {
+            st_shared16(ks + slot_offset(tok, piece), __ldcg((const uint4*)(k_cache + at) + piece));
+            st_shared16(ks + SLOT_BYTES + slot_offset(tok, piece), __ldcg((const uint4*)(v_cache + at) + piece));
+        }
+    }
+
     u32 qa[D / 16][2];  // [k-step][cols tig*2.. | 8 + tig*2..]
-    {
-        float qf[D / 16][4];  // [k-step][dims tig*2 + {0, 1, 8, 9}]
+    if (rope) {
+        const size_t p = positions[seq];
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + min(gid, G - 1)) * D + ks * 16 + tig * 2;
-            qf[ks][0] = qp[0];
-            qf[ks][1] = qp[1];
-            qf[ks][2] = qp[8];
-            qf[ks][3] = qp[9];
-        }
-        if (rope) {
-            const size_t p = positions[seq];
+        for (int ks = 0; ks < D / 32; ks++)
 #pragma unroll
-            for (int ks = 0; ks < D / 32; ks++)
+            for (int e = 0; e < 4; e++) {
+                const int j = ks * 16 + tig * 2 + (e & 1) + (e >> 1) * 8;
+                rotate_pair(qf[ks][e], qf[ks + D / 32][e], cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j],
+                            &qf[ks][e], &qf[ks + D / 32][e]);
+            }
+    }
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int j = ks * 16 + tig * 2 + (e & 1) + (e >> 1) * 8;
-                    rotate_pair(qf[ks][e], qf[ks + D / 32][e], cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j],
-                                &qf[ks][e], &qf[ks + D / 32][e]);
-                }
-        }
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            qa[ks][0] = gid < G ? pack_bf16x2(qf[ks][0] * scale, qf[ks][1] * scale) : 0u;
-            qa[ks][1] = gid < G ? pack_bf16x2(qf[ks][2] * scale, qf[ks][3] * scale) : 0u;
-        }
+    for (int ks = 0; ks < D / 16; ks++) {
+        qa[ks][0] = gid < G ? pack_bf16x2(qf[ks][0] * scale, qf[ks][1] * scale) : 0u;
+        qa[ks][1] = gid < G ? pack_bf16x2(qf[ks][2] * scale, qf[ks][3] * scale) : 0u;
     }
     float acc[D / 8][2];  // O rows gid: dims nt * 8 + tig * 2 + {0, 1}
 #pragma unroll
@@ -309,9 +312,9 @@ __device__ __forceinline__ void decode_attention_mma(
         const int t0 = first + c * NWARPS * CHUNK;
         const int next = c + STAGES - 1;
         if (next < my_chunks) {
-            issue_chunk(ring + (next % STAGES) * 2 * SLOT_BYTES, first + next * NWARPS * CHUNK, lane, t_end, fresh, bt,
-                        block_size, row_elems, head_off, k_cache, v_cache);
-            if (next == fresh_chunk)
+            issue_chunk(ring + (next % STAGES) * 2 * SLOT_BYTES, first + next * NWARPS * CHUNK, lane, t_end,
+                        rope ? fresh : -1, bt, block_size, row_elems, head_off, k_cache, v_cache);
+            if (rope && next == fresh_chunk)
                 place_fresh(ring + (next % STAGES) * 2 * SLOT_BYTES, fresh - (first + next * NWARPS * CHUNK), lane,
                             fresh_kv);
         }
