@@ -333,6 +333,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
         scale: f32,
     ) -> Result<(), BackendError>;
 
+    /// Sizes the backend's reusable scratch for steps of up to `max_rows` token rows (matmul
+    /// inputs at most `max_k` wide) over at most `max_seqs` sequences of up to `max_context`
+    /// tokens with `heads`, so serving does not reallocate it mid-run. On the GPU a reallocation
+    /// also invalidates the captured decode graphs (they run eagerly and are captured again). The
+    /// default does nothing.
+    fn reserve_scratch(
+        &self,
+        max_rows: usize,
+        max_k: usize,
+        max_seqs: usize,
+        max_context: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        let _ = (max_rows, max_k, max_seqs, max_context, heads);
+        Ok(())
+    }
+
     /// [`Backend::rope_kv_write`] of `meta`'s tokens (its positions and slot mapping) followed by
     /// [`Backend::paged_attention`], as one call: a backend may fuse them for decode steps (the
     /// CUDA backend does: the attention rotates q and the new k row as it loads them and writes

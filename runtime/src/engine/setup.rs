@@ -204,12 +204,21 @@ pub fn start_on<M: Machine + 'static, B: Backend>(
     // Weights move to the backend one tensor at a time: host memory never holds two copies.
     let model = LlamaModel::from_tensors(backend, &parts.config, parts.tensors)
         .map_err(|e| EngineError::Forward(e.to_string()))?;
-    let runner = LlamaRunner::new(model, num_blocks, block_size)
-        .map_err(|e| EngineError::Forward(e.to_string()))?;
     let context_len = opts
         .max_context
         .unwrap_or(usize::MAX)
         .min(parts.config.max_position_embeddings);
+    // Scratch for the largest step the scheduler can form (a prefill budget plus one decode token
+    // per sequence), allocated now rather than in the middle of serving.
+    model
+        .reserve_scratch(
+            opts.max_prefill_tokens.max(1) + opts.max_batch,
+            opts.max_batch,
+            context_len.min(num_blocks * block_size),
+        )
+        .map_err(|e| EngineError::Forward(e.to_string()))?;
+    let runner = LlamaRunner::new(model, num_blocks, block_size)
+        .map_err(|e| EngineError::Forward(e.to_string()))?;
     let (durability, checkpoints) = match worm {
         Some((worm, info)) => (
             Some(Durability {

@@ -154,6 +154,25 @@ impl<B: Backend> LlamaModel<B> {
         &self.config
     }
 
+    /// Sizes the backend's scratch for steps of up to `max_rows` token rows over up to
+    /// `max_seqs` sequences of up to `max_context` tokens ([`Backend::reserve_scratch`]), so an
+    /// engine allocates it once at start rather than at the first long prompt or long context.
+    pub fn reserve_scratch(
+        &self,
+        max_rows: usize,
+        max_seqs: usize,
+        max_context: usize,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let max_k = c
+            .hidden_size
+            .max(c.intermediate_size)
+            .max(self.heads.q_width());
+        self.backend
+            .reserve_scratch(max_rows, max_k, max_seqs, max_context, self.heads)?;
+        Ok(())
+    }
+
     /// The weights on the backend, for backend-specific step runners (the CUDA decode graphs)
     /// that run the same ops as [`LlamaModel::forward`] on buffers they keep.
     pub fn weights(&self) -> &ModelWeights<B> {

@@ -268,6 +268,18 @@ impl Backend for CudaBackend {
         self.paged_attention_impl(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
     }
 
+    fn reserve_scratch(
+        &self,
+        max_rows: usize,
+        max_k: usize,
+        max_seqs: usize,
+        max_context: usize,
+        heads: HeadShape,
+    ) -> Result<(), BackendError> {
+        self.reserve_matmul_scratch(max_rows, max_k)?;
+        self.reserve_decode_scratch(max_seqs, max_context, heads)
+    }
+
     fn rope_kv_attention(
         &self,
         qkv: &mut CudaBuffer,

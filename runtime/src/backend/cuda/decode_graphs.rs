@@ -127,7 +127,14 @@ impl DecodeGraphs {
         let bucket = batch_bucket(n);
         let ctx_b = ctx_bucket(step.max_ctx_len);
         let stride = ctx_b.div_ceil(limits.block_size);
-        self.ensure_buffers(model, bucket, bucket * stride)?;
+        // The block-table buffer is sized for the longest context the cache or the model allows,
+        // so a step into a longer context bucket does not reallocate it (which would drop every
+        // captured graph); at Llama-3's 131072 positions and 16-token blocks that is 32 KiB a row.
+        let longest = limits
+            .max_positions
+            .min(limits.num_blocks * limits.block_size);
+        let max_stride = ctx_bucket(longest).div_ceil(limits.block_size).max(stride);
+        self.ensure_buffers(model, bucket, bucket * max_stride)?;
         let Some(bufs) = self.bufs.as_mut() else {
             return Err(BackendError::Device("decode buffers missing".into()).into());
         };

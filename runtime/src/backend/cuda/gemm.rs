@@ -46,6 +46,26 @@ fn auto_gemv_split(rows: usize, sm_count: usize) -> usize {
 }
 
 impl CudaBackend {
+    /// Grows the bf16 copy of matmul inputs to hold `n` rows of `k` (two terms each in precise
+    /// mode), bumping the scratch generation when it reallocates.
+    pub(super) fn reserve_matmul_scratch(&self, n: usize, k: usize) -> Result<(), BackendError> {
+        let mut scratch = self
+            .scratch
+            .lock()
+            .map_err(|_| BackendError::Device("scratch lock poisoned".into()))?;
+        let terms = if self.precise { 2 } else { 1 };
+        if scratch
+            .x_bf16
+            .as_ref()
+            .is_none_or(|b| b.len < terms * n * k)
+        {
+            scratch.x_bf16 =
+                Some(self.alloc_zeroed(DType::BF16, (terms * n * k).next_power_of_two())?);
+            scratch.generation += 1;
+        }
+        Ok(())
+    }
+
     /// `out = x @ w^T` (see the module doc). `x: [n, k]` f32, `w: [m, k]` bf16, `out: [n, m]` f32.
     pub(super) fn matmul_impl(
         &self,
@@ -66,20 +86,11 @@ impl CudaBackend {
         if self.gemv_applies(n, k) {
             return self.gemv(x, w, out, n, k, m);
         }
-        let mut scratch = self
+        self.reserve_matmul_scratch(n, k)?;
+        let scratch = self
             .scratch
             .lock()
             .map_err(|_| BackendError::Device("scratch lock poisoned".into()))?;
-        let terms = if self.precise { 2 } else { 1 };
-        if scratch
-            .x_bf16
-            .as_ref()
-            .is_none_or(|b| b.len < terms * n * k)
-        {
-            scratch.x_bf16 =
-                Some(self.alloc_zeroed(DType::BF16, (terms * n * k).next_power_of_two())?);
-            scratch.generation += 1;
-        }
         let Some(xb) = scratch.x_bf16.as_ref() else {
             return Err(BackendError::Device("matmul scratch missing".into()));
         };
