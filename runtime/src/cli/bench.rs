@@ -215,16 +215,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
 fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Result<bool> {
     let limits = engine.limits();
     let eos: Vec<u32> = Vec::new();
-    // Warm-up: one short request (page in weights, size buffers).
+    let work = workload(args, limits.vocab_size, &eos);
+    // Warm-up: one request as long as the workload's longest prompt (its own tokens, not a prompt
+    // of the workload), a few tokens out -- pages in the weights and runs the first prefill and
+    // decode steps of that shape (library kernels load lazily on first use), as vLLM's
+    // `bench serve --num-warmups` does with workload-shaped requests.
+    let warm_len = work.iter().map(|w| w.0.len()).max().unwrap_or(16);
     let warm = engine.submit(Request {
-        prompt: Prompt::Tokens(vec![1; 16.min(limits.context_len - 1)]),
+        prompt: Prompt::Tokens(vec![
+            1;
+            warm_len.clamp(
+                1,
+                limits.context_len.saturating_sub(5).max(1)
+            )
+        ]),
         max_tokens: 4,
         sampling: SamplingParams::greedy(),
         stop: Vec::new(),
         ignore_eos: true,
     })?;
     collect(warm).context("warm-up request failed")?;
-    let work = workload(args, limits.vocab_size, &eos);
     let total_input_tokens: usize = work.iter().map(|w| w.0.len()).sum();
     let max_concurrency = args.concurrency.unwrap_or(work.len());
     let before = engine.stats();
