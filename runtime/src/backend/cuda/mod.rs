@@ -18,6 +18,7 @@ mod attention;
 mod backend_impl;
 mod buffer;
 mod decode_graphs;
+mod decode_scratch;
 mod device;
 mod gemm;
 mod graph;
