@@ -90,8 +90,10 @@ __device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, 
 // write, decode attention, SiLU, gathers, argmax) are launched with programmatic stream
 // serialization: one may be scheduled while the kernel before it is still running, once that one
 // calls allow_dependents_early() (each does so first). It must call wait_for_prerequisites() before
-// it reads or writes anything earlier kernels touch; before that it may only read constant data, such
-// as weights (the GEMVs issue their first weight loads there). Both are no-ops below sm_90 and for
+// it reads or writes anything earlier kernels touch; before that it may only read data no kernel of
+// the chain still running writes: the weights (the GEMVs issue their first weight loads there), the
+// step's inputs uploaded before its first kernel, and the KV rows of earlier steps (the decode
+// attention issues its first chunks there). Both are no-ops below sm_90 and for
 // kernels launched the ordinary way.
 __device__ __forceinline__ void allow_dependents_early() {
 #if __CUDA_ARCH__ >= 900

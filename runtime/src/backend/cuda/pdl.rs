@@ -33,7 +33,8 @@ impl CudaBackend {
     /// it must stay valid for the call, and the kernel must call `wait_for_prerequisites()` on
     /// every path before it reads memory that earlier work on the stream may still write, or
     /// writes memory that earlier work may still read or write. Before the wait it may only read
-    /// data no earlier work writes (the weights).
+    /// data that no kernel still running before it writes: the weights, the step's inputs uploaded
+    /// before its first kernel, and (decode attention) the cache rows of earlier steps.
     pub(super) unsafe fn launch_overlapping(
         &self,
         f: &CudaFunction,
