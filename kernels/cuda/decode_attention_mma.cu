@@ -399,21 +399,33 @@ __device__ __forceinline__ void decode_attention_mma(
                   split, n_splits, max_splits);
 }
 
-// The two entry points: paged_decode_attention_mma for grids of more CTAs than SMs (batch >= 2 or
-// long contexts), paged_decode_attention_mma_few for grids of at most one CTA per SM (batch 1, short
-// contexts). The same kernel twice, so the host can give each its own shared-memory carveout
-// (attention.rs).
-#define DECODE_MMA_ENTRY(name)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)                                         \
-    name(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,                 \
-         bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, const u32* __restrict__ block_tables,      \
-         int max_blocks, const u32* __restrict__ context_lens, float* __restrict__ part_o,                   \
-         float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads, int block_size,            \
-         int split_tokens, int max_splits, float scale, const u32* __restrict__ positions,                  \
-         const u32* __restrict__ slots, const float* __restrict__ cos_t, const float* __restrict__ sin_t) { \
-        decode_attention_mma(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, max_blocks,         \
-                             context_lens, part_o, part_ml, counters, n_kv_heads, block_size, split_tokens,    \
-                             max_splits, scale, positions, slots, cos_t, sin_t);                               \
-    }
-DECODE_MMA_ENTRY(paged_decode_attention_mma)
-DECODE_MMA_ENTRY(paged_decode_attention_mma_few)
+// Grids of more CTAs than SMs (batch >= 2 or long contexts).
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
+paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
+                           bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                           const u32* __restrict__ block_tables, int max_blocks,
+                           const u32* __restrict__ context_lens, float* __restrict__ part_o,
+                           float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
+                           int block_size, int split_tokens, int max_splits, float scale,
+                           const u32* __restrict__ positions, const u32* __restrict__ slots,
+                           const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
+    decode_attention_mma(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
+                         part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
+                         slots, cos_t, sin_t);
+}
+
+// The same kernel for grids of at most one CTA per SM (batch 1, short contexts). A separate entry
+// so the host can give it its own shared-memory carveout (attention.rs).
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
+paged_decode_attention_mma_few(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
+                               bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                               const u32* __restrict__ block_tables, int max_blocks,
+                               const u32* __restrict__ context_lens, float* __restrict__ part_o,
+                               float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
+                               int block_size, int split_tokens, int max_splits, float scale,
+                               const u32* __restrict__ positions, const u32* __restrict__ slots,
+                               const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
+    decode_attention_mma(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
+                         part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
+                         slots, cos_t, sin_t);
+}
