@@ -369,19 +369,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
         block_size: usize,
         scale: f32,
     ) -> Result<(), BackendError> {
-        let n = meta.n_tokens;
-        self.rope_kv_write(
-            qkv,
-            &meta.positions,
-            cos,
-            sin,
-            &meta.slot_mapping,
-            k_cache,
-            v_cache,
-            n,
-            heads,
-        )?;
-        self.paged_attention(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
+        rope_kv_then_attention(
+            self, qkv, cos, sin, k_cache, v_cache, meta, out, heads, block_size, scale,
+        )
     }
 
     /// SwiGLU activation: `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]`,
@@ -447,4 +437,35 @@ pub fn check_buffer<B: DeviceBuffer>(
         });
     }
     Ok(())
+}
+
+/// [`Backend::rope_kv_attention`] unfused: [`Backend::rope_kv_write`] of `meta`'s tokens, then
+/// [`Backend::paged_attention`] (the trait's default, and the CUDA backend's path where its fused
+/// kernel does not apply).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_then_attention<B: Backend>(
+    b: &B,
+    qkv: &mut B::Buffer,
+    cos: &B::Buffer,
+    sin: &B::Buffer,
+    k_cache: &mut B::Buffer,
+    v_cache: &mut B::Buffer,
+    meta: &BatchMeta<B>,
+    out: &mut B::Buffer,
+    heads: HeadShape,
+    block_size: usize,
+    scale: f32,
+) -> Result<(), BackendError> {
+    b.rope_kv_write(
+        qkv,
+        &meta.positions,
+        cos,
+        sin,
+        &meta.slot_mapping,
+        k_cache,
+        v_cache,
+        meta.n_tokens,
+        heads,
+    )?;
+    b.paged_attention(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
 }

@@ -126,19 +126,9 @@ impl CudaBackend {
             && meta.max_q_len == 1
             && n == meta.n_seqs;
         if !fused {
-            self.rope_kv_write_impl(
-                qkv,
-                &meta.positions,
-                cos,
-                sin,
-                &meta.slot_mapping,
-                k_cache,
-                v_cache,
-                n,
-                heads,
-            )?;
-            return self
-                .paged_attention_impl(qkv, k_cache, v_cache, meta, out, heads, block_size, scale);
+            return crate::backend::rope_kv_then_attention(
+                self, qkv, cos, sin, k_cache, v_cache, meta, out, heads, block_size, scale,
+            );
         }
         super::ops::check_rope_args(OP, qkv, &meta.positions, cos, sin, n, heads)?;
         self.check_kv_write_args(OP, &meta.slot_mapping, k_cache, v_cache, n, heads)?;
