@@ -87,30 +87,40 @@ __device__ __forceinline__ void decode_finish(const float* w_m, const float* w_l
     __threadfence();
 
     // Merge the partials of all splits: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. The merge
-    // is a chain of L2 round trips, so each pass keeps as many loads in flight as it can: (m, l)
-    // of every split in one pass, then each thread streams one float4 column of o over the splits,
-    // MERGE_BATCH loads at a time.
+    // is a chain of L2 round trips on the launch's critical path (every other CTA is done), so each
+    // pass keeps as many loads in flight as it can: (m, l) of every split in one pass, then each
+    // thread streams one float4 column of o over the splits, MERGE_BATCH loads at a time (16: 9.9 us
+    // a call at (1, 4096) in a replayed graph, 8: 10.2; decode-attention-merge-*-2026-11-30*.log).
     __shared__ float sp_w[MAX_SPLITS][G], sp_l[MAX_SPLITS][G];
+    // (m, l) of every split, and the weights e^(m_s - M) and sum L of each head: warp w reduces heads
+    // w, w + NWARPS, ..., its lanes taking splits lane, lane + 32, ... (one load each for up to 32
+    // splits; the maximum and the sum are warp shuffles, not a serial loop over the splits).
     const float2* ml = (const float2*)part_ml;  // [.., max_splits, G] of (m, l)
-    for (int i = tid; i < n_splits * G; i += NTHREADS) {
-        const float2 v = __ldcg(&ml[part_base * G + i]);
-        sp_w[i / G][i % G] = v.x;
-        sp_l[i / G][i % G] = v.y;
-    }
-    __syncthreads();
-    if (tid < G) {
+    const int lane = tid & 31, warp = tid >> 5;
+    for (int g = warp; g < G; g += NWARPS) {
         float M = -SOV_INF;
-        for (int s = 0; s < n_splits; s++) M = fmaxf(M, sp_w[s][tid]);
-        float L = 0.f;
-        for (int s = 0; s < n_splits; s++) {
-            const float w = __expf(sp_w[s][tid] - M);
-            sp_w[s][tid] = w;
-            L += w * sp_l[s][tid];
+        for (int s = lane; s < n_splits; s += 32) {
+            const float2 v = __ldcg(&ml[(part_base + s) * G + g]);
+            sp_w[s][g] = v.x;
+            sp_l[s][g] = v.y;
+            M = fmaxf(M, v.x);
         }
-        s_l[tid] = L;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float L = 0.f;
+        for (int s = lane; s < n_splits; s += 32) {
+            const float w = __expf(sp_w[s][g] - M);
+            sp_w[s][g] = w;
+            L += w * sp_l[s][g];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (lane == 0) s_l[g] = L;
     }
     __syncthreads();
-#define MERGE_BATCH 8
+#ifndef MERGE_BATCH
+#define MERGE_BATCH 16
+#endif
     const float4* po4 = (const float4*)(part_o + part_base * G * D);  // [max_splits, G * D / 4]
     float4* out4 = (float4*)(out + (size_t)seq * out_stride + (size_t)(kvh * G) * D);
     for (int c = tid; c < G * D / 4; c += NTHREADS) {

@@ -67,6 +67,10 @@ fn bad_input_gives_clear_errors() {
         ),
         ([&tiny[..], &["--chat", "hi"]].concat(), "chat template"),
         (
+            [&tiny[..], &["--prompt", "hi", "--precision", "f64"]].concat(),
+            "possible values: bf16, f32",
+        ),
+        (
             vec!["slots", "get", "--file", "/no/such/slots"],
             "/no/such/slots",
         ),
@@ -83,11 +87,24 @@ fn bad_input_gives_clear_errors() {
             "sov {args:?}: stderr lacks `{needle}`:\n{stderr}"
         );
     }
-    // And a good request still works on the same build.
-    let (code, stderr) = sov(&[
-        &tiny[..],
-        &["--prompt", "hi", "--max-tokens", "5", "--json"],
-    ]
-    .concat());
-    assert_eq!(code, 0, "{stderr}");
+    // And a good request still works on the same build, with either precision (the CPU always
+    // computes in f32, so `--precision` changes nothing there).
+    for precision in ["bf16", "f32"] {
+        let (code, stderr) = sov(&[
+            &tiny[..],
+            &[
+                "--prompt",
+                "hi",
+                "--max-tokens",
+                "5",
+                "--json",
+                "--device",
+                "cpu",
+                "--precision",
+                precision,
+            ],
+        ]
+        .concat());
+        assert_eq!(code, 0, "{stderr}");
+    }
 }

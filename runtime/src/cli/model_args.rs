@@ -37,6 +37,12 @@ pub struct ModelArgs {
     /// cpu, cuda or cuda:N (default: cuda when a usable CUDA device is found, else cpu).
     #[arg(long)]
     pub device: Option<Device>,
+    /// GPU arithmetic. `bf16`: matmul inputs and the KV cache in bf16, as bf16 inference does.
+    /// `f32`: f32-accurate matmul inputs (each split into two bf16 terms: two products, twice
+    /// the weight reads) and an f32 KV cache (half the tokens per MiB); slower, and within float
+    /// rounding of the CPU backend, which always computes in f32 and ignores this option.
+    #[arg(long, value_enum, default_value_t = PrecisionChoice::Bf16)]
+    pub precision: PrecisionChoice,
     /// Scheduler machine (a spec compiled into this binary).
     #[arg(long, value_enum, default_value_t = MachineChoice::Seed)]
     pub machine: MachineChoice,
@@ -69,6 +75,13 @@ pub struct ModelArgs {
     /// Checkpoint at once when a discharging battery falls to this percent (Linux; 0 = off).
     #[arg(long, default_value_t = 10)]
     pub low_battery_percent: u32,
+}
+
+/// GPU arithmetic on the command line (see [`ModelArgs::precision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionChoice {
+    Bf16,
+    F32,
 }
 
 /// Checkpoint mode on the command line.
@@ -158,6 +171,7 @@ impl ModelArgs {
             max_batch: self.max_batch,
             max_prefill_tokens: self.max_prefill_tokens,
             max_context: self.max_context,
+            precise: self.precision == PrecisionChoice::F32,
             trace,
             run_dir: Some(run_dir.clone()),
             checkpoints: match self.checkpoint {
@@ -200,8 +214,12 @@ impl ModelArgs {
             every,
             started.engine.slots().clone(),
         );
+        let precision = match (device, self.precision) {
+            (Device::Cuda(_), PrecisionChoice::F32) => " (f32 precision)",
+            _ => "",
+        };
         eprintln!(
-            "sov: {} on {:?} loaded in {:.1}s; KV cache {} MiB; slots: {}",
+            "sov: {} on {:?}{precision} loaded in {:.1}s; KV cache {} MiB; slots: {}",
             started.model_name,
             device,
             t0.elapsed().as_secs_f64(),

@@ -58,6 +58,9 @@ pub struct EngineOptions {
     pub max_prefill_tokens: usize,
     /// Context length cap (None: the model's `max_position_embeddings`).
     pub max_context: Option<usize>,
+    /// On a GPU: f32-accurate matmul inputs and an f32 KV cache
+    /// ([`CudaBackend::with_precise`]); the CPU backend always computes in f32.
+    pub precise: bool,
     pub trace: bool,
     pub run_dir: Option<std::path::PathBuf>,
     /// WORM checkpoints into `<run_dir>/checkpoints` (needs `run_dir`); None: off.
@@ -100,6 +103,7 @@ impl Default for EngineOptions {
             max_batch: 256,
             max_prefill_tokens: 2048,
             max_context: None,
+            precise: false,
             trace: false,
             run_dir: None,
             checkpoints: None,
@@ -176,7 +180,8 @@ pub fn start_engine<M: Machine + 'static>(
         Device::Cpu => start_on::<M, _>(CpuBackend::new(), parts, opts),
         Device::Cuda(n) => {
             let backend = CudaBackend::new(n)
-                .map_err(|e| EngineError::Forward(format!("device cuda:{n}: {e}")))?;
+                .map_err(|e| EngineError::Forward(format!("device cuda:{n}: {e}")))?
+                .with_precise(opts.precise);
             start_on::<M, _>(backend, parts, opts)
         }
     }
