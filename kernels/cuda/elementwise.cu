@@ -2,20 +2,30 @@
 // add, row gather and the f32 -> bf16 cast that feeds the matrix products.
 //
 // Activations are f32 (the Backend contract); weights and the KV cache are bf16. Row reductions use
-// one block per row; element-wise kernels use grid-stride loops.
+// one block per row; element-wise kernels use grid-stride loops. The producers of matrix-product
+// inputs (RMSNorm, SiLU-mul) also come in a `_bf16` form that stores its f32 result rounded to bf16
+// (round to nearest even, as cast_f32_bf16), for products that multiply in bf16 anyway
+// (Backend::matmul_input_dtype): the values cuBLAS multiplies are the same, without the cast kernel
+// and with half the bytes written; gather_rows_bf16 widens such rows back to f32.
 #include "common.cuh"
 
 // If delta != null: residual[t] += delta[t] (stored). Then
 // out[t] = residual[t] * rsqrt(mean(residual[t]^2) + eps) * weight.
 // residual: [n, d] f32, delta: [n, d] f32 or null (plain RMSNorm of `residual`), weight: [d] f32,
-// out: [n, d] f32. Grid: n, block: 256..1024 threads (multiple of 32).
+// out: [n, d] f32 (rmsnorm_residual) or bf16 (rmsnorm_residual_bf16). Grid: n, block: 256..1024
+// threads (multiple of 32).
 // A thread keeps its first RMS_KEEP elements (and their weights, loaded before the reduction) in
 // registers, so a row of up to RMS_KEEP * blockDim elements (4096 with 1024 threads) is read once
 // and the weight read overlaps the reduction instead of following it; wider rows re-read the rest.
 #define RMS_KEEP 4
-extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __restrict__ residual,
-                                            const float* __restrict__ delta,
-                                            const float* __restrict__ weight, int d, float eps) {
+// An f32 result into an output element: as is, or rounded to bf16.
+__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_out(bf16_t* p, float v) { *p = f2bf(v); }
+
+template <typename OutT>
+__device__ __forceinline__ void rmsnorm_rows(OutT* __restrict__ out, float* __restrict__ residual,
+                                             const float* __restrict__ delta, const float* __restrict__ weight,
+                                             int d, float eps) {
     __shared__ float scratch[32];
     allow_dependents_early();  // a GEMV after this may start streaming its weights
     wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
@@ -55,21 +65,47 @@ extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __re
 #pragma unroll
     for (int j = 0; j < RMS_KEEP; j++) {
         const int i = threadIdx.x + j * blockDim.x;
-        if (i < d) out[row * d + i] = keep[j] * inv * w[j];
+        if (i < d) store_out(&out[row * d + i], keep[j] * inv * w[j]);
     }
-    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x) out[row * d + i] = r[i] * inv * weight[i];
+    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x)
+        store_out(&out[row * d + i], r[i] * inv * weight[i]);
 }
 
-// out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]; gate_up: [n, 2f] f32, out: [n, f] f32.
-extern "C" __global__ void silu_mul(float* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
+// out: [n, d] f32.
+extern "C" __global__ void rmsnorm_residual(float* __restrict__ out, float* __restrict__ residual,
+                                            const float* __restrict__ delta,
+                                            const float* __restrict__ weight, int d, float eps) {
+    rmsnorm_rows(out, residual, delta, weight, d, eps);
+}
+
+// The same with out: [n, d] bf16.
+extern "C" __global__ void rmsnorm_residual_bf16(bf16_t* __restrict__ out, float* __restrict__ residual,
+                                                 const float* __restrict__ delta,
+                                                 const float* __restrict__ weight, int d, float eps) {
+    rmsnorm_rows(out, residual, delta, weight, d, eps);
+}
+
+// out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]; gate_up: [n, 2f] f32, out: [n, f] OutT.
+template <typename OutT>
+__device__ __forceinline__ void silu_mul_rows(OutT* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
     allow_dependents_early();  // a GEMV after this may start streaming its weights
     wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     const size_t total = (size_t)n * f;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         const size_t t = idx / f, j = idx % f;
-        out[idx] = swiglu(gate_up[t * 2 * f + j], gate_up[t * 2 * f + f + j]);
+        store_out(&out[idx], swiglu(gate_up[t * 2 * f + j], gate_up[t * 2 * f + f + j]));
     }
+}
+
+// out: [n, f] f32.
+extern "C" __global__ void silu_mul(float* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
+    silu_mul_rows(out, gate_up, n, f);
+}
+
+// out: [n, f] bf16.
+extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
+    silu_mul_rows(out, gate_up, n, f);
 }
 
 // out[t, :] = f32(table[min(ids[t], vocab - 1), :]). table: [vocab, d] bf16, ids: [n] u32,
@@ -91,6 +127,16 @@ extern "C" __global__ void gather_rows(float* __restrict__ out, const float* __r
     const size_t r = blockIdx.x;
     const size_t src = rows[r];
     for (int i = threadIdx.x; i < d; i += blockDim.x) out[r * d + i] = x[src * d + i];
+}
+
+// The same from bf16 rows, widened: x: [*, d] bf16, out: [n_rows, d] f32.
+extern "C" __global__ void gather_rows_bf16(float* __restrict__ out, const bf16_t* __restrict__ x,
+                                            const u32* __restrict__ rows, int d) {
+    allow_dependents_early();
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
+    const size_t r = blockIdx.x;
+    const size_t src = rows[r];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[r * d + i] = bf2f(x[src * d + i]);
 }
 
 // x[t, j] += bias[j]; x: [n, m] f32, bias: [m] f32.

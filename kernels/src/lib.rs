@@ -201,9 +201,12 @@ impl KernelId {
             KernelId::PrefillAttention => &["prefill_attention"],
             KernelId::Elementwise => &[
                 "rmsnorm_residual",
+                "rmsnorm_residual_bf16",
                 "silu_mul",
+                "silu_mul_bf16",
                 "embedding_gather",
                 "gather_rows",
+                "gather_rows_bf16",
                 "add_bias",
                 "cast_f32_bf16",
                 "fill_random_bf16",

@@ -214,8 +214,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
         hidden: usize,
     ) -> Result<(), BackendError>;
 
+    /// The dtype in which this backend multiplies the input of a product of `rows` rows. The ops
+    /// that produce product inputs (RMSNorm, SwiGLU) may write it instead of f32, and
+    /// [`Self::matmul`] then reads it without a conversion: the values multiplied are the same
+    /// (the f32 results rounded as the product would round them), with fewer kernels and bytes.
+    /// F32 unless a backend overrides it (the CUDA backend: bf16 where cuBLAS multiplies in bf16).
+    fn matmul_input_dtype(&self, rows: usize) -> DType {
+        let _ = rows;
+        DType::F32
+    }
+
     /// RMSNorm as Hugging Face Llama: `out = x / sqrt(mean(x^2) + eps) * weight`, per row.
-    /// `x: [n, d]` f32, `weight: [d]` f32, `out: [n, d]` f32.
+    /// `x: [n, d]` f32, `weight: [d]` f32, `out: [n, d]` f32 or [`Self::matmul_input_dtype`]`(n)`
+    /// (the f32 result rounded to it).
     fn rms_norm(
         &self,
         x: &Self::Buffer,
@@ -228,7 +239,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Fused residual add and RMSNorm: `residual += x; out = rms_norm(residual) * weight`.
     /// `residual: [n, d]` f32 (updated in place), `x: [n, d]` f32, `weight: [d]` f32,
-    /// `out: [n, d]` f32.
+    /// `out: [n, d]` f32 or [`Self::matmul_input_dtype`]`(n)`.
     #[allow(clippy::too_many_arguments)]
     fn add_rms_norm(
         &self,
@@ -241,8 +252,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
         eps: f32,
     ) -> Result<(), BackendError>;
 
-    /// `out = x @ w^T`: `x: [n, k]` f32, `w: [m, k]` (weight dtype, HF `[out, in]` layout),
-    /// `out: [n, m]` f32 (overwritten).
+    /// `out = x @ w^T`: `x: [n, k]` f32 or [`Self::matmul_input_dtype`]`(n)`, `w: [m, k]` (weight
+    /// dtype, HF `[out, in]` layout), `out: [n, m]` f32 (overwritten).
     fn matmul(
         &self,
         x: &Self::Buffer,
@@ -375,7 +386,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 
     /// SwiGLU activation: `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]`,
-    /// `silu(x) = x / (1 + exp(-x))`. `gate_up: [n, 2 * f]` f32, `out: [n, f]` f32.
+    /// `silu(x) = x / (1 + exp(-x))`. `gate_up: [n, 2 * f]` f32, `out: [n, f]` f32 or
+    /// [`Self::matmul_input_dtype`]`(n)`.
     fn silu_mul(
         &self,
         gate_up: &Self::Buffer,
@@ -385,7 +397,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<(), BackendError>;
 
     /// The SwiGLU feed-forward input in one call: `out = silu(x @ Wg^T) * (x @ Wu^T)` where
-    /// `w = [Wg; Wu]: [2 * f, k]` bf16 (gate rows, then up rows), `x: [n, k]` f32, `out: [n, f]` f32.
+    /// `w = [Wg; Wu]: [2 * f, k]` bf16 (gate rows, then up rows), `x: [n, k]` f32 or
+    /// [`Self::matmul_input_dtype`]`(n)`, `out: [n, f]` f32 or [`Self::matmul_input_dtype`]`(n)`.
     /// `gate_up: [n, 2 * f]` f32 is scratch: the default ([`Self::matmul`] into it, then
     /// [`Self::silu_mul`]) leaves the two products there; a backend that fuses them may leave it
     /// untouched. Either way `out` holds the same values as the two calls.
@@ -405,7 +418,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 
     /// Row gather: `out[r, :] = x[rows[r], :]`.
-    /// `x: [n, d]` f32, `rows: [r]` u32 (each `< n`), `out: [r, d]` f32.
+    /// `x: [n, d]` f32 or [`Self::matmul_input_dtype`]`(n)` (widened), `rows: [r]` u32 (each `< n`),
+    /// `out: [r, d]` f32.
     fn gather_rows(
         &self,
         x: &Self::Buffer,

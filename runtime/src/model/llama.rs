@@ -45,7 +45,7 @@ pub struct LlamaModel<B: Backend> {
 pub(crate) struct Activations<B: Backend> {
     /// `[n, hidden]`: the residual stream.
     pub(crate) hidden: B::Buffer,
-    /// `[n, hidden]`: normalized input of the current sublayer.
+    /// `[n, hidden]` in `matmul_input_dtype(n)`: normalized input of the current sublayer.
     pub(crate) normed: B::Buffer,
     /// `[n, (H + 2*KVH) * D]`.
     pub(crate) qkv: B::Buffer,
@@ -55,7 +55,7 @@ pub(crate) struct Activations<B: Backend> {
     pub(crate) sub_out: B::Buffer,
     /// `[n, 2 * F]`.
     pub(crate) gate_up: B::Buffer,
-    /// `[n, F]`.
+    /// `[n, F]` in `matmul_input_dtype(n)`: the SwiGLU output, the down product's input.
     pub(crate) act: B::Buffer,
 }
 
@@ -401,14 +401,17 @@ impl<B: Backend> LlamaModel<B> {
         let c = &self.config;
         let b = &self.backend;
         let f32s = |len: usize| b.alloc(DType::F32, len);
+        // The product inputs (normed rows, SwiGLU output) in the dtype the backend multiplies
+        // them in at this row count, so no product converts its input.
+        let inputs = |len: usize| b.alloc(b.matmul_input_dtype(n), len);
         Ok(Activations {
             hidden: f32s(n * c.hidden_size)?,
-            normed: f32s(n * c.hidden_size)?,
+            normed: inputs(n * c.hidden_size)?,
             qkv: f32s(n * self.heads.qkv_width())?,
             attn: f32s(n * self.heads.q_width())?,
             sub_out: f32s(n * c.hidden_size)?,
             gate_up: f32s(n * 2 * c.intermediate_size)?,
-            act: f32s(n * c.intermediate_size)?,
+            act: inputs(n * c.intermediate_size)?,
         })
     }
 }

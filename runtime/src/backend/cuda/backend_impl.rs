@@ -146,6 +146,10 @@ impl Backend for CudaBackend {
         self.embedding_impl(table, ids, out, n, hidden)
     }
 
+    fn matmul_input_dtype(&self, rows: usize) -> DType {
+        self.matmul_input_dtype_impl(rows)
+    }
+
     fn rms_norm(
         &self,
         x: &CudaBuffer,

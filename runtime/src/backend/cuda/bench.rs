@@ -346,12 +346,13 @@ struct Acts {
 fn acts(b: &CudaBackend, n: usize, seqs: usize) -> R<Acts> {
     Ok(Acts {
         residual: b.alloc(DType::F32, n * HIDDEN)?,
-        h: b.alloc(DType::F32, n * HIDDEN)?,
+        // Product inputs in the dtype the backend multiplies them in (as LlamaModel allocates).
+        h: b.alloc(b.matmul_input_dtype(n), n * HIDDEN)?,
         qkv: b.alloc(DType::F32, n * HEADS.qkv_width())?,
         attn: b.alloc(DType::F32, n * HEADS.q_width())?,
         proj: b.alloc(DType::F32, n * HIDDEN)?,
         gate_up: b.alloc(DType::F32, n * 2 * INTER)?,
-        act: b.alloc(DType::F32, n * INTER)?,
+        act: b.alloc(b.matmul_input_dtype(n), n * INTER)?,
         last: b.alloc(DType::F32, seqs * HIDDEN)?,
         logits: b.alloc(DType::F32, seqs * VOCAB)?,
     })
@@ -475,7 +476,11 @@ fn bench_llama8b_decode() -> R<()> {
         }
         let tables: Vec<u32> = (0..num_blocks as u32).collect();
         let slot = |s: usize, p: usize| (s * blocks_per_seq * bs + p) as u32;
-        let mut a = acts(&b, batch * prompt, batch)?;
+        // Prefill and decode steps have their own activations: their row counts differ, and with
+        // them the dtype the products take their inputs in (`matmul_input_dtype`), as in
+        // LlamaModel, which allocates per step.
+        let mut ap = acts(&b, batch * prompt, batch)?;
+        let mut a = acts(&b, batch, batch)?;
         let prompt_ids: Vec<u32> = (0..batch * prompt)
             .map(|i| ((i * 2654435761) % VOCAB) as u32)
             .collect();
@@ -512,12 +517,13 @@ fn bench_llama8b_decode() -> R<()> {
             forward(&b, &model, kv, a, &ids, &meta, &last)
         };
 
-        let run = |a: &mut Acts,
+        let run = |ap: &mut Acts,
+                   a: &mut Acts,
                    kv: &mut Vec<(CudaBuffer, CudaBuffer)>,
                    steps: usize|
          -> R<(f64, f64, Vec<u32>)> {
             let start = Instant::now();
-            let mut next = prefill(a, kv)?;
+            let mut next = prefill(ap, kv)?;
             let prefill_s = start.elapsed().as_secs_f64();
             let mut first_tokens = next.clone();
             let rows = b.upload_u32(&(0..batch as u32).collect::<Vec<_>>())?;
@@ -547,12 +553,13 @@ fn bench_llama8b_decode() -> R<()> {
         };
         // The same run with decode steps replayed from a CUDA graph captured at step 2 (step 1 runs
         // eagerly on the same fixed-address buffers, warming scratch and library workspaces).
-        let run_graph = |a: &mut Acts,
+        let run_graph = |ap: &mut Acts,
+                         a: &mut Acts,
                          kv: &mut Vec<(CudaBuffer, CudaBuffer)>,
                          steps: usize|
          -> R<(f64, f64, Vec<u32>)> {
             let start = Instant::now();
-            let mut next = prefill(a, kv)?;
+            let mut next = prefill(ap, kv)?;
             let prefill_s = start.elapsed().as_secs_f64();
             let mut first_tokens = next.clone();
             let rows = b.upload_u32(&(0..batch as u32).collect::<Vec<_>>())?;
@@ -605,9 +612,9 @@ fn bench_llama8b_decode() -> R<()> {
             Ok((prefill_s, start.elapsed().as_secs_f64(), first_tokens))
         };
         // Warm-up (compiles kernels, sizes scratch), then the timed runs.
-        run(&mut a, &mut kv, 3)?;
-        let (prefill_s, total_s, toks) = run(&mut a, &mut kv, new_tokens)?;
-        match run_graph(&mut a, &mut kv, new_tokens) {
+        run(&mut ap, &mut a, &mut kv, 3)?;
+        let (prefill_s, total_s, toks) = run(&mut ap, &mut a, &mut kv, new_tokens)?;
+        match run_graph(&mut ap, &mut a, &mut kv, new_tokens) {
             Ok((gp, gt, gtoks)) => println!(
                 "BENCH llama8b_decode_graph batch={batch} prompt={prompt} new={new_tokens} total_s={gt:.3} prefill_s={gp:.3} \
                  tok_per_s={:.1} decode_tok_per_s={:.1} ms_per_step={:.2} first_tokens_seq0={:?} same_as_eager={}",

@@ -42,6 +42,10 @@ pub struct CudaBackend {
     pub(super) sm_count: usize,
     /// The SwiGLU is fused into the gate/up GEMV (`gemv_swiglu*`) unless `SOV_GEMV_SWIGLU=0`.
     pub(super) gemv_swiglu: bool,
+    /// Products that cuBLAS multiplies in bf16 take their input in bf16 straight from the RMSNorm
+    /// and SwiGLU kernels ([`crate::backend::Backend::matmul_input_dtype`]) unless
+    /// `SOV_BF16_INPUTS=0` (then the producers write f32 and each product casts it).
+    pub(super) bf16_inputs: bool,
     /// Programmatic dependent launch for the GEMV ([`super::pdl`]): compute capability >= 9.0
     /// unless `SOV_PDL=0`.
     pub(super) pdl: bool,
@@ -162,6 +166,7 @@ impl CudaBackend {
             gemv_split: env_usize("SOV_GEMV_SPLIT").filter(|s| [1, 2, 4, 8].contains(s)),
             sm_count,
             gemv_swiglu: env_flag("SOV_GEMV_SWIGLU", true),
+            bf16_inputs: env_flag("SOV_BF16_INPUTS", true),
             decode_mma: env_flag("SOV_DECODE_MMA", true),
             fused_rope: env_flag("SOV_FUSED_ROPE", true),
             pdl: major >= 9 && env_flag("SOV_PDL", true),
@@ -174,6 +179,14 @@ impl CudaBackend {
     /// default unless `SOV_DECODE_MMA=0`) or always the CUDA-core kernel (`false`).
     pub fn with_decode_mma(mut self, on: bool) -> Self {
         self.decode_mma = on;
+        self
+    }
+
+    /// Whether products cuBLAS multiplies in bf16 get their input in bf16 from its producer
+    /// (`true`, the default unless `SOV_BF16_INPUTS=0`) or in f32, cast by the product (`false`).
+    /// The values multiplied, and so every result, are the same either way.
+    pub fn with_bf16_inputs(mut self, on: bool) -> Self {
+        self.bf16_inputs = on;
         self
     }
 

@@ -66,7 +66,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `out = x @ w^T` (see the module doc). `x: [n, k]` f32, `w: [m, k]` bf16, `out: [n, m]` f32.
+    /// `out = x @ w^T` (see the module doc). `x: [n, k]` f32 or bf16, `w: [m, k]` bf16,
+    /// `out: [n, m]` f32. A bf16 `x` (from a producer that wrote [`Self::matmul_input_dtype_impl`])
+    /// goes to cuBLAS as it is; an f32 one to the GEMV or through the cast (or, precise, the split).
     pub(super) fn matmul_impl(
         &self,
         x: &CudaBuffer,
@@ -77,11 +79,22 @@ impl CudaBackend {
         m: usize,
     ) -> Result<(), BackendError> {
         const OP: &str = "matmul";
-        check_buffer(OP, "x", x, DType::F32, n * k)?;
+        let x_bf16 = x.dtype == DType::BF16;
+        check_buffer(
+            OP,
+            "x",
+            x,
+            if x_bf16 { DType::BF16 } else { DType::F32 },
+            n * k,
+        )?;
         check_buffer(OP, "w", w, DType::BF16, m * k)?;
         check_buffer(OP, "out", out, DType::F32, n * m)?;
         if n == 0 || m == 0 {
             return Ok(());
+        }
+        if x_bf16 {
+            // Exact in bf16, so also what precise mode's hi term would be (its lo term is zero).
+            return self.gemm_bf16_f32(x.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0);
         }
         if self.gemv_applies(n, k) {
             return self.gemv(x, w, out, n, k, m);
@@ -102,6 +115,17 @@ impl CudaBackend {
         } else {
             self.cast_f32_bf16(x.ptr(), xb.ptr(), n * k)?;
             self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0)
+        }
+    }
+
+    /// [`crate::backend::Backend::matmul_input_dtype`]: bf16 for products cuBLAS multiplies in
+    /// bf16 (fast mode, more rows than the GEMV takes), f32 for the GEMV (which reads f32 and
+    /// rounds as it multiplies) and in precise mode (whose products keep f32 inputs).
+    pub(super) fn matmul_input_dtype_impl(&self, rows: usize) -> DType {
+        if self.bf16_inputs && !self.precise && rows > self.gemv_max_rows.min(GEMV_MAX_N) {
+            DType::BF16
+        } else {
+            DType::F32
         }
     }
 
@@ -126,7 +150,13 @@ impl CudaBackend {
         f: usize,
     ) -> Result<(), BackendError> {
         const OP: &str = "matmul_silu_mul";
-        if !self.gemv_applies(n, k) || !self.gemv_swiglu || n == 0 || f == 0 {
+        let fused = self.gemv_applies(n, k)
+            && self.gemv_swiglu
+            && n > 0
+            && f > 0
+            && x.dtype == DType::F32
+            && out.dtype == DType::F32;
+        if !fused {
             self.matmul_impl(x, w, gate_up, n, k, 2 * f)?;
             return self.silu_mul_impl(gate_up, out, n, f);
         }

@@ -101,16 +101,18 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<(), BackendError> {
         check_buffer(op, "weight", weight, DType::F32, d)?;
-        check_buffer(op, "out", out, DType::F32, n * d)?;
+        let name = match out.dtype {
+            DType::BF16 => "rmsnorm_residual_bf16",
+            _ => "rmsnorm_residual",
+        };
+        check_product_input(op, "out", out, n * d)?;
         if let Some(x) = delta {
             check_buffer(op, "x", x, DType::F32, n * d)?;
         }
         if n == 0 {
             return Ok(());
         }
-        let f = self
-            .modules
-            .function(KernelId::Elementwise, None, "rmsnorm_residual")?;
+        let f = self.modules.function(KernelId::Elementwise, None, name)?;
         let di = to_i32(d, "d")?;
         let (o, w) = (out.ptr(), weight.ptr());
         let x = delta.map_or(0u64, |b| b.ptr());
@@ -329,13 +331,15 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         const OP: &str = "silu_mul";
         check_buffer(OP, "gate_up", gate_up, DType::F32, n * 2 * f)?;
-        check_buffer(OP, "out", out, DType::F32, n * f)?;
+        check_product_input(OP, "out", out, n * f)?;
         if n * f == 0 {
             return Ok(());
         }
-        let func = self
-            .modules
-            .function(KernelId::Elementwise, None, "silu_mul")?;
+        let name = match out.dtype {
+            DType::BF16 => "silu_mul_bf16",
+            _ => "silu_mul",
+        };
+        let func = self.modules.function(KernelId::Elementwise, None, name)?;
         let (ni, fi) = (to_i32(n, "n")?, to_i32(f, "f")?);
         let (o, g) = (out.ptr(), gate_up.ptr());
         let mut params = [arg(&o), arg(&g), arg(&ni), arg(&fi)];
@@ -354,15 +358,17 @@ impl CudaBackend {
         d: usize,
     ) -> Result<(), BackendError> {
         const OP: &str = "gather_rows";
-        check_buffer(OP, "x", x, DType::F32, d)?;
+        check_product_input(OP, "x", x, d)?;
         check_buffer(OP, "rows", rows, DType::U32, r)?;
         check_buffer(OP, "out", out, DType::F32, r * d)?;
         if r == 0 {
             return Ok(());
         }
-        let f = self
-            .modules
-            .function(KernelId::Elementwise, None, "gather_rows")?;
+        let name = match x.dtype {
+            DType::BF16 => "gather_rows_bf16",
+            _ => "gather_rows",
+        };
+        let f = self.modules.function(KernelId::Elementwise, None, name)?;
         let di = to_i32(d, "d")?;
         let (o, xp, rp) = (out.ptr(), x.ptr(), rows.ptr());
         let mut params = [arg(&o), arg(&xp), arg(&rp), arg(&di)];
@@ -398,4 +404,19 @@ impl CudaBackend {
         unsafe { b.launch(grid_stride(n)) }.map_err(driver_err)?;
         Ok(())
     }
+}
+
+/// Checks a buffer that holds (or receives) a matrix-product input: f32, or bf16 as
+/// [`crate::backend::Backend::matmul_input_dtype`] allows; `need` elements either way.
+fn check_product_input(
+    op: &'static str,
+    name: &'static str,
+    buf: &CudaBuffer,
+    need: usize,
+) -> Result<(), BackendError> {
+    let dtype = match buf.dtype {
+        DType::BF16 => DType::BF16,
+        _ => DType::F32,
+    };
+    check_buffer(op, name, buf, dtype, need)
 }

@@ -196,6 +196,54 @@ fn tiny_fixtures_greedy_tokens_match_cpu() {
     }
 }
 
+/// Products fed in bf16 by their producers ([`Backend::matmul_input_dtype`]: the RMSNorm and SwiGLU
+/// kernels write bf16, no cast kernel) give the very logits of products fed in f32 and cast, bit
+/// for bit, over a batched prefill (row gather of the last rows) and 32 batched decode steps.
+#[test]
+fn bf16_product_inputs_give_the_same_bits() {
+    if device().is_none() {
+        return;
+    }
+    for name in ["tiny_llama3", "tiny_tied", "tiny_untied"] {
+        let Some((config, weights)) = load(name) else {
+            return;
+        };
+        let prompts = fixture_prompts(config.vocab_size as u32);
+        let model = |bf16_inputs: bool| {
+            let b = super::CudaBackend::new(0)
+                .expect("device opened above")
+                .with_bf16_inputs(bf16_inputs);
+            LlamaModel::new(b, &config, &weights).expect("cuda model")
+        };
+        let (cast, direct) = (model(false), model(true));
+        assert_eq!(
+            cast.backend().matmul_input_dtype(5),
+            crate::backend::DType::F32
+        );
+        assert_eq!(
+            direct.backend().matmul_input_dtype(5),
+            crate::backend::DType::BF16
+        );
+        let (cast_tokens, cast_logits) = greedy(&cast, &prompts);
+        let (direct_tokens, direct_logits) = greedy(&direct, &prompts);
+        let bits = |l: &[Vec<f32>]| -> Vec<Vec<u32>> {
+            l.iter()
+                .map(|s| s.iter().map(|x| x.to_bits()).collect())
+                .collect()
+        };
+        assert!(
+            bits(&cast_logits) == bits(&direct_logits),
+            "{name}: logits differ between bf16 and f32 product inputs"
+        );
+        assert_eq!(cast_tokens, direct_tokens);
+        println!(
+            "{name}: {} steps of {} prompts: logits equal bit for bit with bf16 and f32 product inputs",
+            cast_logits.len(),
+            prompts.len()
+        );
+    }
+}
+
 /// Greedy continuation as the engine runs it on CUDA: the prompts through `LlamaModel::forward`,
 /// every decode step through [`super::DecodeGraphs`] (graphs replayed from the third step on).
 /// Also checks each step's device argmax against the host argmax of the rows it left on the device.
