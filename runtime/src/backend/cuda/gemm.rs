@@ -5,6 +5,10 @@
 //! `ldc = m`. The f32 input is first rounded to bf16 into a reusable scratch buffer (fast mode), or
 //! (precise mode, [`CudaBackend::with_precise`]) split into `hi + lo` bf16 terms multiplied by
 //! two GEMMs accumulating into the same f32 output: f32-input accuracy, weights read twice.
+//! Where the producer of the input already wrote it in bf16 ([`CudaBackend::matmul_input_dtype_impl`],
+//! the model's normed rows and SwiGLU output at more than one row), cuBLAS reads it as it is: no
+//! cast kernel, the same values (op loop at batch 256: 11.99 -> 11.60 ms a step,
+//! kernels/bench/logs/bf16-product-inputs-fixed-bench-2026-11-30T0401.log).
 //! In fast mode a product of one row (decode at batch 1; up to four with `SOV_GEMV=N`) goes to
 //! `gemv.cu` instead: the same bf16 products, no cast kernel in front, weights streamed with many
 //! loads in flight, each row over as many warps as keep the grid in one wave. On the H200
