@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use sov::engine::setup::{EngineOptions, ModelParts, Started, start_engine};
+use sov::app::start::{EngineOptions, ModelParts, Started, start_engine};
 use sov::engine::{Finished, Request};
 use sov::scheduler::seed::Scheduler;
 

@@ -4,8 +4,9 @@
 //! the [`model`] on a [`backend`] over a paged KV cache -> sampler -> per-request output stream.
 //! Side paths: [`checkpoint`] (WORM snapshots with signed receipts) and KV swapping.
 
+pub mod app;
 pub mod backend;
-pub mod checkpoint;
+pub use sov_store as checkpoint;
 pub mod cli;
 pub mod engine;
 pub mod loader;

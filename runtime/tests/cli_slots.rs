@@ -35,7 +35,11 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[test]
 fn slots_set_steers_a_running_generate() {
-    if sov::loader::cached_default_model().is_none() {
+    if sov::app::SovDirs::from_process_env()
+        .ok()
+        .and_then(|d| sov::loader::cached_default_model(&d.cache))
+        .is_none()
+    {
         eprintln!("SKIP: SmolLM2-135M is not in sov's cache (run `sov generate --chat hi` once)");
         return;
     }

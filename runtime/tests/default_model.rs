@@ -22,7 +22,10 @@ struct Setup {
 }
 
 fn setup(test: &str) -> Option<Setup> {
-    let Some(path) = cached_default_model() else {
+    let Some(path) = sov::app::SovDirs::from_process_env()
+        .ok()
+        .and_then(|d| cached_default_model(&d.cache))
+    else {
         println!(
             "{test}: skipped: the default model is not in sov's cache (run `sov` once, or .ci/run, to fetch it)"
         );

@@ -7,10 +7,10 @@
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use sov::engine::random_model::{WeightDtype, tiny_config};
-use sov::engine::setup::{EngineOptions, ModelParts, Started, start_engine};
+use sov::app::start::{EngineOptions, ModelParts, Started, start_engine};
 use sov::engine::{FinishReason, Finished, Output, Prompt, Request, SamplingParams};
 use sov::loader::{cached_default_model, load_model};
+use sov::model::random::{WeightDtype, tiny_config};
 use sov::scheduler::seed::Scheduler;
 
 fn wait(rx: &Receiver<Output>) -> Finished {
@@ -29,7 +29,10 @@ fn tiny() -> ModelParts {
 }
 
 fn default_model() -> Option<ModelParts> {
-    match cached_default_model() {
+    match sov::app::SovDirs::from_process_env()
+        .ok()
+        .and_then(|d| cached_default_model(&d.cache))
+    {
         Some(path) => Some(
             load_model(&path, false)
                 .expect("the cached default model loads")

@@ -4,10 +4,10 @@
 //!
 //! `cargo run --release -p sov-examples --bin llama3_8b -- [PATH] [--device cuda:0] [--batch N]`
 
-use sov::engine::random_model::{WeightDtype, llama3_8b_config};
-use sov::engine::setup::{Device, EngineOptions, ModelParts};
+use sov::app::start::{Device, EngineOptions, ModelParts};
 use sov::engine::{Prompt, Request, SamplingParams};
 use sov::loader::load_model;
+use sov::model::random::{WeightDtype, llama3_8b_config};
 
 fn main() -> anyhow::Result<()> {
     let mut path = None;

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p sov-examples --bin smollm2_135m [QUESTION ...]`
 
-use sov::engine::setup::{EngineOptions, ModelParts};
+use sov::app::start::{EngineOptions, ModelParts};
 use sov::engine::{Prompt, Request, SamplingParams};
 use sov::loader::{ChatMessage, load_model, resolve_model};
 
@@ -17,7 +17,8 @@ fn main() -> anyhow::Result<()> {
             "What is 12 times 12?".into(),
         ];
     }
-    let path = resolve_model(None)?;
+    let dirs = sov::app::SovDirs::from_process_env()?;
+    let path = resolve_model(None, &dirs.cache)?;
     let parts = ModelParts::from(load_model(&path, true)?);
     let started = sov_examples::start(parts, &EngineOptions::default())?;
     let template = started

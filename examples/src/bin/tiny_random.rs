@@ -4,9 +4,9 @@
 //!
 //! `cargo run --release -p sov-examples --bin tiny_random`
 
-use sov::engine::random_model::{WeightDtype, tiny_config};
-use sov::engine::setup::{EngineOptions, ModelParts};
+use sov::app::start::{EngineOptions, ModelParts};
 use sov::engine::{Prompt, Request, SamplingParams};
+use sov::model::random::{WeightDtype, tiny_config};
 
 fn main() -> anyhow::Result<()> {
     let parts = ModelParts::random(tiny_config(), 42, WeightDtype::F32, "tiny-random");

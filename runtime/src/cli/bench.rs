@@ -182,8 +182,8 @@ fn run_requests(
 }
 
 /// Runs `sov bench`.
-pub fn run(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
-    let started = args.model.start(false)?;
+pub fn run(args: BenchArgs, dirs: &crate::app::SovDirs) -> anyhow::Result<std::process::ExitCode> {
+    let started = args.model.start(dirs, false)?;
     let engine = &started.engine;
     let runs: Vec<BenchArgs> = if args.sweep.is_empty() {
         vec![args.clone()]

@@ -16,9 +16,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Receiver;
 
 use super::model_args::{ModelArgs, StartExtras};
+use crate::app::SovDirs;
+use crate::app::start::Started;
 use crate::checkpoint::FinishedRecord;
-use crate::checkpoint::engine_hook::ResumedRequest;
-use crate::engine::setup::Started;
+use crate::engine::checkpointing::ResumedRequest;
 use crate::engine::{Finished, Output, Prompt, Request, SamplingParams};
 use crate::loader::ChatMessage;
 
@@ -120,14 +121,17 @@ fn shutdown_flag() -> anyhow::Result<Arc<AtomicBool>> {
 }
 
 /// Runs `sov generate`.
-pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
     let shutdown = shutdown_flag()?;
-    let started = args.model.start_with(StartExtras {
-        trace: args.trace.is_some(),
-        resume: args.resume.clone(),
-        shutdown: Some(shutdown.clone()),
-        checkpoint_by_default: true,
-    })?;
+    let started = args.model.start_with(
+        dirs,
+        StartExtras {
+            trace: args.trace.is_some(),
+            resume: args.resume.clone(),
+            shutdown: Some(shutdown.clone()),
+            checkpoint_by_default: true,
+        },
+    )?;
     let engine = &started.engine;
     let mut pending: Vec<Pending> = Vec::new();
     if args.resume.is_some() {

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::app::SovDirs;
 use crate::checkpoint::keys;
 
 /// Arguments of `sov keygen`.
@@ -18,10 +19,10 @@ pub struct KeygenArgs {
 }
 
 /// Run `sov keygen`.
-pub fn run(args: KeygenArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: KeygenArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
     let dir = match args.out {
         Some(d) => d,
-        None => keys::config_dir()?,
+        None => dirs.config.clone(),
     };
     let files = keys::generate(&dir)?;
     let public = keys::load_public(&files.public)?;
@@ -44,14 +45,26 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    /// Directories `--out` makes irrelevant.
+    fn unused_dirs() -> SovDirs {
+        SovDirs {
+            cache: "/nonexistent/cache".into(),
+            state: "/nonexistent/state".into(),
+            config: "/nonexistent/config".into(),
+        }
+    }
+
     #[test]
     fn writes_a_private_key_0600_and_refuses_to_overwrite() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("keys");
         assert_eq!(
-            run(KeygenArgs {
-                out: Some(out.clone())
-            })
+            run(
+                KeygenArgs {
+                    out: Some(out.clone())
+                },
+                &unused_dirs()
+            )
             .unwrap(),
             ExitCode::SUCCESS
         );
@@ -61,6 +74,6 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         keys::load_private(&out.join(keys::PRIVATE_KEY_FILE)).unwrap();
-        assert!(run(KeygenArgs { out: Some(out) }).is_err());
+        assert!(run(KeygenArgs { out: Some(out) }, &unused_dirs()).is_err());
     }
 }

@@ -11,6 +11,7 @@ pub mod bench_stats;
 pub mod generate;
 pub mod keygen;
 pub mod model_args;
+pub mod settings;
 pub mod slots;
 pub mod spec;
 pub mod verify;
@@ -25,6 +26,8 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    #[command(flatten)]
+    pub global: settings::GlobalArgs,
 }
 
 /// The subcommands.
@@ -49,19 +52,24 @@ pub enum Command {
 /// Parses the command line, runs the command, reports errors on stderr.
 pub fn main_entry() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Generate(a) => generate::run(a),
-        Command::Bench(a) => bench::run(a),
-        Command::Slots(c) => slots::run(c),
-        Command::Spec(c) => spec::run(c),
-        Command::Keygen(a) => keygen::run(a),
-        Command::Verify(a) => verify::run(a),
-    };
+    let result = cli.global.init_logging().and_then(|()| run(cli));
     match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sov: error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Generate(a) => generate::run(a, &cli.global.dirs()?),
+        Command::Bench(a) => bench::run(a, &cli.global.dirs()?),
+        Command::Slots(c) => slots::run(c, &cli.global.dirs()?),
+        Command::Spec(c) => spec::run(c),
+        Command::Keygen(a) => keygen::run(a, &cli.global.dirs()?),
+        Command::Verify(a) => verify::run(a),
     }
 }

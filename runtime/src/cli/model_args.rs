@@ -8,13 +8,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::checkpoint::KvMode;
-use crate::engine::battery::{BatteryWatcher, POWER_SUPPLY_DIR};
-use crate::engine::random_model::{WeightDtype, llama3_8b_config, tiny_config};
-use crate::engine::setup::{
+use crate::app::SovDirs;
+use crate::app::battery::{BatteryWatcher, POWER_SUPPLY_DIR};
+use crate::app::run_dir::create_run_dir;
+use crate::app::start::{
     CheckpointOptions, Device, EngineOptions, ModelParts, Started, start_engine,
 };
+use crate::checkpoint::KvMode;
 use crate::loader::{load_model, resolve_model};
+use crate::model::random::{WeightDtype, llama3_8b_config, tiny_config};
 use crate::scheduler::{laptop, seed};
 
 /// Which generated machine drives the engine.
@@ -75,6 +77,10 @@ pub struct ModelArgs {
     /// Checkpoint at once when a discharging battery falls to this percent (Linux; 0 = off).
     #[arg(long, default_value_t = 10)]
     pub low_battery_percent: u32,
+    /// Read batteries from this sysfs-shaped tree instead of /sys/class/power_supply, polled every
+    /// 50 ms instead of 30 s (for tests).
+    #[arg(long, hide = true, env = "SOV_POWER_SUPPLY_DIR", value_name = "DIR")]
+    pub power_supply_dir: Option<PathBuf>,
 }
 
 /// GPU arithmetic on the command line (see [`ModelArgs::precision`]).
@@ -120,15 +126,18 @@ impl ModelArgs {
 
     /// Resolves and loads the model, then starts the engine (checkpoints off unless asked for);
     /// progress goes to stderr.
-    pub fn start(&self, trace: bool) -> anyhow::Result<Started> {
-        self.start_with(StartExtras {
-            trace,
-            ..StartExtras::default()
-        })
+    pub fn start(&self, dirs: &SovDirs, trace: bool) -> anyhow::Result<Started> {
+        self.start_with(
+            dirs,
+            StartExtras {
+                trace,
+                ..StartExtras::default()
+            },
+        )
     }
 
     /// [`Self::start`] with checkpoints, resume and a shutdown flag.
-    pub fn start_with(&self, extras: StartExtras) -> anyhow::Result<Started> {
+    pub fn start_with(&self, dirs: &SovDirs, extras: StartExtras) -> anyhow::Result<Started> {
         let trace = extras.trace;
         let t0 = Instant::now();
         let parts: ModelParts = match self
@@ -147,7 +156,7 @@ impl ModelArgs {
                 ModelParts::random(config, 0, WeightDtype::BF16, &format!("random {shape}"))
             }
             None => {
-                let path = resolve_model(self.model.as_deref())?;
+                let path = resolve_model(self.model.as_deref(), &dirs.cache)?;
                 load_model(&path, true)
                     .with_context(|| format!("loading {}", path.display()))?
                     .into()
@@ -162,7 +171,7 @@ impl ModelArgs {
                 std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
                 d.clone()
             }
-            None => crate::engine::run_dir::create_run_dir()?,
+            None => create_run_dir(&dirs.state)?,
         };
         let device = self.device();
         let opts = EngineOptions {
@@ -178,6 +187,7 @@ impl ModelArgs {
                 None if extras.checkpoint_by_default => Some(CheckpointOptions {
                     mode: None,
                     key: self.key.clone(),
+                    config_dir: dirs.config.clone(),
                     resume: extras.resume.is_some(),
                 }),
                 None | Some(CheckpointChoice::Off) => {
@@ -194,6 +204,7 @@ impl ModelArgs {
                         KvMode::Blocks
                     }),
                     key: self.key.clone(),
+                    config_dir: dirs.config.clone(),
                     resume: extras.resume.is_some(),
                 }),
             },
@@ -203,9 +214,8 @@ impl ModelArgs {
             MachineChoice::Seed => start_engine::<seed::Scheduler>(parts, &opts)?,
             MachineChoice::Laptop => start_engine::<laptop::Scheduler>(parts, &opts)?,
         };
-        // SOV_POWER_SUPPLY_DIR points the watcher at another sysfs-shaped tree (tests).
-        let (power_root, every) = match std::env::var_os("SOV_POWER_SUPPLY_DIR") {
-            Some(dir) => (PathBuf::from(dir), Duration::from_millis(50)),
+        let (power_root, every) = match &self.power_supply_dir {
+            Some(dir) => (dir.clone(), Duration::from_millis(50)),
             None => (PathBuf::from(POWER_SUPPLY_DIR), Duration::from_secs(30)),
         };
         started.battery = BatteryWatcher::spawn(

@@ -1,12 +1,13 @@
 //! `sov slots get [NAME]` and `sov slots set NAME VALUE`: read and steer a running engine through
-//! its slot file (design.md: the live control surface). Without `--run`/`--file` the newest run
+//! its slot file (the live control surface). Without `--run`/`--file` the newest run
 //! directory (sov's state directory, `current-run`) is used.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::engine::handle::open_slots;
-use crate::engine::run_dir::{current_run_dir, slot_path};
+use crate::app::SovDirs;
+use crate::app::run_dir::{current_run_dir, slot_path};
+use crate::app::slot_file::open_slots;
 use crate::scheduler::{SLOT_FIELDS, SlotWriter};
 
 /// `sov slots ...`
@@ -40,20 +41,20 @@ pub struct Target {
 }
 
 impl Target {
-    fn path(&self) -> anyhow::Result<PathBuf> {
+    fn path(&self, dirs: &SovDirs) -> anyhow::Result<PathBuf> {
         Ok(match (&self.file, &self.run) {
             (Some(f), _) => f.clone(),
             (None, Some(r)) => slot_path(r),
-            (None, None) => slot_path(&current_run_dir()?),
+            (None, None) => slot_path(&current_run_dir(&dirs.state)?),
         })
     }
 }
 
 /// Runs a `sov slots` subcommand.
-pub fn run(cmd: SlotsCommand) -> anyhow::Result<ExitCode> {
+pub fn run(cmd: SlotsCommand, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
     match cmd {
         SlotsCommand::Get { name, target } => {
-            let slots = open_slots(&target.path()?)?;
+            let slots = open_slots(&target.path(dirs)?)?;
             match name {
                 Some(n) => println!(
                     "{}",
@@ -72,7 +73,7 @@ pub fn run(cmd: SlotsCommand) -> anyhow::Result<ExitCode> {
             value,
             target,
         } => {
-            let slots = open_slots(&target.path()?)?;
+            let slots = open_slots(&target.path(dirs)?)?;
             if let Some(f) = SLOT_FIELDS.iter().find(|f| f.name == name)
                 && f.writer == SlotWriter::Runtime
                 && name != "speculative_draft_len"

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+use crate::app::run_dir::checkpoint_dir;
 use crate::checkpoint::digest::{from_hex, to_hex};
-use crate::checkpoint::engine_hook::checkpoint_dir;
 use crate::checkpoint::journal::JournalRecord;
 use crate::checkpoint::{Anchor, Audit, AuditOptions, Policy, audit, keys};
 
@@ -152,7 +152,7 @@ fn summary(args: &VerifyArgs, a: &Audit, policy: Option<&Policy>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::tests::fixture;
+    use crate::checkpoint::fixture;
 
     fn args(dir: &std::path::Path, key: PathBuf) -> VerifyArgs {
         VerifyArgs {

@@ -6,7 +6,6 @@
 //! does nothing (`Transition::is_noop`: idle, or suspended) it blocks on the channel for a short
 //! while, so it also notices slot writes (power_state, speculative_draft_len) from outside.
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -23,8 +22,7 @@ use super::intake::{IntakeLimits, build_sequence};
 use super::output::Output;
 use super::request::Request;
 use super::sequence::Sequence;
-use super::slot_file::SlotFile;
-use crate::scheduler::{Cause, Machine, PowerState, SlotMemory, Slots};
+use crate::scheduler::{Cause, Machine, PowerState, Slots};
 
 /// How long an idle engine waits for a request before looking at the slots again.
 const IDLE_POLL: Duration = Duration::from_millis(10);
@@ -44,8 +42,9 @@ pub struct EngineConfig {
     pub eos_ids: Vec<u32>,
     /// Record every transition (see [`Engine::trace`]).
     pub trace: bool,
-    /// Map the slots from `<dir>/slots` (the live control surface) instead of heap memory.
-    pub run_dir: Option<PathBuf>,
+    /// The live control surface the engine publishes to and obeys, e.g. mapped from a slot file
+    /// by the application so another process can steer it (None: fresh slots in heap memory).
+    pub slots: Option<Slots>,
     /// Set (by a signal handler) to stop serving: the engine raises `power_state = suspend`, runs
     /// one more step (the machine's suspend interrupt checkpoints) and exits its loop.
     pub shutdown: Option<Arc<AtomicBool>>,
@@ -71,7 +70,7 @@ impl Default for EngineConfig {
             context_len: 2048,
             eos_ids: Vec::new(),
             trace: false,
-            run_dir: None,
+            slots: None,
             shutdown: None,
         }
     }
@@ -92,21 +91,6 @@ pub struct TraceEntry {
     pub updates: Vec<&'static str>,
     /// Runtime notes (fallbacks, substitutions), e.g. `swap_out = preempt by recomputation`.
     pub notes: Vec<&'static str>,
-}
-
-struct SlotFileMemory(SlotFile);
-
-impl SlotMemory for SlotFileMemory {
-    fn cells(&self) -> &[std::sync::atomic::AtomicU32; 32] {
-        self.0.cells()
-    }
-}
-
-/// Opens the slots of a running engine from its slot file.
-pub fn open_slots(path: &Path) -> Result<Slots, EngineError> {
-    Ok(Slots::from_memory(Arc::new(SlotFileMemory(
-        SlotFile::open(path)?,
-    ))))
 }
 
 /// Statistics the engine thread returns when it stops.
@@ -134,7 +118,6 @@ pub struct Engine {
     limits: IntakeLimits,
     next_id: AtomicU64,
     slots: Slots,
-    slot_path: Option<PathBuf>,
     trace: Arc<Mutex<Vec<TraceEntry>>>,
     abort: Arc<AtomicBool>,
     interrupted: Arc<AtomicBool>,
@@ -182,17 +165,7 @@ impl Engine {
         let block_size = constant("block_size", 16);
         let max_tokens_cap = constant("max_tokens", i64::from(u32::MAX));
         let context_len = config.context_len.min(config.num_blocks * block_size);
-        let (slots, slot_path) = match &config.run_dir {
-            Some(dir) => {
-                let path = super::run_dir::slot_path(dir);
-                let file = SlotFile::create(&path)?;
-                (
-                    Slots::from_memory(Arc::new(SlotFileMemory(file))),
-                    Some(path),
-                )
-            }
-            None => (Slots::new(), None),
-        };
+        let slots = config.slots.clone().unwrap_or_default();
         let limits = IntakeLimits {
             context_len,
             vocab_size: model.vocab_size(),
@@ -256,7 +229,6 @@ impl Engine {
             limits,
             next_id: AtomicU64::new(next_id),
             slots,
-            slot_path,
             trace,
             abort,
             interrupted,
@@ -319,11 +291,6 @@ impl Engine {
     /// The live control surface.
     pub fn slots(&self) -> &Slots {
         &self.slots
-    }
-
-    /// The slot file, when the engine runs with a run directory.
-    pub fn slot_path(&self) -> Option<&Path> {
-        self.slot_path.as_deref()
     }
 
     /// Limits requests are checked against.

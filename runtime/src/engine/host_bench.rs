@@ -174,7 +174,10 @@ fn text_stream_cost_per_token() {
     use super::codec::TextCodec;
     use super::llama::TokenizerCodec;
     use super::text::TextStream;
-    let Some(path) = crate::loader::resolve::cached_default_model() else {
+    let Some(path) = crate::app::SovDirs::from_process_env()
+        .ok()
+        .and_then(|d| crate::loader::cached_default_model(&d.cache))
+    else {
         println!("text_stream_cost: skipped, the default model is not cached");
         return;
     };

@@ -8,13 +8,13 @@
 //! swap, speculative draft/verify). Outputs stream back per request over a channel.
 
 pub mod advance;
-pub mod battery;
 pub mod bind;
 pub mod blocks;
+pub mod checkpointing;
 pub mod codec;
 pub mod core;
+pub mod core_view;
 pub mod error;
-pub mod fake;
 pub mod forward;
 pub mod handle;
 pub mod hook;
@@ -23,14 +23,10 @@ pub mod intake;
 pub mod llama;
 pub mod outbox;
 pub mod output;
-pub mod random_model;
 pub mod request;
 pub mod rng;
-pub mod run_dir;
 pub mod sampler;
 pub mod sequence;
-pub mod setup;
-pub mod slot_file;
 pub mod speculative;
 pub mod text;
 
@@ -41,6 +37,8 @@ pub use handle::{Engine, EngineConfig, EngineStats, TraceEntry};
 pub use host_times::DecodeHostTimes;
 pub use output::{FinishReason, Finished, Output};
 pub use request::{Prompt, Request, SamplingParams};
+#[cfg(test)]
+mod fake;
 #[cfg(test)]
 mod host_bench;
 #[cfg(test)]

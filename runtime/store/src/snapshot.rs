@@ -218,50 +218,8 @@ pub fn decode(bytes: &[u8]) -> Result<(Snapshot, StoreCommit)> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::fixture::sample;
     use proptest::prelude::*;
-
-    /// A small, fully populated snapshot for tests across the checkpoint module.
-    pub(crate) fn sample(blocks: Vec<Digest>) -> Snapshot {
-        Snapshot {
-            machine: "scheduler".into(),
-            state: "Generate".into(),
-            slots: std::array::from_fn(|i| i as u32 * 3),
-            step: 128,
-            kv_mode: KvMode::Blocks,
-            kv_layout: KvLayout {
-                layers: 2,
-                kv_heads: 1,
-                head_dim: 4,
-                block_size: 16,
-                dtype: "f32".into(),
-            },
-            sequences: vec![SequenceSnapshot {
-                request_id: 7,
-                prompt: vec![1, 2, 3],
-                output: vec![9, 8],
-                sampling: SamplingParams {
-                    temperature: 0.7,
-                    top_k: 40,
-                    top_p: 0.9,
-                    seed: 42,
-                    logprobs: Some(2),
-                    stop: vec![
-                        "
-
-"
-                        .into(),
-                    ],
-                    ..SamplingParams::greedy(64)
-                },
-                rng_state: vec![0xdead_beef, 17],
-                finish: FinishState::Running,
-                blocks,
-                tail: vec![1, 2, 3, 4],
-                tail_tokens: 1,
-            }],
-            engine_extra: vec![5, 6],
-        }
-    }
 
     #[test]
     fn round_trip() {

@@ -1,5 +1,5 @@
 //! Checkpoint overhead on real decoding (ignored by default; run in release):
-//! `cargo test -p sov --release --lib checkpoint::tests::overhead -- --ignored --nocapture`.
+//! `cargo test -p sov --release --lib engine::checkpointing::overhead_tests -- --ignored --nocapture`.
 //!
 //! A SmolLM2-135M-shaped Llama with random weights (30 layers, hidden 576, 9 heads / 3 KV heads,
 //! head_dim 64, vocab 49152; f32 KV on the CPU backend) decodes a batch through the seed machine;
@@ -11,19 +11,19 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use super::fixture::{MODEL, SPEC, key};
+use super::core_io::checkpoint_core;
 use crate::backend::cpu::CpuBackend;
 use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
-use crate::checkpoint::engine_bind::checkpoint_core;
+use crate::checkpoint::fixture::{MODEL, SPEC, key};
 use crate::checkpoint::{CheckpointStore, KvMode};
 use crate::engine::codec::ByteCodec;
 use crate::engine::core::{CoreConfig, EngineCore};
 use crate::engine::intake::{IntakeLimits, build_sequence};
 use crate::engine::llama::LlamaRunner;
-use crate::engine::random_model::{WeightDtype, random_weights};
 use crate::engine::{Prompt, Request, SamplingParams};
 use crate::model::LlamaModel;
 use crate::model::config::LlamaConfig;
+use crate::model::random::{WeightDtype, random_weights};
 use crate::scheduler::seed::Scheduler;
 use crate::scheduler::{Machine, Slots};
 

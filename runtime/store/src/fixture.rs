@@ -5,8 +5,8 @@ use std::path::Path;
 
 use ed25519_dalek::SigningKey;
 
-use crate::checkpoint::snapshot::tests::sample;
-use crate::checkpoint::{
+use crate::snapshot::{FinishState, KvLayout, KvMode, SequenceSnapshot};
+use crate::{
     CheckpointStore, Digest, ReceiptInfo, RequestRecord, SamplingParams, Snapshot, block_hash,
 };
 
@@ -98,5 +98,48 @@ pub fn restore(dir: &Path, files: &[(String, Vec<u8>)]) {
     }
     for (name, bytes) in files {
         std::fs::write(dir.join(name), bytes).unwrap();
+    }
+}
+
+/// A small, fully populated snapshot for tests across the checkpoint module.
+pub fn sample(blocks: Vec<Digest>) -> Snapshot {
+    Snapshot {
+        machine: "scheduler".into(),
+        state: "Generate".into(),
+        slots: std::array::from_fn(|i| i as u32 * 3),
+        step: 128,
+        kv_mode: KvMode::Blocks,
+        kv_layout: KvLayout {
+            layers: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            block_size: 16,
+            dtype: "f32".into(),
+        },
+        sequences: vec![SequenceSnapshot {
+            request_id: 7,
+            prompt: vec![1, 2, 3],
+            output: vec![9, 8],
+            sampling: SamplingParams {
+                temperature: 0.7,
+                top_k: 40,
+                top_p: 0.9,
+                seed: 42,
+                logprobs: Some(2),
+                stop: vec![
+                    "
+
+"
+                    .into(),
+                ],
+                ..SamplingParams::greedy(64)
+            },
+            rng_state: vec![0xdead_beef, 17],
+            finish: FinishState::Running,
+            blocks,
+            tail: vec![1, 2, 3, 4],
+            tail_tokens: 1,
+        }],
+        engine_extra: vec![5, 6],
     }
 }

@@ -9,21 +9,22 @@ use std::sync::{Arc, Mutex};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
-use crate::checkpoint::engine_hook::{self, ResumeBook, Worm, WormConfig, checkpoint_dir};
 use crate::checkpoint::{Anchor, KvMode, keys};
+use crate::engine::checkpointing::{self, ResumeBook, Worm, WormConfig};
 use crate::loader::tensor::{HostData, HostTensor};
 use crate::loader::{ChatTemplate, LoadedModel};
 use crate::model::LlamaModel;
 use crate::model::config::LlamaConfig;
 use crate::scheduler::Machine;
 
-use super::codec::{ByteCodec, TextCodec};
-use super::error::EngineError;
-use super::handle::{Durability, Engine, EngineConfig};
-use super::hook::{CheckpointHook, RequestJournal};
-use super::llama::{LlamaRunner, TokenizerCodec};
-use super::random_model::{WeightDtype, random_weights};
-use super::run_dir::slot_path;
+use super::run_dir::{checkpoint_dir, slot_path};
+use super::slot_file::create_slots;
+use crate::engine::EngineError;
+use crate::engine::codec::{ByteCodec, TextCodec};
+use crate::engine::handle::{Durability, Engine, EngineConfig};
+use crate::engine::hook::{CheckpointHook, RequestJournal};
+use crate::engine::llama::{LlamaRunner, TokenizerCodec};
+use crate::model::random::{WeightDtype, random_weights};
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +76,10 @@ pub struct CheckpointOptions {
     /// None: the machine's choice, its `checkpoint_kv` constant (0 recompute, 1 blocks, 2 auto:
     /// see [`default_kv_mode`]; auto when the spec has none).
     pub mode: Option<KvMode>,
-    /// PKCS#8 PEM private key (None: sov's default key, created on first use).
+    /// PKCS#8 PEM private key (None: sov's default key in `config_dir`, created on first use).
     pub key: Option<PathBuf>,
+    /// sov's config directory ([`super::SovDirs::config`]), where the default key lives.
+    pub config_dir: PathBuf,
     /// Continue the run directory's newest checkpoint and journal instead of starting afresh.
     pub resume: bool,
 }
@@ -126,6 +129,8 @@ pub struct Started {
     pub checkpoints: Option<CheckpointInfo>,
     /// Raises low_battery from the machine's battery (set by the front end; None: not watching).
     pub battery: Option<super::battery::BatteryWatcher>,
+    /// The slot file other processes steer the engine through (None: no run directory).
+    pub slot_path: Option<PathBuf>,
 }
 
 /// Everything an engine needs from a model source.
@@ -156,7 +161,7 @@ impl From<LoadedModel> for ModelParts {
 }
 
 impl ModelParts {
-    /// A random-weight model of shape `config` (see [`super::random_model`]); text is bytes.
+    /// A random-weight model of shape `config` (see [`crate::model::random`]); text is bytes.
     pub fn random(config: LlamaConfig, seed: u64, dtype: WeightDtype, name: &str) -> Self {
         let tensors = random_weights(&config, seed, dtype);
         Self {
@@ -235,6 +240,11 @@ pub fn start_on<M: Machine + 'static, B: Backend>(
         ),
         None => (None, None),
     };
+    let slot_path = opts.run_dir.as_deref().map(slot_path);
+    let slots = match &slot_path {
+        Some(path) => Some(create_slots(path)?),
+        None => None,
+    };
     let engine = Engine::start_durable::<M, _>(
         runner,
         parts.codec,
@@ -245,7 +255,7 @@ pub fn start_on<M: Machine + 'static, B: Backend>(
             context_len,
             eos_ids: parts.eos_ids,
             trace: opts.trace,
-            run_dir: opts.run_dir.clone(),
+            slots,
             shutdown: opts.shutdown.clone(),
         },
         durability,
@@ -257,6 +267,7 @@ pub fn start_on<M: Machine + 'static, B: Backend>(
         config: parts.config,
         checkpoints,
         battery: None,
+        slot_path,
     })
 }
 
@@ -304,7 +315,7 @@ fn open_worm<M: Machine>(
     let (key, public_key, key_created) = match &c.key {
         Some(path) => (keys::load_private(path).map_err(ck)?, None, false),
         None => {
-            let (key, public, created) = keys::load_or_create_default().map_err(ck)?;
+            let (key, public, created) = keys::load_or_create_in(&c.config_dir).map_err(ck)?;
             (key, Some(public), created)
         }
     };
@@ -317,7 +328,7 @@ fn open_worm<M: Machine>(
     } else {
         None
     };
-    let worm = engine_hook::open(WormConfig {
+    let worm = checkpointing::open(WormConfig {
         dir: dir.clone(),
         key,
         spec_digest: M::SPEC_DIGEST,

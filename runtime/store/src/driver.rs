@@ -281,7 +281,7 @@ pub fn write_sequence_kv(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::tests::fixture::{MODEL, SPEC, key};
+    use crate::fixture::{MODEL, SPEC, key};
 
     const BS: usize = 4;
     const TOKEN_BYTES: usize = 8;

@@ -3,12 +3,12 @@
 
 use std::path::Path;
 
-use super::fixture::{self, MODEL, SPEC, build, files, key, other_key, restore};
-use crate::checkpoint::audit::{receipt_name, snapshot_name};
-use crate::checkpoint::receipt::{self, ReceiptBody};
-use crate::checkpoint::{Anchor, AuditOptions, CheckpointError, CheckpointStore, audit};
+use crate::audit::{receipt_name, snapshot_name};
+use crate::fixture::{self, MODEL, SPEC, build, files, key, other_key, restore};
+use crate::receipt::{self, ReceiptBody};
+use crate::{Anchor, AuditOptions, CheckpointError, CheckpointStore, audit};
 
-fn check(dir: &Path) -> crate::checkpoint::Result<crate::checkpoint::Audit> {
+fn check(dir: &Path) -> crate::Result<crate::Audit> {
     audit(
         dir,
         AuditOptions {

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use half::bf16;
 use rayon::prelude::*;
 
-use super::rng::bits_at;
 use crate::loader::tensor::{HostData, HostTensor};
 use crate::loader::validate::expected_tensors;
 use crate::model::config::{LlamaConfig, RopeScaling};
@@ -99,6 +98,25 @@ pub fn random_weights(
             (name, HostTensor { shape, data })
         })
         .collect()
+}
+
+// The counter-based generator behind the random weights, shared with the engine's sampler
+// (`engine::rng`): SplitMix64's finalizer (Steele, Lea, Flood 2014) applied to a Weyl sequence keyed
+// by the seed, twice, as in counter-based generators (Salmon et al. 2011).
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+fn splitmix64_finalize(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The 64 random bits for draw `counter` of stream `seed`.
+pub fn bits_at(seed: u64, counter: u64) -> u64 {
+    let keyed = splitmix64_finalize(seed ^ 0x5EED_5EED_5EED_5EED);
+    splitmix64_finalize(
+        splitmix64_finalize(keyed.wrapping_add(counter.wrapping_mul(GOLDEN))) ^ keyed,
+    )
 }
 
 #[cfg(test)]

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver};
 
-use super::fixture::{MODEL, SPEC, key};
+use super::core_io::{checkpoint_core, no_kv_access, request_record, restore_core};
 use crate::backend::cpu::CpuBackend;
 use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
-use crate::checkpoint::engine_bind::{checkpoint_core, no_kv_access, request_record, restore_core};
+use crate::checkpoint::fixture::{MODEL, SPEC, key};
 use crate::checkpoint::{CheckpointStore, KvMode};
 use crate::engine::codec::ByteCodec;
 use crate::engine::core::{CoreConfig, EngineCore};
@@ -20,9 +20,9 @@ use crate::engine::forward::ForwardModel;
 use crate::engine::intake::{IntakeLimits, build_sequence};
 use crate::engine::llama::LlamaRunner;
 use crate::engine::output::Output;
-use crate::engine::random_model::{WeightDtype, random_weights, tiny_config};
 use crate::engine::{Prompt, Request, SamplingParams};
 use crate::model::LlamaModel;
+use crate::model::random::{WeightDtype, random_weights, tiny_config};
 use crate::scheduler::seed::Scheduler;
 use crate::scheduler::{Machine, Slots};
 

@@ -15,20 +15,18 @@
 //! client never receives a token twice.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ed25519_dalek::SigningKey;
 
-use super::audit::Anchor;
-use super::digest::Digest;
-use super::driver::{Checkpointer, KvBlockIo};
-use super::engine_bind::{checkpoint_core, fresh_sequence, request_record, restore_core};
-use super::error::{CheckpointError, Result};
-use super::journal::{FinishedRecord, JournalRecord};
-use super::snapshot::{KvLayout, KvMode};
-use super::store::CheckpointStore;
+use super::core_io::{checkpoint_core, fresh_sequence, request_record, restore_core};
+use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
+use crate::checkpoint::journal::{FinishedRecord, JournalRecord, RequestRecord};
+use crate::checkpoint::snapshot::{KvLayout, KvMode};
+use crate::checkpoint::store::{CheckpointStore, Restored};
+use crate::checkpoint::{Anchor, CheckpointError, Digest, Result};
 use crate::engine::core::EngineCore;
 use crate::engine::error::EngineError;
 use crate::engine::forward::ForwardModel;
@@ -196,7 +194,7 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
     fn restore(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
         let t0 = std::time::Instant::now();
         let cp = lock(&self.cp)?;
-        let layout = layout_of(&mut core.model);
+        let layout = layout_of(core.model_mut());
         let restored = cp.latest(&layout).map_err(engine_err)?;
         let scan = cp.store().journal_scan().map_err(engine_err)?;
         let height = cp.store().height();
@@ -241,8 +239,8 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
 /// Process start with `--resume`: the core is empty; every accepted request is accounted for.
 fn resume_from_disk<F: ForwardModel>(
     core: &mut EngineCore<F>,
-    restored: Option<super::store::Restored>,
-    accepted: Vec<super::journal::RequestRecord>,
+    restored: Option<Restored>,
+    accepted: Vec<RequestRecord>,
     finished: &HashMap<u64, FinishedRecord>,
     book: &mut ResumeBook,
 ) -> std::result::Result<(), EngineError> {
@@ -282,9 +280,9 @@ fn resume_from_disk<F: ForwardModel>(
         }
         None => {
             for req in &again {
-                let seq = fresh_sequence(req, core.codec.as_ref(), channel(req.request_id))
+                let seq = fresh_sequence(req, core.codec(), channel(req.request_id))
                     .map_err(engine_err)?;
-                core.waiting.push_back(seq);
+                core.enqueue(seq);
             }
         }
     }
@@ -299,18 +297,13 @@ fn resume_from_disk<F: ForwardModel>(
 /// The `resume` power event in a running process: live sequences are the truth.
 fn resume_in_process<F: ForwardModel>(
     core: &mut EngineCore<F>,
-    restored: Option<super::store::Restored>,
+    restored: Option<Restored>,
     finished: &HashMap<u64, FinishedRecord>,
 ) -> std::result::Result<(), EngineError> {
     let Some(mut r) = restored else {
         return Ok(()); // nothing checkpointed yet: keep serving what is live
     };
-    let mut live: Vec<Sequence> = Vec::new();
-    for mut s in core.running.drain(..) {
-        core.blocks.release(&mut s.block_table);
-        live.push(s);
-    }
-    live.extend(core.waiting.drain(..));
+    let live: Vec<Sequence> = core.take_sequences();
     let live_len: HashMap<u64, usize> = live.iter().map(|s| (s.id, s.tokens.len())).collect();
     r.snapshot.sequences.retain(|s| {
         !finished.contains_key(&s.request_id)
@@ -321,7 +314,7 @@ fn resume_in_process<F: ForwardModel>(
     let senders: HashMap<u64, Sender<Output>> = live.iter().map(|s| (s.id, s.tx.clone())).collect();
     // The live slots stay: an operator may have changed a control (speculative_draft_len) since
     // the snapshot, and the chain head in them is already the newest receipt.
-    let live_slots = core.slots.raw();
+    let live_slots = core.slots().raw();
     restore_core(core, &r, kv_of::<F>, &mut |id| {
         senders
             .get(&id)
@@ -329,28 +322,21 @@ fn resume_in_process<F: ForwardModel>(
             .unwrap_or_else(|| mpsc::channel().0)
     })
     .map_err(engine_err)?;
-    core.slots.load_raw(&live_slots);
-    for mut s in live {
+    core.slots().load_raw(&live_slots);
+    for s in live {
         if from_snapshot.contains(&s.id) {
             continue;
         }
         // Ahead of the snapshot (or not in it): keep its tokens, recompute its KV.
-        s.computed = 0;
-        s.prefilled = false;
-        s.block_table.clear();
-        core.waiting.push_back(s);
+        core.requeue_for_recompute(s);
     }
     Ok(())
-}
-
-/// The checkpoint directory inside a run directory.
-pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join("checkpoints")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn config(dir: &Path, model: u8, resume: bool) -> WormConfig {
         WormConfig {

@@ -1,5 +1,5 @@
-//! Glue between the engine's own types and the checkpoint driver (written on the checkpoint side
-//! so the engine only has to call it):
+//! Glue between the engine's own types and the checkpoint store's driver (the engine side of the
+//! store's [`KvBlockIo`] and [`EngineSnapshot`] traits):
 //! - [`KvBlockIo`] for the real model runner ([`LlamaRunner`]): block bytes through
 //!   `KvCache::read_block` / `write_block`, partial tails sliced per layer;
 //! - [`checkpoint_core`]: snapshot an [`EngineCore`] (running then waiting sequences, slots, step
@@ -15,16 +15,19 @@ use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 use std::time::Instant;
 
-use super::driver::{
+use crate::backend::{Backend, DType};
+use crate::checkpoint::driver::{
     Checkpointer, EngineSnapshot, KvBlockIo, LiveSequence, Published, restored_slots,
     write_sequence_kv,
 };
-use super::error::{CheckpointError, Result};
-use super::journal::RequestRecord;
-use super::snapshot::{FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot};
-use super::store::Restored;
-use crate::backend::{Backend, DType};
+use crate::checkpoint::journal::RequestRecord;
+use crate::checkpoint::snapshot::{
+    FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot,
+};
+use crate::checkpoint::store::Restored;
+use crate::checkpoint::{CheckpointError, Result};
 use crate::engine::core::EngineCore;
+use crate::engine::core_view::{CoreParts, NoRoom};
 use crate::engine::forward::ForwardModel;
 use crate::engine::llama::LlamaRunner;
 use crate::engine::output::Output;
@@ -217,14 +220,13 @@ pub fn checkpoint_core<F: ForwardModel>(
     kv: fn(&mut F) -> Option<&mut dyn KvBlockIo>,
     stops: &dyn Fn(&Sequence) -> Vec<String>,
 ) -> Result<Published> {
-    let EngineCore {
+    let CoreParts {
         model,
         running,
         waiting,
         slots,
         decode_steps,
-        ..
-    } = core;
+    } = core.parts();
     let sequences: Vec<LiveSequence<'_>> = running
         .iter()
         .map(|s| live(s, FinishState::Running, stops(s)))
@@ -238,7 +240,7 @@ pub fn checkpoint_core<F: ForwardModel>(
         machine,
         state,
         slots: slots.raw(),
-        step: *decode_steps,
+        step: decode_steps,
         sequences,
     };
     let published = match (cp.mode(), kv(model)) {
@@ -332,49 +334,35 @@ pub fn restore_core<F: ForwardModel>(
     kv: fn(&mut F) -> Option<&mut dyn KvBlockIo>,
     tx: &mut dyn FnMut(u64) -> Sender<Output>,
 ) -> Result<u64> {
-    let EngineCore {
-        model,
-        running,
-        waiting,
-        slots,
-        decode_steps,
-        blocks,
-        codec,
-        newest_seq_id,
-        ..
-    } = core;
-    for mut s in running.drain(..) {
-        blocks.release(&mut s.block_table);
-    }
-    waiting.clear();
+    core.take_sequences();
     let mut max_id = 0;
     let use_kv = restored.snapshot.kv_mode == KvMode::Blocks;
-    let mut kv_io = match (use_kv, kv(model)) {
-        (true, Some(io)) => Some(io),
-        (true, None) => {
-            return Err(CheckpointError::Usage(
-                "Blocks-mode checkpoint needs KV access to the model".into(),
-            ));
-        }
-        (false, _) => None,
-    };
+    if use_kv && kv(core.model_mut()).is_none() {
+        return Err(CheckpointError::Usage(
+            "Blocks-mode checkpoint needs KV access to the model".into(),
+        ));
+    }
     for snap in &restored.snapshot.sequences {
         max_id = max_id.max(snap.request_id);
-        let mut seq = rebuild_sequence(snap, codec.as_ref(), tx(snap.request_id))?;
-        match (&mut kv_io, snap.finish == FinishState::Running) {
-            (Some(io), true) => {
-                let n = seq.tokens.len();
-                blocks.grow(&mut seq.block_table, n).map_err(|_| {
-                    CheckpointError::Usage(format!(
+        let seq = rebuild_sequence(snap, core.codec(), tx(snap.request_id))?;
+        if use_kv && snap.finish == FinishState::Running {
+            let written = core.admit_with_kv(seq, |model, table| match kv(model) {
+                Some(io) => write_sequence_kv(restored, snap, table, io),
+                None => Err(CheckpointError::Usage(
+                    "the model lost its KV access".into(),
+                )),
+            });
+            match written {
+                Ok(result) => result?,
+                Err(NoRoom) => {
+                    return Err(CheckpointError::Usage(format!(
                         "request {}: KV cache too small to restore",
                         snap.request_id
-                    ))
-                })?;
-                seq.computed = write_sequence_kv(restored, snap, &seq.block_table, &mut **io)?;
-                *newest_seq_id = seq.id;
-                running.push(seq);
+                    )));
+                }
             }
-            _ => waiting.push_back(seq),
+        } else {
+            core.requeue_for_recompute(seq);
         }
     }
     let mut by_id: HashMap<u64, ()> = restored
@@ -388,10 +376,11 @@ pub fn restore_core<F: ForwardModel>(
             continue;
         }
         max_id = max_id.max(req.request_id);
-        waiting.push_back(fresh_sequence(req, codec.as_ref(), tx(req.request_id))?);
+        let seq = fresh_sequence(req, core.codec(), tx(req.request_id))?;
+        core.requeue_for_recompute(seq);
     }
-    *decode_steps = restored.snapshot.step;
-    slots.load_raw(&restored_slots(restored));
+    core.set_decode_steps(restored.snapshot.step);
+    core.slots().load_raw(&restored_slots(restored));
     Ok(max_id)
 }
 

@@ -10,11 +10,9 @@
 
 use std::time::Instant;
 
-use super::fixture::{MODEL, SPEC, key};
-use crate::checkpoint::snapshot::tests::sample;
-use crate::checkpoint::{
-    CheckpointStore, KvLayout, KvMode, SequenceSnapshot, Snapshot, block_hash,
-};
+use crate::fixture::sample;
+use crate::fixture::{MODEL, SPEC, key};
+use crate::{CheckpointStore, KvLayout, KvMode, SequenceSnapshot, Snapshot, block_hash};
 
 const LAYERS: usize = 30;
 const KV_HEADS: usize = 3;

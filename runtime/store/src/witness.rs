@@ -56,8 +56,8 @@ pub fn cosign(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::tests::fixture::{self, key};
-    use crate::checkpoint::{AuditOptions, Policy, audit};
+    use crate::fixture::{self, key};
+    use crate::{AuditOptions, Policy, audit};
     use base64ct::Encoding;
 
     fn witness(i: u8) -> (String, SigningKey) {

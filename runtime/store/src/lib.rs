@@ -11,11 +11,11 @@
 //! ```
 //! Heights start at 1; receipt N's `prev` is the digest of receipt N-1's body (zeros at 1).
 //!
-//! # API for the engine
+//! # API for an engine
 //! ```ignore
-//! use sov::checkpoint::*;
+//! use sov_store::*;
 //! // Open (creates the directory; audits it; discards a torn tail; refuses tampering).
-//! let (key, pub_path, created) = keys::load_or_create_default()?;      // or keys::load_private(path)
+//! let (key, pub_path, created) = keys::load_or_create_in(&config_dir)?; // or keys::load_private(path)
 //! let mut store = CheckpointStore::open_with(&dir, key, SPEC_DIGEST, model_digest,
 //!                                            Anchor::from_slots(&persisted_slots))?;
 //! // On accept, before admitting a request:
@@ -30,10 +30,11 @@
 //!     None => { /* re-admit store.pending_without_checkpoint()? */ }
 //! }
 //! ```
-//! With the engine's own types, [`engine_bind`] does the wiring: `checkpoint_core` (body of the
-//! `checkpoint` action), `restore_core` (body of `restore` and of `--resume`), `request_record`
-//! (journal on accept) and `KvBlockIo` for `LlamaRunner`; [`driver`] holds the engine-agnostic
-//! part (per-block hash cache, KV block reads/writes).
+//! This crate knows bytes, not engines, models or devices: it imports nothing from the `sov` crate.
+//! [`driver`] holds the engine-agnostic part of checkpointing (per-block hash cache, KV block reads
+//! and writes through the [`driver::KvBlockIo`] and [`driver::EngineSnapshot`] traits an engine
+//! implements); the adapter that binds it to sov's engine lives on the engine side
+//! (`sov::engine::checkpointing`).
 //!
 //! Anyone holding the public key checks a directory with [`audit::audit`] (what `sov verify` runs).
 //!
@@ -49,8 +50,6 @@ pub mod audit;
 pub mod blockstore;
 pub mod digest;
 pub mod driver;
-pub mod engine_bind;
-pub mod engine_hook;
 pub mod error;
 mod fsutil;
 pub mod journal;
@@ -62,8 +61,11 @@ pub mod snapshot;
 pub mod store;
 pub mod witness;
 
+#[cfg(any(test, feature = "test-fixtures"))]
+#[doc(hidden)]
+pub mod fixture;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 
 pub use audit::{Anchor, Audit, AuditOptions, audit};
 pub use digest::{Digest, block_hash, kv_root};

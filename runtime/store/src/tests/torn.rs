@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::fixture::{self, MODEL, SPEC, files, key, request, restore};
-use crate::checkpoint::audit::{receipt_name, snapshot_name};
-use crate::checkpoint::{AuditOptions, CheckpointStore, audit};
+use crate::audit::{receipt_name, snapshot_name};
+use crate::fixture::{self, MODEL, SPEC, files, key, request, restore};
+use crate::{AuditOptions, CheckpointStore, audit};
 
 type Files = BTreeMap<String, Vec<u8>>;
 
@@ -90,7 +90,7 @@ fn crash_at_any_point_of_a_checkpoint_recovers() {
         assert_eq!(r.snapshot, fixture::snapshot_at(height as u8), "{case}");
         for seq in &r.snapshot.sequences {
             for h in &seq.blocks {
-                assert_eq!(crate::checkpoint::block_hash(&r.blocks[h]), *h, "{case}");
+                assert_eq!(crate::block_hash(&r.blocks[h]), *h, "{case}");
             }
         }
         let pending: Vec<u64> = r.pending.iter().map(|p| p.request_id).collect();

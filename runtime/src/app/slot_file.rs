@@ -7,11 +7,13 @@
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 
 use memmap2::MmapRaw;
 
-use super::error::EngineError;
+use crate::engine::EngineError;
+use crate::scheduler::{SlotMemory, Slots};
 
 /// Bytes of the slot file: 32 little-endian u32 words.
 pub const SLOT_FILE_LEN: u64 = 32 * 4;
@@ -84,6 +86,23 @@ impl SlotFile {
         // to this memory, here and in other processes' sov, goes through atomic loads and stores.
         unsafe { &*(self.map.as_mut_ptr() as *const [AtomicU32; 32]) }
     }
+}
+
+impl SlotMemory for SlotFile {
+    fn cells(&self) -> &[AtomicU32; 32] {
+        SlotFile::cells(self)
+    }
+}
+
+/// Creates (or resets) the slot file at `path` and returns the slots mapped from it: the control
+/// surface a started engine publishes to (see `EngineConfig::slots`).
+pub fn create_slots(path: &Path) -> Result<Slots, EngineError> {
+    Ok(Slots::from_memory(Arc::new(SlotFile::create(path)?)))
+}
+
+/// Opens the slots of a running engine from its slot file.
+pub fn open_slots(path: &Path) -> Result<Slots, EngineError> {
+    Ok(Slots::from_memory(Arc::new(SlotFile::open(path)?)))
 }
 
 #[cfg(test)]

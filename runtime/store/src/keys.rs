@@ -1,13 +1,12 @@
-//! Signing keys and sov's directories.
+//! Signing keys.
 //!
 //! Private keys are PKCS#8 PEM files created with mode 0600 (never overwritten); loading refuses a
 //! key file group or others can read, like ssh does. The public key is written next to it twice: as
 //! a C2SP verifier key line (`*.pub`, readable by note/transparency-log tools) and as SPKI PEM
 //! (`*.pub.pem`). Key material is never logged: errors name paths, not contents.
 //!
-//! The default key lives in sov's config directory: `$SOV_CONFIG_DIR`, else
-//! `$XDG_CONFIG_HOME/sov`, else `~/.config/sov` (run directories live in the state directory, see
-//! `engine::run_dir`).
+//! The default key lives in a directory the caller names (sov's config directory, which the
+//! application resolves from its flags and the environment: this crate reads no environment).
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -34,37 +33,6 @@ fn key_err(path: &Path, what: impl Into<String>) -> CheckpointError {
         path: path.to_path_buf(),
         what: what.into(),
     }
-}
-
-fn env_dir(var: &str) -> Option<PathBuf> {
-    std::env::var_os(var)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-}
-
-/// The config directory from `$SOV_CONFIG_DIR`, `$XDG_CONFIG_HOME` and `$HOME`, in that order.
-fn resolve_config_dir(
-    sov: Option<PathBuf>,
-    xdg: Option<PathBuf>,
-    home: Option<PathBuf>,
-) -> Result<PathBuf> {
-    if let Some(d) = sov {
-        return Ok(d);
-    }
-    if let Some(d) = xdg {
-        return Ok(d.join("sov"));
-    }
-    home.map(|h| h.join(".config").join("sov"))
-        .ok_or_else(|| CheckpointError::Usage("HOME is not set; set SOV_CONFIG_DIR".into()))
-}
-
-/// sov's configuration directory (holds the default key).
-pub fn config_dir() -> Result<PathBuf> {
-    resolve_config_dir(
-        env_dir("SOV_CONFIG_DIR"),
-        env_dir("XDG_CONFIG_HOME"),
-        env_dir("HOME"),
-    )
 }
 
 /// The verifier key (C2SP form) of a signing key.
@@ -173,16 +141,16 @@ pub fn load_public(path: &Path) -> Result<VerifyingKey> {
         .map_err(|e| key_err(path, e.to_string()))
 }
 
-/// The default key in the config directory, created on first use. Returns the key, the public-key
-/// path and whether it was just created (the caller prints where the public key is).
-pub fn load_or_create_default() -> Result<(SigningKey, PathBuf, bool)> {
-    let dir = config_dir()?;
-    let files = KeyFiles::in_dir(&dir);
+/// The default key in directory `dir` (sov's config directory), created on first use. Returns the
+/// key, the public-key path and whether it was just created (the caller prints where the public key
+/// is).
+pub fn load_or_create_in(dir: &Path) -> Result<(SigningKey, PathBuf, bool)> {
+    let files = KeyFiles::in_dir(dir);
     let created = if files.private.exists() {
         false
     } else {
-        fs::create_dir_all(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
-        generate(&dir)?;
+        fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
+        generate(dir)?;
         true
     };
     Ok((load_private(&files.private)?, files.public, created))
@@ -221,24 +189,6 @@ mod tests {
         }
         fs::set_permissions(&files.private, fs::Permissions::from_mode(0o400)).unwrap();
         load_private(&files.private).unwrap();
-    }
-
-    #[test]
-    fn config_dir_precedence() {
-        let p = |s: &str| Some(PathBuf::from(s));
-        assert_eq!(
-            resolve_config_dir(p("/a"), p("/x"), p("/h")).unwrap(),
-            PathBuf::from("/a")
-        );
-        assert_eq!(
-            resolve_config_dir(None, p("/x"), p("/h")).unwrap(),
-            PathBuf::from("/x/sov")
-        );
-        assert_eq!(
-            resolve_config_dir(None, None, p("/h")).unwrap(),
-            PathBuf::from("/h/.config/sov")
-        );
-        assert!(resolve_config_dir(None, None, None).is_err());
     }
 
     #[test]

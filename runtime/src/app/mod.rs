@@ -1,0 +1,20 @@
+//! The application layer: start-up and process plumbing shared by the command line, the examples
+//! and (next) the server. It builds an engine from options (model, backend, machine, checkpoint
+//! store, keys) and owns what lives outside the engine loop: sov's directories, run directories,
+//! the slot file that exposes the control surface to other processes, and the battery watcher.
+//!
+//! Design: dependencies point down. `cli` (and the server) call `app`; `app` calls `engine`,
+//! `loader`, `model`, `backend` and the checkpoint store; nothing below reads the process
+//! environment or knows a command line.
+
+pub mod battery;
+pub mod dirs;
+pub mod run_dir;
+pub mod slot_file;
+pub mod start;
+
+pub use dirs::{DirOverrides, SovDirs};
+pub use start::{
+    CheckpointInfo, CheckpointOptions, Device, EngineOptions, ModelParts, Started, default_kv_mode,
+    kv_bytes_per_token, model_digest, start_engine, start_on,
+};

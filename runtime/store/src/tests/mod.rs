@@ -1,0 +1,5 @@
+//! Whole-directory tests of the checkpoint store: tampering, torn writes, a micro-benchmark.
+
+mod bench;
+mod tamper;
+mod torn;
