@@ -22,7 +22,7 @@ use crate::scheduler::{laptop, seed};
 /// Which generated machine drives the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MachineChoice {
-    /// specs/scheduler.toml: the seed scheduler with continuous batching (default).
+    /// specs/scheduler.toml: the default machine: continuous batching, speculative decoding (default).
     Seed,
     /// specs/laptop.toml: checkpoints every 16 steps, preemption by recomputation.
     Laptop,

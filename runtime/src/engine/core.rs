@@ -15,7 +15,7 @@ use super::advance::{Advanced, RowInput, advance, advance_all};
 use super::blocks::BlockManager;
 use super::codec::TextCodec;
 use super::error::EngineError;
-use super::forward::{ForwardModel, PickedRows, RowPick};
+use super::forward::{ForwardModel, PickedRows, RowPick, pick_on_host};
 use super::hook::CheckpointHook;
 use super::host_times::DecodeHostTimes;
 use super::outbox::Outbox;
@@ -41,6 +41,16 @@ pub struct CoreConfig {
     pub max_tokens_cap: usize,
     /// End-of-sequence token ids.
     pub eos_ids: Vec<u32>,
+}
+
+/// How a forward pass answers ([`EngineCore::forward_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// [`ForwardModel::forward_pick`]: the model may choose argmax tokens where the logits are.
+    Pick,
+    /// [`ForwardModel::forward`], every row's logits to the host (speculative verification, whose
+    /// chunks of one sequence must each see the KV of the chunks before them).
+    Logits,
 }
 
 /// Counters the runtime publishes in its slots.
@@ -294,17 +304,6 @@ impl<F: ForwardModel> EngineCore<F> {
                 budget -= take;
                 plan.push((i, take));
             }
-            let chunks: Vec<SeqChunk<'_>> = plan
-                .iter()
-                .map(|&(i, take)| {
-                    let s = &self.running[i];
-                    SeqChunk {
-                        tokens: &s.tokens[s.computed..s.computed + take],
-                        start_pos: s.computed,
-                        block_table: &s.block_table[..self.blocks.blocks_for(s.computed + take)],
-                    }
-                })
-                .collect();
             // Only chunks that finish their prompt need a token.
             let picks: Vec<RowPick> = plan
                 .iter()
@@ -317,38 +316,35 @@ impl<F: ForwardModel> EngineCore<F> {
                     }
                 })
                 .collect();
-            let t_fwd = Instant::now();
-            let result = self.model.forward_pick(&chunks, &picks);
-            self.forward_time += t_fwd.elapsed();
-            drop(chunks);
             let indices: Vec<usize> = plan.iter().map(|p| p.0).collect();
-            let picked = match self.check_picked(result, &picks) {
-                Ok(p) => p,
-                Err(e) => {
-                    self.fail(&indices, &e);
-                    continue;
-                }
+            let block_size = self.cfg.block_size;
+            let Some(picked) = self.forward_rows(&indices, &picks, Pass::Pick, |running| {
+                plan.iter()
+                    .map(|&(i, take)| {
+                        let s = &running[i];
+                        SeqChunk {
+                            tokens: &s.tokens[s.computed..s.computed + take],
+                            start_pos: s.computed,
+                            block_table: &s.block_table[..(s.computed + take).div_ceil(block_size)],
+                        }
+                    })
+                    .collect()
+            }) else {
+                continue;
             };
             let now = Instant::now();
-            let vocab = self.model.vocab_size();
-            let mut host_rows = picked.logits.chunks_exact(vocab);
+            let inputs = self.row_inputs(&picked, &picks);
             // Sequences whose prompt completed, with their row: (running index, row input).
             let mut rows: Vec<(usize, RowInput<'_>)> = Vec::new();
-            for (row, &(i, take)) in plan.iter().enumerate() {
+            for (&(i, take), input) in plan.iter().zip(inputs) {
                 let s = &mut self.running[i];
                 s.computed += take;
-                let logits = match picks[row] {
-                    RowPick::Logits => host_rows.next().unwrap_or_default(),
-                    RowPick::Skip | RowPick::Argmax => &[],
-                };
                 if s.computed == s.tokens.len() {
                     s.prefilled = true;
-                    let token = picked.tokens[row];
-                    rows.push((i, RowInput { token, logits }));
+                    rows.push((i, input));
                 }
             }
-            let finished = self.advance_rows(&rows, now);
-            self.retire(finished);
+            self.advance_and_retire(&rows, now);
         }
         Ok(())
     }
@@ -366,45 +362,33 @@ impl<F: ForwardModel> EngineCore<F> {
         if !self.grow_prefilled(|s| s.tokens.len()) {
             return Err(EngineError::KvExhausted);
         }
-        let chunks: Vec<SeqChunk<'_>> = idx
-            .iter()
-            .map(|&i| {
-                let s = &self.running[i];
-                SeqChunk {
-                    tokens: &s.tokens[s.computed..s.computed + 1],
-                    start_pos: s.computed,
-                    block_table: &s.block_table,
-                }
-            })
-            .collect();
         let picks: Vec<RowPick> = idx.iter().map(|&i| self.row_pick(i)).collect();
         let t_fwd = Instant::now();
-        let result = self.model.forward_pick(&chunks, &picks);
-        let t_tokens = Instant::now();
-        self.forward_time += t_tokens - t_fwd;
-        self.decode_host.steps += 1;
         self.decode_host.schedule += t_fwd - t_start;
-        drop(chunks);
         self.decode_steps += 1;
-        let picked = match self.check_picked(result, &picks) {
-            Ok(p) => p,
-            Err(e) => {
-                self.fail(&idx, &e);
-                return Ok(());
-            }
+        let picked = self.forward_rows(&idx, &picks, Pass::Pick, |running| {
+            idx.iter()
+                .map(|&i| {
+                    let s = &running[i];
+                    SeqChunk {
+                        tokens: &s.tokens[s.computed..s.computed + 1],
+                        start_pos: s.computed,
+                        block_table: &s.block_table,
+                    }
+                })
+                .collect()
+        });
+        let t_tokens = Instant::now();
+        self.decode_host.steps += 1;
+        let Some(picked) = picked else {
+            return Ok(());
         };
         let now = Instant::now();
-        let vocab = self.model.vocab_size();
-        let mut host_rows = picked.logits.chunks_exact(vocab);
+        let inputs = self.row_inputs(&picked, &picks);
         let mut rows: Vec<(usize, RowInput<'_>)> = Vec::with_capacity(idx.len());
-        for (row, &i) in idx.iter().enumerate() {
+        for (&i, input) in idx.iter().zip(inputs) {
             self.running[i].computed += 1;
-            let logits = match picks[row] {
-                RowPick::Logits => host_rows.next().unwrap_or_default(),
-                RowPick::Skip | RowPick::Argmax => &[],
-            };
-            let token = picked.tokens[row];
-            rows.push((i, RowInput { token, logits }));
+            rows.push((i, input));
         }
         let finished = self.advance_rows(&rows, now);
         let t_retire = Instant::now();
@@ -428,6 +412,65 @@ impl<F: ForwardModel> EngineCore<F> {
         } else {
             RowPick::Logits
         }
+    }
+
+    /// One forward pass: the chunks `chunks` builds from the running batch, answered as `pass`
+    /// says, timed into `forward_time` and checked against `picks`. When the pass fails, running
+    /// sequences `seqs` (those the chunks belong to) end with the error and None is returned.
+    pub(crate) fn forward_rows(
+        &mut self,
+        seqs: &[usize],
+        picks: &[RowPick],
+        pass: Pass,
+        chunks: impl for<'s> FnOnce(&'s [Sequence]) -> Vec<SeqChunk<'s>>,
+    ) -> Option<PickedRows> {
+        let chunks = chunks(&self.running);
+        let t_fwd = Instant::now();
+        let result = match pass {
+            Pass::Pick => self.model.forward_pick(&chunks, picks),
+            Pass::Logits => {
+                let vocab = self.model.vocab_size();
+                self.model
+                    .forward(&chunks)
+                    .and_then(|logits| pick_on_host(vocab, logits, picks))
+            }
+        };
+        self.forward_time += t_fwd.elapsed();
+        drop(chunks);
+        match self.check_picked(result, picks) {
+            Ok(picked) => Some(picked),
+            Err(e) => {
+                self.fail(seqs, &e);
+                None
+            }
+        }
+    }
+
+    /// Each row's input to [`super::advance`]: the model's token for an `Argmax` row, the logits
+    /// row for a `Logits` row (in `picked.logits` order), nothing for a `Skip` row.
+    pub(crate) fn row_inputs<'a>(
+        &self,
+        picked: &'a PickedRows,
+        picks: &[RowPick],
+    ) -> Vec<RowInput<'a>> {
+        let mut host_rows = picked.logits.chunks_exact(self.model.vocab_size().max(1));
+        picks
+            .iter()
+            .zip(&picked.tokens)
+            .map(|(pick, &token)| RowInput {
+                token,
+                logits: match pick {
+                    RowPick::Logits => host_rows.next().unwrap_or_default(),
+                    RowPick::Skip | RowPick::Argmax => &[],
+                },
+            })
+            .collect()
+    }
+
+    /// Advances `rows` by one token each ([`Self::advance_rows`]) and retires those that finished.
+    fn advance_and_retire(&mut self, rows: &[(usize, RowInput<'_>)], now: Instant) {
+        let finished = self.advance_rows(rows, now);
+        self.retire(finished);
     }
 
     /// The model's answer to `picks`, or why it cannot be used (a failed pass, or rows missing).

@@ -1,7 +1,7 @@
 //! [`Engine`]: the thread that owns the model and runs the generated scheduler, and the handle
 //! callers use to submit requests and read the control surface.
 //!
-//! Design: one engine thread, channels in and out (design.md's data path). The thread loops:
+//! Design: one engine thread, channels in and out (the data path in `engine/mod.rs`). The thread loops:
 //! take new requests from the channel, publish the runtime slots, `machine.step()`. When a step
 //! does nothing (`Transition::is_noop`: idle, or suspended) it blocks on the channel for a short
 //! while, so it also notices slot writes (power_state, speculative_draft_len) from outside.

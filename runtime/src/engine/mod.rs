@@ -1,6 +1,6 @@
 //! The engine: continuous batching driven by the generated scheduler.
 //!
-//! Data path (design.md): [`Engine::submit`] validates and tokenizes a [`Request`] on the caller's
+//! Data path: [`Engine::submit`] validates and tokenizes a [`Request`] on the caller's
 //! thread and queues it; one engine thread owns the model and repeatedly asks the generated
 //! scheduler (`crate::scheduler`, compiled from `specs/scheduler.toml`) for the next step, whose
 //! actions and predicates [`core::EngineCore`] implements: admit (block manager), prefill and

@@ -13,9 +13,9 @@
 
 use std::time::Instant;
 
-use super::core::EngineCore;
+use super::core::{EngineCore, Pass};
 use super::error::EngineError;
-use super::forward::ForwardModel;
+use super::forward::{ForwardModel, RowPick};
 use crate::model::batch::SeqChunk;
 
 /// Longest draft accepted from the slot, whatever is written there.
@@ -102,36 +102,36 @@ impl<F: ForwardModel> EngineCore<F> {
         }
         // Rows: per sequence, its pending token then each drafted token. [sum(1 + draft_len)]
         let mut first_row = Vec::with_capacity(idx.len());
-        let mut chunks: Vec<SeqChunk<'_>> = Vec::new();
+        let mut rows = 0;
         for &i in &idx {
-            let s = &self.running[i];
-            first_row.push(chunks.len());
-            let pending = s.tokens.len() - 1;
-            chunks.push(SeqChunk {
-                tokens: &s.tokens[pending..],
-                start_pos: pending,
-                block_table: &s.block_table,
-            });
-            for (j, t) in s.draft.iter().enumerate() {
+            first_row.push(rows);
+            rows += 1 + self.running[i].draft.len();
+        }
+        self.decode_steps += 1;
+        let picks = vec![RowPick::Logits; rows];
+        let Some(picked) = self.forward_rows(&idx, &picks, Pass::Logits, |running| {
+            let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(rows);
+            for &i in &idx {
+                let s = &running[i];
+                let pending = s.tokens.len() - 1;
                 chunks.push(SeqChunk {
-                    tokens: std::slice::from_ref(t),
-                    start_pos: pending + 1 + j,
+                    tokens: &s.tokens[pending..],
+                    start_pos: pending,
                     block_table: &s.block_table,
                 });
+                for (j, t) in s.draft.iter().enumerate() {
+                    chunks.push(SeqChunk {
+                        tokens: std::slice::from_ref(t),
+                        start_pos: pending + 1 + j,
+                        block_table: &s.block_table,
+                    });
+                }
             }
-        }
-        let t_fwd = Instant::now();
-        let result = self.model.forward(&chunks);
-        self.forward_time += t_fwd.elapsed();
-        drop(chunks);
-        self.decode_steps += 1;
-        let logits = match result {
-            Ok(l) => l,
-            Err(e) => {
-                self.fail(&idx, &e);
-                return Ok(());
-            }
+            chunks
+        }) else {
+            return Ok(());
         };
+        let logits = picked.logits;
         let now = Instant::now();
         let vocab = self.model.vocab_size();
         let mut finished = Vec::new();

@@ -47,7 +47,7 @@
 //! (`CHECKPOINT_EVERY`, ...).
 //!
 //! # Step semantics
-//! `step` first checks the machine's interrupts in order (the seed's power check); the first
+//! `step` first checks the machine's interrupts in order (the power events); the first
 //! whose guard holds runs its `do` list and moves to its target (no target: stays). Otherwise the
 //! current state's transitions are tried in order; the first whose guard holds runs and moves.
 //! If none holds the machine stays and does nothing (`Cause::Stay`). Actions run on `rt` in
@@ -55,16 +55,15 @@
 //! state unchanged and is returned. Guards and updates never panic (wrapping arithmetic,
 //! division by zero gives 0, writes saturate to `0..=u32::MAX`).
 //!
-//! # States of the seed machine
-//! idle, prefill, generate, swap, checkpoint, resume as in the seed, plus `suspended`: after a
+//! # States of the default machine (`seed`)
+//! idle, prefill, generate, swap, checkpoint, resume, and `suspended`: after a
 //! suspend interrupt has checkpointed, the engine waits there (every step a no-op) until
 //! `power_state` is set to `resume` from outside; the resume interrupt then moves to `resume`,
-//! which restores the newest checkpoint and continues in `prefill`. The seed went straight from
-//! its suspend checkpoint to RESUME and restored on the next step, which made suspend a no-op.
+//! which restores the newest checkpoint and continues in `prefill`.
 
 sov_macros::interface!("../specs/runtime.toml");
 
-/// The default machine, `specs/scheduler.toml` (the seed adapted to continuous batching).
+/// The default machine, `specs/scheduler.toml` (continuous batching, speculative decoding, checkpoints).
 pub mod seed {
     sov_macros::machine!("../specs/scheduler.toml");
 }

@@ -145,7 +145,7 @@ pub fn parse_unverified(text: &str) -> Result<(ReceiptBody, Digest)> {
 }
 
 /// The slot words that mirror a receipt: slot 7 the height, 8..15 the digest, 16..31 the signature
-/// (each 4 bytes little-endian, as the seed lays them out).
+/// (each 4 bytes little-endian, as `specs/runtime.toml` lays out slots 16..31).
 pub fn slot_words(height: u64, digest: &Digest, signature: &[u8; 64]) -> [u32; 25] {
     let mut out = [0u32; 25];
     out[0] = u32::try_from(height).unwrap_or(u32::MAX);

@@ -1,4 +1,4 @@
-//! Behaviour of the generated schedulers on the recording runtime, reproducing the seed:
+//! Behaviour of the generated schedulers on the recording runtime:
 //! idle -> prefill (admission with KV allocation, counter reset) -> generate, one checkpoint and
 //! one receipt-height bump per `checkpoint_every` decode steps, back to idle when done; a power
 //! event at any step -> checkpoint -> (wait) -> resume -> restore -> prefill. Every expectation
@@ -53,7 +53,7 @@ fn guards_all_finished(w: &World) -> bool {
     crate::scheduler::Guards::all_finished(w)
 }
 
-/// The seed's action sequence for one request: admit, prefill (first token), then one decode
+/// The expected action sequence for one request: admit, prefill (first token), then one decode
 /// per further token with a checkpoint after every `every`-th decode.
 fn expected_single_request_log(every: u32) -> Vec<Action> {
     let mut log = vec![Action::Admit, Action::Prefill];

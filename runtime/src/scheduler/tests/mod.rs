@@ -1,6 +1,6 @@
 //! Tests of the generated schedulers: [`world`] is a recording runtime (a small model of queue,
 //! batch and paged KV cache implementing the generated `Actions` and `Guards`), [`behaviour`]
-//! replays the seed's scenarios on both shipped machines, [`props`] drives them with random
+//! replays the expected scenarios on both shipped machines, [`props`] drives them with random
 //! slots and predicate answers.
 
 mod behaviour;
