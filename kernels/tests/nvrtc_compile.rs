@@ -82,6 +82,18 @@ fn every_unit_compiles_for_sm90() {
     ] {
         compile_with(KernelId::DecodeAttention, heads, extra);
     }
+    // The tensor-core decode unit at every ring depth sov's tuning accepts.
+    for stages in sov_kernels::DECODE_MMA_STAGES {
+        let mut options = vec!["--gpu-architecture=compute_90".to_string()];
+        options.extend(KernelId::DecodeAttentionMma.defines(heads, stages));
+        let opts = CompileOptions {
+            options,
+            ..Default::default()
+        };
+        if let Err(e) = compile_ptx_with_opts(KernelId::DecodeAttentionMma.source(), opts) {
+            panic!("decode_attention_mma.cu with STAGES={stages} failed to compile: {e:?}");
+        }
+    }
 }
 
 /// Ampere (A100, compute 8.0) is the oldest architecture the kernels target: the tensor-core decode
