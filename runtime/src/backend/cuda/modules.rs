@@ -182,3 +182,29 @@ impl ModuleCache {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_kernel_tunings_share_compiled_units_and_others_do_not() {
+        let default = KernelBuild::default();
+        let index = build_index(&default).unwrap();
+        assert_eq!(build_index(&default.clone()).unwrap(), index);
+        let deeper = KernelBuild {
+            decode_stages: 3,
+            ..Default::default()
+        };
+        let defines = KernelBuild {
+            gemv_defines: vec!["-DUNROLL=4".into()],
+            ..Default::default()
+        };
+        let (d, g) = (
+            build_index(&deeper).unwrap(),
+            build_index(&defines).unwrap(),
+        );
+        assert!(d != index && g != index && d != g, "{index} {d} {g}");
+        assert_eq!(build_index(&deeper).unwrap(), d);
+    }
+}
