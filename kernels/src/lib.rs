@@ -4,7 +4,8 @@
 //! `#include "common.cuh"`. NVRTC compiles a single string and should not depend on CUDA's own
 //! headers being installed, so [`KernelId::source`] inlines the shared header in place of that line.
 //! The runtime (`sov::backend::cuda`) compiles each unit once per process and device architecture,
-//! with the `-D` defines [`KernelId::defines`] asks for, and looks kernels up by the names
+//! with the `-D` defines [`KernelId::defines`] asks for (shape parameters, and the ring depth the
+//! caller's tuning picks; this crate reads no environment), and looks kernels up by the names
 //! [`KernelId::functions`] lists. This crate has no CUDA dependency: it builds everywhere.
 
 /// The header every unit includes: bf16 conversion, vector unpacking, warp and block reductions.
@@ -20,24 +21,19 @@ const HEADERS: [(&str, &str); 2] = [
     ("decode_merge.cuh", DECODE_MERGE_HEADER),
 ];
 
-/// Ring depth (chunks per warp, `STAGES`) of the tensor-core decode kernel: 2 unless
-/// `SOV_DECODE_STAGES` (2..=4) says otherwise, a tuning knob for benchmarks. Read once. At
-/// head_dim 256 a depth of 4 asks for 256 KiB of shared memory, more than an SM has: loading the
-/// unit then fails with the driver's error.
-pub fn decode_mma_stages() -> usize {
-    static STAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *STAGES.get_or_init(|| {
-        std::env::var("SOV_DECODE_STAGES")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(2, |n| n.clamp(2, 4))
-    })
-}
+/// Ring depth (chunks per warp, `STAGES`) of the tensor-core decode kernel that sov compiles
+/// unless its tuning says otherwise (measured on the H200: deeper rings were not faster).
+pub const DEFAULT_DECODE_MMA_STAGES: usize = 2;
 
-/// Bytes of dynamic shared memory `paged_decode_attention_mma` needs for `head_dim`: a ring of
-/// `decode_mma_stages()` chunks of 16 K and 16 V rows (bf16) for each of its 4 warps.
-pub fn decode_mma_shared_bytes(head_dim: usize) -> usize {
-    4 * decode_mma_stages() * 2 * 16 * head_dim * 2
+/// Ring depths the tensor-core decode kernel can be compiled for. At head_dim 256 a depth of 4 asks
+/// for 256 KiB of shared memory, more than an SM has: loading the unit then fails with the
+/// driver's error.
+pub const DECODE_MMA_STAGES: std::ops::RangeInclusive<usize> = 2..=4;
+
+/// Bytes of dynamic shared memory `paged_decode_attention_mma` compiled with a ring of `stages`
+/// needs for `head_dim`: `stages` chunks of 16 K and 16 V rows (bf16) for each of its 4 warps.
+pub fn decode_mma_shared_bytes(head_dim: usize, stages: usize) -> usize {
+    4 * stages * 2 * 16 * head_dim * 2
 }
 
 /// Error reading a kernel source from a directory ([`KernelId::source_from_dir`]).
@@ -69,7 +65,8 @@ pub enum KernelId {
     /// Paged decode attention with split-K (flash-decoding) and GQA sharing; needs head defines.
     DecodeAttention,
     /// The same decode attention on tensor cores (bf16 cache, head_dim 64/128/256); needs head
-    /// defines and [`decode_mma_shared_bytes`] of dynamic shared memory.
+    /// defines, a ring depth ([`DECODE_MMA_STAGES`]) and [`decode_mma_shared_bytes`] of dynamic
+    /// shared memory.
     DecodeAttentionMma,
     /// Causal prefill attention over the paged cache, varlen batch; needs head defines.
     PrefillAttention,
@@ -232,8 +229,10 @@ impl KernelId {
         )
     }
 
-    /// NVRTC `-D` options for this unit (empty unless [`Self::needs_heads`]).
-    pub fn defines(self, heads: Option<HeadConfig>) -> Vec<String> {
+    /// NVRTC `-D` options for this unit: the head defines of the attention units, and for the
+    /// tensor-core decode unit its ring depth `decode_stages` (one of [`DECODE_MMA_STAGES`]).
+    /// Empty unless [`Self::needs_heads`].
+    pub fn defines(self, heads: Option<HeadConfig>, decode_stages: usize) -> Vec<String> {
         match (self.needs_heads(), heads) {
             (true, Some(h)) => {
                 let mut d = vec![
@@ -244,7 +243,7 @@ impl KernelId {
                     d.push("-DKV_F32".to_string());
                 }
                 if self == KernelId::DecodeAttentionMma {
-                    d.push(format!("-DSTAGES={}", decode_mma_stages()));
+                    d.push(format!("-DSTAGES={decode_stages}"));
                 }
                 d
             }
@@ -318,11 +317,19 @@ mod tests {
         assert!(KernelId::DecodeAttention.supports(h(32, 4, true)));
         assert!(!KernelId::DecodeAttention.supports(None));
         assert!(KernelId::Gemv.supports(None));
-        let d = KernelId::DecodeAttentionMma.defines(h(128, 4, false));
-        assert_eq!(d.last(), Some(&format!("-DSTAGES={}", decode_mma_stages())));
-        assert!(
-            decode_mma_shared_bytes(128) >= 4 * 8 * 128 * 4,
-            "w_acc fits over the ring"
+        for stages in DECODE_MMA_STAGES {
+            let d = KernelId::DecodeAttentionMma.defines(h(128, 4, false), stages);
+            assert_eq!(d.last(), Some(&format!("-DSTAGES={stages}")));
+            assert!(
+                decode_mma_shared_bytes(128, stages) >= 4 * 8 * 128 * 4,
+                "w_acc fits over the ring"
+            );
+        }
+        assert!(DECODE_MMA_STAGES.contains(&DEFAULT_DECODE_MMA_STAGES));
+        // Only the tensor-core unit takes the ring depth.
+        assert_eq!(
+            KernelId::DecodeAttention.defines(h(128, 4, false), 3),
+            KernelId::DecodeAttention.defines(h(128, 4, false), 2)
         );
     }
 
@@ -364,21 +371,31 @@ mod tests {
             .validate()
             .is_err()
         );
-        let d = KernelId::DecodeAttention.defines(Some(HeadConfig {
-            head_dim: 64,
-            group: 3,
-            kv_f32: false,
-        }));
+        let d = KernelId::DecodeAttention.defines(
+            Some(HeadConfig {
+                head_dim: 64,
+                group: 3,
+                kv_f32: false,
+            }),
+            DEFAULT_DECODE_MMA_STAGES,
+        );
         assert_eq!(
             d,
             vec!["-DHEAD_DIM=64".to_string(), "-DGQA_GROUP=3".to_string()]
         );
-        let d = KernelId::PrefillAttention.defines(Some(HeadConfig {
-            head_dim: 64,
-            group: 3,
-            kv_f32: true,
-        }));
+        let d = KernelId::PrefillAttention.defines(
+            Some(HeadConfig {
+                head_dim: 64,
+                group: 3,
+                kv_f32: true,
+            }),
+            DEFAULT_DECODE_MMA_STAGES,
+        );
         assert_eq!(d.last().map(String::as_str), Some("-DKV_F32"));
-        assert!(KernelId::Elementwise.defines(None).is_empty());
+        assert!(
+            KernelId::Elementwise
+                .defines(None, DEFAULT_DECODE_MMA_STAGES)
+                .is_empty()
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! machine. Needs only the NVRTC library, not a GPU; skips with a printed reason when it is absent.
 
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
-use sov_kernels::{HeadConfig, KernelId};
+use sov_kernels::{DEFAULT_DECODE_MMA_STAGES, HeadConfig, KernelId};
 
 fn nvrtc_present() -> bool {
     // SAFETY: only probes whether the shared library can be opened; no symbol is called.
@@ -20,7 +20,7 @@ fn compile_with(id: KernelId, heads: Option<HeadConfig>, extra: &[&str]) {
 
 fn compile_for(arch: &str, id: KernelId, heads: Option<HeadConfig>, extra: &[&str]) {
     let mut options = vec![format!("--gpu-architecture={arch}")];
-    options.extend(id.defines(heads));
+    options.extend(id.defines(heads, DEFAULT_DECODE_MMA_STAGES));
     options.extend(extra.iter().map(|s| s.to_string()));
     let opts = CompileOptions {
         options,
@@ -68,7 +68,7 @@ fn every_unit_compiles_for_sm90() {
             compile(id, None);
         }
     }
-    // The decode-attention tuning variants (SOV_DECODE_ATTENTION_DEFINES).
+    // The decode-attention tuning variants (sov's `KernelBuild::decode_attention_defines`).
     let heads = Some(HeadConfig {
         head_dim: 128,
         group: 4,
@@ -81,6 +81,18 @@ fn every_unit_compiles_for_sm90() {
         &["-DSTAGES=4", "-DMIN_BLOCKS=2"],
     ] {
         compile_with(KernelId::DecodeAttention, heads, extra);
+    }
+    // The tensor-core decode unit at every ring depth sov's tuning accepts.
+    for stages in sov_kernels::DECODE_MMA_STAGES {
+        let mut options = vec!["--gpu-architecture=compute_90".to_string()];
+        options.extend(KernelId::DecodeAttentionMma.defines(heads, stages));
+        let opts = CompileOptions {
+            options,
+            ..Default::default()
+        };
+        if let Err(e) = compile_ptx_with_opts(KernelId::DecodeAttentionMma.source(), opts) {
+            panic!("decode_attention_mma.cu with STAGES={stages} failed to compile: {e:?}");
+        }
     }
 }
 

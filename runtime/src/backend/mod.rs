@@ -21,6 +21,10 @@
 //!   slot `bt[p / block_size] * block_size + p % block_size`.
 //! - Ops take `&self` (a backend with mutable state, e.g. a CUDA stream, uses interior
 //!   mutability) and `&mut` output buffers; inputs and outputs never alias.
+//! - Ops that need more than a few values take small parameter structs: [`KvLayer`] (a layer's K
+//!   and V cache), [`RopeTables`], [`NewTokens`] (positions and slots of a step's tokens),
+//!   [`AttentionShape`] (heads, block size, scale), [`RmsNorm`] (weight and epsilon) and
+//!   [`SwiGluShape`].
 //! - Errors are [`BackendError`]; an op called with a buffer too small or of the wrong dtype
 //!   returns [`BackendError::Shape`] rather than panicking.
 
@@ -64,6 +68,9 @@ pub enum BackendError {
     /// A driver, compiler or library error from the device runtime.
     #[error("device error: {0}")]
     Device(String),
+    /// A CUDA tuning value the backend cannot be opened with.
+    #[error("CUDA tuning: {0}")]
+    Tuning(#[from] cuda::TuningError),
 }
 
 /// A typed, flat buffer in backend memory.
@@ -131,6 +138,121 @@ impl HeadShape {
     /// Elements of one token in one layer's K (or V) cache: `KVH * D`.
     pub fn kv_width(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+}
+
+/// The parameters of an RMSNorm: `weight: [d]` f32 and the epsilon added to the mean square.
+pub struct RmsNorm<'a, B: Backend> {
+    /// `[d]` f32, multiplied into each normalized row.
+    pub weight: &'a B::Buffer,
+    /// Added to `mean(x^2)` before the square root.
+    pub eps: f32,
+}
+
+impl<B: Backend> Clone for RmsNorm<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for RmsNorm<'_, B> {}
+
+/// A model's rotary tables: `cos`, `sin`: `[max_pos, D/2]` f32 each (the model bakes Llama-3.1
+/// `rope_scaling` into them).
+pub struct RopeTables<'a, B: Backend> {
+    /// `[max_pos, D/2]` f32.
+    pub cos: &'a B::Buffer,
+    /// `[max_pos, D/2]` f32.
+    pub sin: &'a B::Buffer,
+}
+
+impl<B: Backend> Clone for RopeTables<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for RopeTables<'_, B> {}
+
+/// A step's new tokens as the KV writes see them: `positions: [n]` u32 (each token's position in
+/// its sequence, for RoPE) and `slots: [n]` u32 (the KV slot it is written to).
+pub struct NewTokens<'a, B: Backend> {
+    /// `[n]` u32.
+    pub positions: &'a B::Buffer,
+    /// `[n]` u32.
+    pub slots: &'a B::Buffer,
+    /// Number of tokens.
+    pub n: usize,
+}
+
+impl<B: Backend> Clone for NewTokens<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for NewTokens<'_, B> {}
+
+/// One layer's paged KV cache: its K and V buffers, each `[num_blocks, block_size, KVH, D]` in
+/// [`Backend::kv_dtype`]. `K` is `&Buffer` for ops that read the cache and `&mut Buffer` for ops
+/// that write it (the CPU kernels use it over slices too).
+#[derive(Debug, Clone, Copy)]
+pub struct KvLayer<K> {
+    /// The layer's K cache.
+    pub k: K,
+    /// The layer's V cache.
+    pub v: K,
+}
+
+impl<T: ?Sized> KvLayer<&mut T> {
+    /// The same caches, borrowed again for a call that writes them.
+    pub fn reborrow(&mut self) -> KvLayer<&mut T> {
+        KvLayer {
+            k: &mut *self.k,
+            v: &mut *self.v,
+        }
+    }
+
+    /// The same caches, borrowed for a call that reads them.
+    pub fn as_shared(&self) -> KvLayer<&T> {
+        KvLayer {
+            k: &*self.k,
+            v: &*self.v,
+        }
+    }
+}
+
+/// What an attention op needs to know besides its buffers: the head shape, the paged cache's
+/// block size and the score scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionShape {
+    /// Query and KV heads and their dimension.
+    pub heads: HeadShape,
+    /// Tokens per KV block (the cache is `[num_blocks, block_size, KVH, D]`).
+    pub block_size: usize,
+    /// Multiplies `q . k` before the softmax (`1 / sqrt(D)` for Llama).
+    pub scale: f32,
+}
+
+/// Sizes of a SwiGLU feed-forward input ([`Backend::matmul_silu_mul`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwiGluShape {
+    /// Rows of `x`.
+    pub n: usize,
+    /// Inner dimension: columns of `x` and of the weight.
+    pub k: usize,
+    /// Intermediate size: columns of the output (the weight has `2 * f` rows).
+    pub f: usize,
+}
+
+impl<B: Backend> BatchMeta<B> {
+    /// The step's new tokens (positions and slots of its `n_tokens` rows), for the KV writes.
+    pub fn new_tokens(&self) -> NewTokens<'_, B> {
+        NewTokens {
+            positions: &self.positions,
+            slots: &self.slot_mapping,
+            n: self.n_tokens,
+        }
     }
 }
 
@@ -225,31 +347,28 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 
     /// RMSNorm as Hugging Face Llama: `out = x / sqrt(mean(x^2) + eps) * weight`, per row.
-    /// `x: [n, d]` f32, `weight: [d]` f32, `out: [n, d]` f32 or [`Self::matmul_input_dtype`]`(n)`
-    /// (the f32 result rounded to it).
+    /// `x: [n, d]` f32, `norm.weight: [d]` f32, `out: [n, d]` f32 or
+    /// [`Self::matmul_input_dtype`]`(n)` (the f32 result rounded to it).
     fn rms_norm(
         &self,
         x: &Self::Buffer,
-        weight: &Self::Buffer,
+        norm: RmsNorm<'_, Self>,
         out: &mut Self::Buffer,
         n: usize,
         d: usize,
-        eps: f32,
     ) -> Result<(), BackendError>;
 
-    /// Fused residual add and RMSNorm: `residual += x; out = rms_norm(residual) * weight`.
-    /// `residual: [n, d]` f32 (updated in place), `x: [n, d]` f32, `weight: [d]` f32,
+    /// Fused residual add and RMSNorm: `residual += x; out = rms_norm(residual)`.
+    /// `residual: [n, d]` f32 (updated in place), `x: [n, d]` f32, `norm.weight: [d]` f32,
     /// `out: [n, d]` f32 or [`Self::matmul_input_dtype`]`(n)`.
-    #[allow(clippy::too_many_arguments)]
     fn add_rms_norm(
         &self,
         residual: &mut Self::Buffer,
         x: &Self::Buffer,
-        weight: &Self::Buffer,
+        norm: RmsNorm<'_, Self>,
         out: &mut Self::Buffer,
         n: usize,
         d: usize,
-        eps: f32,
     ) -> Result<(), BackendError>;
 
     /// `out = x @ w^T`: `x: [n, k]` f32 or [`Self::matmul_input_dtype`]`(n)`, `w: [m, k]` (weight
@@ -277,50 +396,41 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// a fused qkv activation (v untouched). For a head vector `x` of token `i` at position
     /// `p = positions[i]` and `j < D/2`:
     /// `x'[j] = x[j]*cos[p,j] - x[j+D/2]*sin[p,j]`, `x'[j+D/2] = x[j+D/2]*cos[p,j] + x[j]*sin[p,j]`.
-    /// `qkv: [n, (H + 2*KVH) * D]` f32, `positions: [n]` u32,
-    /// `cos`, `sin`: `[max_pos, D/2]` f32 (the model bakes Llama-3.1 `rope_scaling` into them).
+    /// `qkv: [n, (H + 2*KVH) * D]` f32, `positions: [n]` u32, `tables`: [`RopeTables`].
     fn rope(
         &self,
         qkv: &mut Self::Buffer,
         positions: &Self::Buffer,
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
+        tables: RopeTables<'_, Self>,
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError>;
 
     /// Writes the k and v heads of each token into the paged cache at `slot_mapping[i]`:
-    /// `k_cache[slot, :, :] = qkv[i, H*D .. (H+KVH)*D]`, `v_cache[slot, :, :] = qkv[i, (H+KVH)*D ..]`.
-    /// `qkv: [n, (H + 2*KVH) * D]` f32, `slot_mapping: [n]` u32,
-    /// `k_cache`, `v_cache`: `[num_blocks, block_size, KVH, D]` in [`Backend::kv_dtype`].
+    /// `kv.k[slot, :, :] = qkv[i, H*D .. (H+KVH)*D]`, `kv.v[slot, :, :] = qkv[i, (H+KVH)*D ..]`.
+    /// `qkv: [n, (H + 2*KVH) * D]` f32, `slot_mapping: [n]` u32, `kv`: [`KvLayer`].
     fn kv_write(
         &self,
         qkv: &Self::Buffer,
         slot_mapping: &Self::Buffer,
-        k_cache: &mut Self::Buffer,
-        v_cache: &mut Self::Buffer,
+        kv: KvLayer<&mut Self::Buffer>,
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError>;
 
-    /// [`Backend::rope`] then [`Backend::kv_write`] with the same `qkv`, as one call: a backend
-    /// may fuse them (the CUDA backend does: one kernel launch fewer per layer and step), with the
-    /// same results. Shapes as for the two ops.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Backend::rope`] at `tokens.positions` then [`Backend::kv_write`] at `tokens.slots` with
+    /// the same `qkv`, as one call: a backend may fuse them (the CUDA backend does: one kernel
+    /// launch fewer per layer and step), with the same results. Shapes as for the two ops.
     fn rope_kv_write(
         &self,
         qkv: &mut Self::Buffer,
-        positions: &Self::Buffer,
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
-        slot_mapping: &Self::Buffer,
-        k_cache: &mut Self::Buffer,
-        v_cache: &mut Self::Buffer,
-        n: usize,
+        tokens: NewTokens<'_, Self>,
+        tables: RopeTables<'_, Self>,
+        kv: KvLayer<&mut Self::Buffer>,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
-        self.rope(qkv, positions, cos, sin, n, heads)?;
-        self.kv_write(qkv, slot_mapping, k_cache, v_cache, n, heads)
+        self.rope(qkv, tokens.positions, tables, tokens.n, heads)?;
+        self.kv_write(qkv, tokens.slots, kv, tokens.n, heads)
     }
 
     /// Causal paged attention over several sequences (prefill chunks and decode tokens mixed):
@@ -329,19 +439,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// over `j = 0 ..= p`, where `K[s, j]` is read from slot
     /// `block_tables[s, j / block_size] * block_size + j % block_size`.
     /// `qkv: [n_tokens, (H + 2*KVH) * D]` f32 (q heads read, already rotated),
-    /// `k_cache`, `v_cache`: `[num_blocks, block_size, KVH, D]` (already holding this step's
-    /// tokens), `out: [n_tokens, H * D]` f32.
-    #[allow(clippy::too_many_arguments)]
+    /// `kv`: [`KvLayer`] (already holding this step's tokens), `out: [n_tokens, H * D]` f32;
+    /// heads, `block_size` and `scale` from `shape`.
     fn paged_attention(
         &self,
         qkv: &Self::Buffer,
-        k_cache: &Self::Buffer,
-        v_cache: &Self::Buffer,
+        kv: KvLayer<&Self::Buffer>,
         meta: &BatchMeta<Self>,
         out: &mut Self::Buffer,
-        heads: HeadShape,
-        block_size: usize,
-        scale: f32,
+        shape: AttentionShape,
     ) -> Result<(), BackendError>;
 
     /// Sizes the backend's reusable scratch for steps of up to `max_rows` token rows (matmul
@@ -361,28 +467,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
         Ok(())
     }
 
-    /// [`Backend::rope_kv_write`] of `meta`'s tokens (its positions and slot mapping) followed by
+    /// [`Backend::rope_kv_write`] of `meta`'s tokens ([`BatchMeta::new_tokens`]) followed by
     /// [`Backend::paged_attention`], as one call: a backend may fuse them for decode steps (the
     /// CUDA backend does: the attention rotates q and the new k row as it loads them and writes
     /// the new K/V rows itself, one kernel launch fewer per layer and step), with the same `out`
     /// and cache contents. Afterwards `qkv`'s q and k heads may or may not be rotated.
-    #[allow(clippy::too_many_arguments)]
     fn rope_kv_attention(
         &self,
         qkv: &mut Self::Buffer,
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
-        k_cache: &mut Self::Buffer,
-        v_cache: &mut Self::Buffer,
+        tables: RopeTables<'_, Self>,
+        kv: KvLayer<&mut Self::Buffer>,
         meta: &BatchMeta<Self>,
         out: &mut Self::Buffer,
-        heads: HeadShape,
-        block_size: usize,
-        scale: f32,
+        shape: AttentionShape,
     ) -> Result<(), BackendError> {
-        rope_kv_then_attention(
-            self, qkv, cos, sin, k_cache, v_cache, meta, out, heads, block_size, scale,
-        )
+        rope_kv_then_attention(self, qkv, tables, kv, meta, out, shape)
     }
 
     /// SwiGLU activation: `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]`,
@@ -398,21 +497,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// The SwiGLU feed-forward input in one call: `out = silu(x @ Wg^T) * (x @ Wu^T)` where
     /// `w = [Wg; Wu]: [2 * f, k]` bf16 (gate rows, then up rows), `x: [n, k]` f32 or
-    /// [`Self::matmul_input_dtype`]`(n)`, `out: [n, f]` f32 or [`Self::matmul_input_dtype`]`(n)`.
-    /// `gate_up: [n, 2 * f]` f32 is scratch: the default ([`Self::matmul`] into it, then
-    /// [`Self::silu_mul`]) leaves the two products there; a backend that fuses them may leave it
-    /// untouched. Either way `out` holds the same values as the two calls.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Self::matmul_input_dtype`]`(n)`, `out: [n, f]` f32 or [`Self::matmul_input_dtype`]`(n)`,
+    /// sizes from `shape`. `gate_up: [n, 2 * f]` f32 is scratch: the default ([`Self::matmul`]
+    /// into it, then [`Self::silu_mul`]) leaves the two products there; a backend that fuses them
+    /// may leave it untouched. Either way `out` holds the same values as the two calls.
     fn matmul_silu_mul(
         &self,
         x: &Self::Buffer,
         w: &Self::Buffer,
         gate_up: &mut Self::Buffer,
         out: &mut Self::Buffer,
-        n: usize,
-        k: usize,
-        f: usize,
+        shape: SwiGluShape,
     ) -> Result<(), BackendError> {
+        let SwiGluShape { n, k, f } = shape;
         self.matmul(x, w, gate_up, n, k, 2 * f)?;
         self.silu_mul(gate_up, out, n, f)
     }
@@ -456,30 +553,15 @@ pub fn check_buffer<B: DeviceBuffer>(
 /// [`Backend::rope_kv_attention`] unfused: [`Backend::rope_kv_write`] of `meta`'s tokens, then
 /// [`Backend::paged_attention`] (the trait's default, and the CUDA backend's path where its fused
 /// kernel does not apply).
-#[allow(clippy::too_many_arguments)]
 pub fn rope_kv_then_attention<B: Backend>(
     b: &B,
     qkv: &mut B::Buffer,
-    cos: &B::Buffer,
-    sin: &B::Buffer,
-    k_cache: &mut B::Buffer,
-    v_cache: &mut B::Buffer,
+    tables: RopeTables<'_, B>,
+    mut kv: KvLayer<&mut B::Buffer>,
     meta: &BatchMeta<B>,
     out: &mut B::Buffer,
-    heads: HeadShape,
-    block_size: usize,
-    scale: f32,
+    shape: AttentionShape,
 ) -> Result<(), BackendError> {
-    b.rope_kv_write(
-        qkv,
-        &meta.positions,
-        cos,
-        sin,
-        &meta.slot_mapping,
-        k_cache,
-        v_cache,
-        meta.n_tokens,
-        heads,
-    )?;
-    b.paged_attention(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
+    b.rope_kv_write(qkv, meta.new_tokens(), tables, kv.reborrow(), shape.heads)?;
+    b.paged_attention(qkv, kv.as_shared(), meta, out, shape)
 }

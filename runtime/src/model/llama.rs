@@ -16,7 +16,10 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::backend::{Backend, BackendError, BatchMeta, DType, HeadShape};
+use crate::backend::{
+    AttentionShape, Backend, BackendError, BatchMeta, DType, HeadShape, KvLayer, RmsNorm,
+    RopeTables, SwiGluShape,
+};
 use crate::loader::tensor::HostTensor;
 
 use super::batch::SeqChunk;
@@ -299,16 +302,27 @@ impl<B: Backend> LlamaModel<B> {
         let scale = 1.0 / (self.heads.head_dim as f32).sqrt();
         for (l, w) in self.weights.layers.iter().enumerate() {
             if l == 0 {
-                b.rms_norm(&a.hidden, &w.input_norm, &mut a.normed, n, hidden, eps)?;
+                b.rms_norm(
+                    &a.hidden,
+                    RmsNorm {
+                        weight: &w.input_norm,
+                        eps,
+                    },
+                    &mut a.normed,
+                    n,
+                    hidden,
+                )?;
             } else {
                 b.add_rms_norm(
                     &mut a.hidden,
                     &a.sub_out,
-                    &w.input_norm,
+                    RmsNorm {
+                        weight: &w.input_norm,
+                        eps,
+                    },
                     &mut a.normed,
                     n,
                     hidden,
-                    eps,
                 )?;
             }
             let qkv_w = self.heads.qkv_width();
@@ -319,15 +333,21 @@ impl<B: Backend> LlamaModel<B> {
             let (k_cache, v_cache) = kv.layer_mut(l);
             b.rope_kv_attention(
                 &mut a.qkv,
-                &self.rope_cos,
-                &self.rope_sin,
-                k_cache,
-                v_cache,
+                RopeTables {
+                    cos: &self.rope_cos,
+                    sin: &self.rope_sin,
+                },
+                KvLayer {
+                    k: k_cache,
+                    v: v_cache,
+                },
                 meta,
                 &mut a.attn,
-                self.heads,
-                block_size,
-                scale,
+                AttentionShape {
+                    heads: self.heads,
+                    block_size,
+                    scale,
+                },
             )?;
             b.matmul(
                 &a.attn,
@@ -340,11 +360,13 @@ impl<B: Backend> LlamaModel<B> {
             b.add_rms_norm(
                 &mut a.hidden,
                 &a.sub_out,
-                &w.post_norm,
+                RmsNorm {
+                    weight: &w.post_norm,
+                    eps,
+                },
                 &mut a.normed,
                 n,
                 hidden,
-                eps,
             )?;
             let f = c.intermediate_size;
             b.matmul_silu_mul(
@@ -352,30 +374,32 @@ impl<B: Backend> LlamaModel<B> {
                 &w.gate_up,
                 &mut a.gate_up,
                 &mut a.act,
-                n,
-                hidden,
-                f,
+                SwiGluShape { n, k: hidden, f },
             )?;
             b.matmul(&a.act, &w.down, &mut a.sub_out, n, f, hidden)?;
         }
         if self.weights.layers.is_empty() {
             b.rms_norm(
                 &a.hidden,
-                &self.weights.final_norm,
+                RmsNorm {
+                    weight: &self.weights.final_norm,
+                    eps,
+                },
                 &mut a.normed,
                 n,
                 hidden,
-                eps,
             )?;
         } else {
             b.add_rms_norm(
                 &mut a.hidden,
                 &a.sub_out,
-                &self.weights.final_norm,
+                RmsNorm {
+                    weight: &self.weights.final_norm,
+                    eps,
+                },
                 &mut a.normed,
                 n,
                 hidden,
-                eps,
             )?;
         }
         Ok(())

@@ -9,7 +9,7 @@
 use rayon::prelude::*;
 
 use super::dot::{WeightRow, dot_rows};
-use crate::backend::{BackendError, HeadShape};
+use crate::backend::{BackendError, HeadShape, KvLayer};
 
 /// Per-step batch layout read back from the metadata buffers.
 pub struct AttnBatch<'a> {
@@ -77,13 +77,11 @@ pub fn token_positions(
 
 /// `out[i, h] = softmax(scale * q[i, h] . K[s, 0..=p]) @ V[s, 0..=p]` for every token row `i`
 /// (sequence `s`, position `p` from [`token_positions`]) and query head `h`.
-/// `qkv: [n_tokens, (H + 2*KVH) * D]`, `k_cache`, `v_cache`: `[num_blocks * block_size, KVH * D]`,
+/// `qkv: [n_tokens, (H + 2*KVH) * D]`, `kv.k`, `kv.v`: `[num_blocks * block_size, KVH * D]`,
 /// `out: [n_tokens, H * D]`.
-#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     qkv: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    kv: KvLayer<&[f32]>,
     batch: &AttnBatch<'_>,
     rows: &[(usize, usize)],
     out: &mut [f32],
@@ -95,6 +93,10 @@ pub fn paged_attention(
     let kvw = heads.kv_width();
     let group = heads.n_heads / heads.n_kv_heads;
     let bs = batch.block_size;
+    let KvLayer {
+        k: k_cache,
+        v: v_cache,
+    } = kv;
     out.par_chunks_mut(d).enumerate().for_each_init(
         Vec::new,
         |scores: &mut Vec<f32>, (task, o)| {
@@ -212,9 +214,11 @@ mod tests {
         assert_eq!(rows, vec![(0, 6), (0, 7), (0, 8), (0, 9), (0, 10), (1, 9)]);
         let mut out = vec![f32::NAN; n_tokens * heads.q_width()];
         let scale = 1.0 / (d as f32).sqrt();
-        paged_attention(
-            &qkv, &k_cache, &v_cache, &batch, &rows, &mut out, heads, scale,
-        );
+        let kv = KvLayer {
+            k: &k_cache[..],
+            v: &v_cache[..],
+        };
+        paged_attention(&qkv, kv, &batch, &rows, &mut out, heads, scale);
         for (i, &(s, pos)) in rows.iter().enumerate() {
             for h in 0..heads.n_heads {
                 let g = h / 2;

@@ -18,7 +18,10 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
-use crate::backend::{Backend, BackendError, BatchMeta, DType, DeviceBuffer, HeadShape};
+use crate::backend::{
+    AttentionShape, Backend, BackendError, BatchMeta, DType, DeviceBuffer, HeadShape, KvLayer,
+    RmsNorm, RopeTables,
+};
 use crate::loader::tensor::{HostData, HostTensor};
 use attention::AttnBatch;
 use matmul::Weights;
@@ -282,18 +285,17 @@ impl Backend for CpuBackend {
     fn rms_norm(
         &self,
         x: &CpuBuffer,
-        weight: &CpuBuffer,
+        norm: RmsNorm<'_, Self>,
         out: &mut CpuBuffer,
         n: usize,
         d: usize,
-        eps: f32,
     ) -> Result<(), BackendError> {
         const OP: &str = "rms_norm";
         let x = x.f32s(OP, "x", n * d)?;
-        let w = weight.f32s(OP, "weight", d)?;
+        let w = norm.weight.f32s(OP, "weight", d)?;
         let out = out.f32s_mut(OP, "out", n * d)?;
         if d > 0 {
-            self.install(|| ops::rms_norm(x, w, out, d, eps));
+            self.install(|| ops::rms_norm(x, w, out, d, norm.eps));
         }
         Ok(())
     }
@@ -302,19 +304,18 @@ impl Backend for CpuBackend {
         &self,
         residual: &mut CpuBuffer,
         x: &CpuBuffer,
-        weight: &CpuBuffer,
+        norm: RmsNorm<'_, Self>,
         out: &mut CpuBuffer,
         n: usize,
         d: usize,
-        eps: f32,
     ) -> Result<(), BackendError> {
         const OP: &str = "add_rms_norm";
         let residual = residual.f32s_mut(OP, "residual", n * d)?;
         let x = x.f32s(OP, "x", n * d)?;
-        let w = weight.f32s(OP, "weight", d)?;
+        let w = norm.weight.f32s(OP, "weight", d)?;
         let out = out.f32s_mut(OP, "out", n * d)?;
         if d > 0 {
-            self.install(|| ops::add_rms_norm(residual, x, w, out, d, eps));
+            self.install(|| ops::add_rms_norm(residual, x, w, out, d, norm.eps));
         }
         Ok(())
     }
@@ -356,11 +357,11 @@ impl Backend for CpuBackend {
         &self,
         qkv: &mut CpuBuffer,
         positions: &CpuBuffer,
-        cos: &CpuBuffer,
-        sin: &CpuBuffer,
+        tables: RopeTables<'_, Self>,
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
+        let RopeTables { cos, sin } = tables;
         const OP: &str = "rope";
         let half = heads.head_dim / 2;
         if !heads.head_dim.is_multiple_of(2) {
@@ -387,11 +388,14 @@ impl Backend for CpuBackend {
         &self,
         qkv: &CpuBuffer,
         slot_mapping: &CpuBuffer,
-        k_cache: &mut CpuBuffer,
-        v_cache: &mut CpuBuffer,
+        kv: KvLayer<&mut CpuBuffer>,
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
+        let KvLayer {
+            k: k_cache,
+            v: v_cache,
+        } = kv;
         const OP: &str = "kv_write";
         let qkv = qkv.f32s(OP, "qkv", n * heads.qkv_width())?;
         let slots = slot_mapping.u32s(OP, "slot_mapping", n)?;
@@ -417,15 +421,17 @@ impl Backend for CpuBackend {
     fn paged_attention(
         &self,
         qkv: &CpuBuffer,
-        k_cache: &CpuBuffer,
-        v_cache: &CpuBuffer,
+        kv: KvLayer<&CpuBuffer>,
         meta: &BatchMeta<Self>,
         out: &mut CpuBuffer,
-        heads: HeadShape,
-        block_size: usize,
-        scale: f32,
+        shape: AttentionShape,
     ) -> Result<(), BackendError> {
         const OP: &str = "paged_attention";
+        let AttentionShape {
+            heads,
+            block_size,
+            scale,
+        } = shape;
         if heads.n_kv_heads == 0
             || !heads.n_heads.is_multiple_of(heads.n_kv_heads)
             || block_size == 0
@@ -438,9 +444,11 @@ impl Backend for CpuBackend {
         let n = meta.n_tokens;
         let qkv = qkv.f32s(OP, "qkv", n * heads.qkv_width())?;
         let slot_elems = block_size * heads.kv_width();
-        let num_blocks = k_cache.len() / slot_elems.max(1);
-        let k_cache = k_cache.f32s(OP, "k_cache", num_blocks * slot_elems)?;
-        let v_cache = v_cache.f32s(OP, "v_cache", num_blocks * slot_elems)?;
+        let num_blocks = kv.k.len() / slot_elems.max(1);
+        let cache = KvLayer {
+            k: kv.k.f32s(OP, "k_cache", num_blocks * slot_elems)?,
+            v: kv.v.f32s(OP, "v_cache", num_blocks * slot_elems)?,
+        };
         let batch = AttnBatch {
             q_starts: meta.q_starts.u32s(OP, "q_starts", meta.n_seqs + 1)?,
             ctx_lens: meta.ctx_lens.u32s(OP, "ctx_lens", meta.n_seqs)?,
@@ -457,7 +465,7 @@ impl Backend for CpuBackend {
         let out = out.f32s_mut(OP, "out", n * heads.q_width())?;
         if heads.head_dim > 0 {
             self.install(|| {
-                attention::paged_attention(qkv, k_cache, v_cache, &batch, &rows, out, heads, scale)
+                attention::paged_attention(qkv, cache, &batch, &rows, out, heads, scale)
             });
         }
         Ok(())

@@ -3,9 +3,10 @@
 //! (`decode_attention.cu`) -- and the tiled causal kernel (`prefill_attention.cu`) otherwise.
 //!
 //! Split-K planning: one CTA per (split, kv head, sequence). The context is cut into splits of a
-//! multiple of 64 tokens: with few sequences, enough of them that about `SOV_DECODE_CTAS_PER_SM`
-//! (default 2) CTAs per SM are in flight; with many, one split per sequence unless
-//! `SOV_DECODE_SPLIT_TOKENS` caps the split length (a tuning knob; uncapped measured fastest). The
+//! multiple of 64 tokens: with few sequences, enough of them that about
+//! [`super::CudaTuning::decode_ctas_per_sm`] (default 2) CTAs per SM are in flight; with many, one
+//! split per sequence unless [`super::CudaTuning::decode_max_split_tokens`] caps the split length
+//! (uncapped measured fastest). The
 //! split count depends only on the batch size and the longest context, so a captured decode graph
 //! stays valid while contexts stay in its range.
 //!
@@ -13,7 +14,7 @@
 //! tensor-core kernel the RoPE and the KV write of the new token happen inside the attention
 //! launch (one kernel fewer per layer), otherwise `rope_kv_write` runs first. The tensor-core
 //! kernel has two entry points, for grids of at most one CTA per SM and for wider ones, so each
-//! gets its own shared-memory carveout ([`decode_carveout`]).
+//! gets its own shared-memory carveout ([`super::DecodeCarveout`]).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::{HeadConfig, KernelId};
@@ -22,7 +23,10 @@ use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err};
 use super::ops::to_i32;
 use super::pdl::arg;
-use crate::backend::{BackendError, BatchMeta, DType, HeadShape, check_buffer};
+use crate::backend::{
+    AttentionShape, BackendError, BatchMeta, DType, HeadShape, KvLayer, NewTokens, RopeTables,
+    check_buffer,
+};
 
 /// Granularity of split lengths (tokens).
 const DECODE_TILE: usize = 64;
@@ -68,89 +72,40 @@ pub(super) fn plan_splits(
 /// positions and slots (`[batch]` u32) and the model's rotation tables (`[max_pos, D/2]` f32).
 #[derive(Clone, Copy)]
 struct FusedRope<'a> {
-    positions: &'a CudaBuffer,
-    slots: &'a CudaBuffer,
-    cos: &'a CudaBuffer,
-    sin: &'a CudaBuffer,
-}
-
-/// Shared-memory carveout (percent of the SM's maximum) of the tensor-core decode kernel's two
-/// entry points: `paged_decode_attention_mma_few` (grids of at most one CTA per SM) and
-/// `paged_decode_attention_mma`. `SOV_DECODE_CARVEOUT=few,wide` overrides them (a tuning knob;
-/// -1 leaves the driver's choice). Without a carveout the driver gave the kernel so much shared
-/// memory that at batch 1 the GEMVs overlapping it (PDL) lost the L1 they read x through
-/// (4.59 vs 4.25 ms a Llama-3-8B step on the H200), and at batch 64 it ran at 74% of copy
-/// bandwidth instead of 94%. Measured on the H200 (kernels/bench/logs): 40 was best at batch 1
-/// (4.17-4.20 ms a step) and 72 for wide grids (64 x 2048: 93.7% of copy, 1 x 4096: 40% back to
-/// back).
-pub(super) fn decode_carveout(function: &str) -> Option<i32> {
-    let (few, wide) = std::env::var("SOV_DECODE_CARVEOUT")
-        .ok()
-        .and_then(|v| {
-            let (a, b) = v.split_once(',')?;
-            Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
-        })
-        .unwrap_or((40, 72));
-    let percent = match function {
-        "paged_decode_attention_mma_few" => few,
-        "paged_decode_attention_mma" => wide,
-        _ => return None,
-    };
-    (0..=100).contains(&percent).then_some(percent)
+    tokens: NewTokens<'a, CudaBackend>,
+    tables: RopeTables<'a, CudaBackend>,
 }
 
 impl CudaBackend {
     /// `rope_kv_write` then `paged_attention`; fused into the tensor-core decode kernel for decode
-    /// steps where it applies (bf16 cache, head_dim 64/128/256) unless `SOV_FUSED_ROPE=0`.
-    #[allow(clippy::too_many_arguments)]
+    /// steps where it applies (bf16 cache, head_dim 64/128/256; batch-1 step 4.11 ms fused vs
+    /// 4.13-4.14 unfused on the H200).
     pub(super) fn rope_kv_attention_impl(
         &self,
         qkv: &mut CudaBuffer,
-        cos: &CudaBuffer,
-        sin: &CudaBuffer,
-        k_cache: &mut CudaBuffer,
-        v_cache: &mut CudaBuffer,
+        tables: RopeTables<'_, CudaBackend>,
+        kv: KvLayer<&mut CudaBuffer>,
         meta: &BatchMeta<CudaBackend>,
         out: &mut CudaBuffer,
-        heads: HeadShape,
-        block_size: usize,
-        scale: f32,
+        shape: AttentionShape,
     ) -> Result<(), BackendError> {
         const OP: &str = "rope_kv_attention";
-        let n = meta.n_tokens;
+        let (n, heads) = (meta.n_tokens, shape.heads);
         let cfg = self.attention_config(heads)?;
-        let fused = self.fused_rope
-            && self.decode_mma
+        let fused = self.tuning.decode_tensor_cores
             && KernelId::DecodeAttentionMma.supports(Some(cfg))
             && n > 0
             && meta.max_q_len == 1
             && n == meta.n_seqs;
         if !fused {
-            return crate::backend::rope_kv_then_attention(
-                self, qkv, cos, sin, k_cache, v_cache, meta, out, heads, block_size, scale,
-            );
+            return crate::backend::rope_kv_then_attention(self, qkv, tables, kv, meta, out, shape);
         }
-        super::ops::check_rope_args(OP, qkv, &meta.positions, cos, sin, n, heads)?;
-        self.check_kv_write_args(OP, &meta.slot_mapping, k_cache, v_cache, n, heads)?;
-        self.check_attention_args(OP, qkv, k_cache, v_cache, meta, out, heads, block_size)?;
-        let rope = FusedRope {
-            positions: &meta.positions,
-            slots: &meta.slot_mapping,
-            cos,
-            sin,
-        };
-        self.decode_attention(
-            qkv,
-            k_cache,
-            v_cache,
-            meta,
-            out,
-            heads,
-            cfg,
-            block_size,
-            scale,
-            Some(rope),
-        )
+        let tokens = meta.new_tokens();
+        super::ops::check_rope_args(OP, qkv, tokens.positions, tables, n, heads)?;
+        self.check_kv_write_args(OP, tokens.slots, kv.as_shared(), n, heads)?;
+        self.check_attention_args(OP, qkv, kv.as_shared(), meta, out, shape)?;
+        let rope = FusedRope { tokens, tables };
+        self.decode_attention(qkv, kv.as_shared(), meta, out, shape, Some(rope))
     }
 
     /// The kernel configuration of `heads` in this backend's mode.
@@ -170,57 +125,40 @@ impl CudaBackend {
         .map_err(|e| BackendError::Unsupported(e.to_string()))
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn paged_attention_impl(
         &self,
         qkv: &CudaBuffer,
-        k_cache: &CudaBuffer,
-        v_cache: &CudaBuffer,
+        kv: KvLayer<&CudaBuffer>,
         meta: &BatchMeta<CudaBackend>,
         out: &mut CudaBuffer,
-        heads: HeadShape,
-        block_size: usize,
-        scale: f32,
+        shape: AttentionShape,
     ) -> Result<(), BackendError> {
-        let cfg = self.attention_config(heads)?;
-        self.check_attention_args(
-            "paged_attention",
-            qkv,
-            k_cache,
-            v_cache,
-            meta,
-            out,
-            heads,
-            block_size,
-        )?;
+        self.attention_config(shape.heads)?;
+        self.check_attention_args("paged_attention", qkv, kv, meta, out, shape)?;
         let n = meta.n_tokens;
         if n == 0 || meta.n_seqs == 0 {
             return Ok(());
         }
         if meta.max_q_len == 1 && n == meta.n_seqs {
-            self.decode_attention(
-                qkv, k_cache, v_cache, meta, out, heads, cfg, block_size, scale, None,
-            )
+            self.decode_attention(qkv, kv, meta, out, shape, None)
         } else {
-            self.prefill_attention(
-                qkv, k_cache, v_cache, meta, out, heads, cfg, block_size, scale,
-            )
+            self.prefill_attention(qkv, kv, meta, out, shape)
         }
     }
 
     /// Buffer checks of an attention call.
-    #[allow(clippy::too_many_arguments)]
     fn check_attention_args(
         &self,
         op: &'static str,
         qkv: &CudaBuffer,
-        k_cache: &CudaBuffer,
-        v_cache: &CudaBuffer,
+        kv: KvLayer<&CudaBuffer>,
         meta: &BatchMeta<CudaBackend>,
         out: &CudaBuffer,
-        heads: HeadShape,
-        block_size: usize,
+        shape: AttentionShape,
     ) -> Result<(), BackendError> {
+        let AttentionShape {
+            heads, block_size, ..
+        } = shape;
         let kv_dtype = if self.precise {
             DType::F32
         } else {
@@ -229,14 +167,8 @@ impl CudaBackend {
         let n = meta.n_tokens;
         check_buffer(op, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
         check_buffer(op, "out", out, DType::F32, n * heads.q_width())?;
-        check_buffer(
-            op,
-            "k_cache",
-            k_cache,
-            kv_dtype,
-            block_size * heads.kv_width(),
-        )?;
-        check_buffer(op, "v_cache", v_cache, kv_dtype, k_cache.len)?;
+        check_buffer(op, "k_cache", kv.k, kv_dtype, block_size * heads.kv_width())?;
+        check_buffer(op, "v_cache", kv.v, kv_dtype, kv.k.len)?;
         check_buffer(op, "ctx_lens", &meta.ctx_lens, DType::U32, meta.n_seqs)?;
         check_buffer(op, "q_starts", &meta.q_starts, DType::U32, meta.n_seqs + 1)?;
         check_buffer(
@@ -249,20 +181,24 @@ impl CudaBackend {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The split-K decode launch (one new token per sequence), with the fused RoPE + KV write
+    /// when `rope` is given (tensor-core kernel only).
     fn decode_attention(
         &self,
         qkv: &CudaBuffer,
-        k_cache: &CudaBuffer,
-        v_cache: &CudaBuffer,
+        kv: KvLayer<&CudaBuffer>,
         meta: &BatchMeta<CudaBackend>,
         out: &mut CudaBuffer,
-        heads: HeadShape,
-        cfg: HeadConfig,
-        block_size: usize,
-        scale: f32,
+        shape: AttentionShape,
         rope: Option<FusedRope<'_>>,
     ) -> Result<(), BackendError> {
+        let AttentionShape {
+            heads,
+            block_size,
+            scale,
+        } = shape;
+        let cfg = self.attention_config(heads)?;
+        let (k_cache, v_cache) = (kv.k, kv.v);
         let seqs = meta.n_seqs;
         let plan = plan_splits(
             seqs,
@@ -272,7 +208,8 @@ impl CudaBackend {
             self.split_max_tokens,
             self.split_min_tokens,
         );
-        let mma = self.decode_mma && KernelId::DecodeAttentionMma.supports(Some(cfg));
+        let mma =
+            self.tuning.decode_tensor_cores && KernelId::DecodeAttentionMma.supports(Some(cfg));
         if rope.is_some() && !mma {
             return Err(BackendError::Unsupported(
                 "the fused RoPE needs the tensor-core decode kernel".into(),
@@ -281,7 +218,7 @@ impl CudaBackend {
         let ctas = plan.splits * heads.n_kv_heads * seqs;
         let (f, shared_mem_bytes) = if mma {
             // Two entry points of one kernel, each with its own shared-memory carveout
-            // (`decode_carveout`).
+            // (`DecodeCarveout`).
             let name = if ctas <= self.sm_count {
                 "paged_decode_attention_mma_few"
             } else {
@@ -290,7 +227,11 @@ impl CudaBackend {
             let f = self
                 .modules
                 .function(KernelId::DecodeAttentionMma, Some(cfg), name)?;
-            (f, sov_kernels::decode_mma_shared_bytes(cfg.head_dim) as u32)
+            let stages = self.tuning.kernels.decode_stages;
+            (
+                f,
+                sov_kernels::decode_mma_shared_bytes(cfg.head_dim, stages) as u32,
+            )
         } else {
             let f = self.modules.function(
                 KernelId::DecodeAttention,
@@ -338,7 +279,12 @@ impl CudaBackend {
         // The fused RoPE's buffers, or null pointers (the tensor-core kernel's last four
         // parameters; the CUDA-core kernel has none of them).
         let [pos, slots, cos, sin] = match rope {
-            Some(r) => [r.positions.ptr(), r.slots.ptr(), r.cos.ptr(), r.sin.ptr()],
+            Some(r) => [
+                r.tokens.positions.ptr(),
+                r.tokens.slots.ptr(),
+                r.tables.cos.ptr(),
+                r.tables.sin.ptr(),
+            ],
             None => [0; 4],
         };
         let mut params = [
@@ -380,19 +326,22 @@ impl CudaBackend {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The tiled causal launch (prefill chunks, or decode mixed with them).
     fn prefill_attention(
         &self,
         qkv: &CudaBuffer,
-        k_cache: &CudaBuffer,
-        v_cache: &CudaBuffer,
+        kv: KvLayer<&CudaBuffer>,
         meta: &BatchMeta<CudaBackend>,
         out: &mut CudaBuffer,
-        heads: HeadShape,
-        cfg: HeadConfig,
-        block_size: usize,
-        scale: f32,
+        shape: AttentionShape,
     ) -> Result<(), BackendError> {
+        let AttentionShape {
+            heads,
+            block_size,
+            scale,
+        } = shape;
+        let cfg = self.attention_config(heads)?;
+        let (k_cache, v_cache) = (kv.k, kv.v);
         let f =
             self.modules
                 .function(KernelId::PrefillAttention, Some(cfg), "prefill_attention")?;

@@ -4,7 +4,10 @@ use half::bf16;
 
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err};
-use crate::backend::{Backend, BackendError, BatchMeta, DType, HeadShape, check_buffer};
+use crate::backend::{
+    AttentionShape, Backend, BackendError, BatchMeta, DType, HeadShape, KvLayer, NewTokens,
+    RmsNorm, RopeTables, SwiGluShape, check_buffer,
+};
 use crate::loader::tensor::{HostData, HostTensor};
 
 fn range_err(op: &'static str, what: &str, end: usize, len: usize) -> BackendError {
@@ -153,38 +156,27 @@ impl Backend for CudaBackend {
     fn rms_norm(
         &self,
         x: &CudaBuffer,
-        weight: &CudaBuffer,
+        norm: RmsNorm<'_, Self>,
         out: &mut CudaBuffer,
         n: usize,
         d: usize,
-        eps: f32,
     ) -> Result<(), BackendError> {
         check_buffer("rms_norm", "x", x, DType::F32, n * d)?;
         // Plain RMSNorm: the kernel reads `x` through its residual pointer and never writes it.
-        self.rms_norm_impl("rms_norm", x.ptr(), None, weight, out, n, d, eps)
+        self.rms_norm_impl(x.ptr(), None, norm, out, n, d)
     }
 
     fn add_rms_norm(
         &self,
         residual: &mut CudaBuffer,
         x: &CudaBuffer,
-        weight: &CudaBuffer,
+        norm: RmsNorm<'_, Self>,
         out: &mut CudaBuffer,
         n: usize,
         d: usize,
-        eps: f32,
     ) -> Result<(), BackendError> {
         check_buffer("add_rms_norm", "residual", residual, DType::F32, n * d)?;
-        self.rms_norm_impl(
-            "add_rms_norm",
-            residual.ptr(),
-            Some(x),
-            weight,
-            out,
-            n,
-            d,
-            eps,
-        )
+        self.rms_norm_impl(residual.ptr(), Some(x), norm, out, n, d)
     }
 
     fn matmul(
@@ -213,63 +205,44 @@ impl Backend for CudaBackend {
         &self,
         qkv: &mut CudaBuffer,
         positions: &CudaBuffer,
-        cos: &CudaBuffer,
-        sin: &CudaBuffer,
+        tables: RopeTables<'_, Self>,
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
-        self.rope_impl(qkv, positions, cos, sin, n, heads)
+        self.rope_impl(qkv, positions, tables, n, heads)
     }
 
     fn kv_write(
         &self,
         qkv: &CudaBuffer,
         slot_mapping: &CudaBuffer,
-        k_cache: &mut CudaBuffer,
-        v_cache: &mut CudaBuffer,
+        kv: KvLayer<&mut CudaBuffer>,
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
-        self.kv_write_impl(qkv, slot_mapping, k_cache, v_cache, n, heads)
+        self.kv_write_impl(qkv, slot_mapping, kv, n, heads)
     }
 
     fn rope_kv_write(
         &self,
         qkv: &mut CudaBuffer,
-        positions: &CudaBuffer,
-        cos: &CudaBuffer,
-        sin: &CudaBuffer,
-        slot_mapping: &CudaBuffer,
-        k_cache: &mut CudaBuffer,
-        v_cache: &mut CudaBuffer,
-        n: usize,
+        tokens: NewTokens<'_, Self>,
+        tables: RopeTables<'_, Self>,
+        kv: KvLayer<&mut CudaBuffer>,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
-        self.rope_kv_write_impl(
-            qkv,
-            positions,
-            cos,
-            sin,
-            slot_mapping,
-            k_cache,
-            v_cache,
-            n,
-            heads,
-        )
+        self.rope_kv_write_impl(qkv, tokens, tables, kv, heads)
     }
 
     fn paged_attention(
         &self,
         qkv: &CudaBuffer,
-        k_cache: &CudaBuffer,
-        v_cache: &CudaBuffer,
+        kv: KvLayer<&CudaBuffer>,
         meta: &BatchMeta<Self>,
         out: &mut CudaBuffer,
-        heads: HeadShape,
-        block_size: usize,
-        scale: f32,
+        shape: AttentionShape,
     ) -> Result<(), BackendError> {
-        self.paged_attention_impl(qkv, k_cache, v_cache, meta, out, heads, block_size, scale)
+        self.paged_attention_impl(qkv, kv, meta, out, shape)
     }
 
     fn reserve_scratch(
@@ -287,19 +260,13 @@ impl Backend for CudaBackend {
     fn rope_kv_attention(
         &self,
         qkv: &mut CudaBuffer,
-        cos: &CudaBuffer,
-        sin: &CudaBuffer,
-        k_cache: &mut CudaBuffer,
-        v_cache: &mut CudaBuffer,
+        tables: RopeTables<'_, Self>,
+        kv: KvLayer<&mut CudaBuffer>,
         meta: &BatchMeta<Self>,
         out: &mut CudaBuffer,
-        heads: HeadShape,
-        block_size: usize,
-        scale: f32,
+        shape: AttentionShape,
     ) -> Result<(), BackendError> {
-        self.rope_kv_attention_impl(
-            qkv, cos, sin, k_cache, v_cache, meta, out, heads, block_size, scale,
-        )
+        self.rope_kv_attention_impl(qkv, tables, kv, meta, out, shape)
     }
 
     fn matmul_silu_mul(
@@ -308,11 +275,9 @@ impl Backend for CudaBackend {
         w: &CudaBuffer,
         gate_up: &mut CudaBuffer,
         out: &mut CudaBuffer,
-        n: usize,
-        k: usize,
-        f: usize,
+        shape: SwiGluShape,
     ) -> Result<(), BackendError> {
-        self.matmul_silu_mul_impl(x, w, gate_up, out, n, k, f)
+        self.matmul_silu_mul_impl(x, w, gate_up, out, shape)
     }
 
     fn silu_mul(

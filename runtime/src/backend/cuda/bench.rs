@@ -25,7 +25,9 @@ use rand::seq::SliceRandom;
 
 use super::tests::device;
 use super::{CudaBackend, CudaBuffer, SamplingRow};
-use crate::backend::{Backend, BatchMeta, DType, HeadShape};
+use crate::backend::{
+    AttentionShape, Backend, BatchMeta, DType, HeadShape, KvLayer, RmsNorm, RopeTables, SwiGluShape,
+};
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -161,10 +163,14 @@ fn bench_decode_attention() -> R<()> {
         };
         let qb = b.upload_f32(&q)?;
         let mut out = b.alloc(DType::F32, batch * heads.q_width())?; // [batch, q_width] f32
-        let scale = 1.0 / (128f32).sqrt();
+        let shape = AttentionShape {
+            heads,
+            block_size: bs,
+            scale: 1.0 / (128f32).sqrt(),
+        };
         let mut call = |i: usize| {
             let (kc, vc) = &caches[i % copies];
-            b.paged_attention(&qb, kc, vc, &meta, &mut out, heads, bs, scale)
+            b.paged_attention(&qb, KvLayer { k: kc, v: vc }, &meta, &mut out, shape)
         };
         let ms = time_ms(&b, 5, 50, || Ok(call(0)?))?;
         let b2b_ms = back_to_back_ms(&b, 20, 20, || Ok(call(0)?))?;
@@ -217,6 +223,7 @@ fn bench_decode_attention() -> R<()> {
 #[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
 fn bench_decode_matmuls() -> R<()> {
     let Some(mut b) = device() else { return Ok(()) };
+    let gemv_max_rows = b.tuning.gemv_max_rows;
     // (name, k, m): x [n, k] @ w [m, k]^T.
     let shapes = [
         ("qkv", 4096usize, 6144usize),
@@ -236,7 +243,7 @@ fn bench_decode_matmuls() -> R<()> {
             let mut out = b.alloc(DType::F32, n * m)?; // [n, m]
             let mut us = [0f64; 2]; // [cuBLAS, GEMV] microseconds per product
             for (path, gemv) in [false, true].into_iter().enumerate() {
-                b.gemv_max_rows = if gemv { 4 } else { 0 };
+                b.tuning.gemv_max_rows = if gemv { 4 } else { 0 };
                 let ms = time_ms(&b, 2, 10, || {
                     for w in &ws {
                         b.matmul(&x, w, &mut out, n, k, m)?;
@@ -245,7 +252,7 @@ fn bench_decode_matmuls() -> R<()> {
                 })?;
                 us[path] = ms * 1e3 / copies as f64;
             }
-            b.gemv_max_rows = 1;
+            b.tuning.gemv_max_rows = gemv_max_rows;
             let gbps = |t: f64| bytes as f64 / (t * 1e-6) / 1e9;
             println!(
                 "BENCH matmul {name} n={n} k={k} m={m} weight_mb={} cublas_us={:.1} cublas_gbps={:.0} \
@@ -374,54 +381,59 @@ fn forward_logits(
     b.embedding(&m.embed, ids, &mut a.residual, n, HIDDEN)?;
     for (l, layer) in m.layers.iter().enumerate() {
         if l == 0 {
-            b.rms_norm(&a.residual, &layer.attn_norm, &mut a.h, n, HIDDEN, eps)?;
-        } else {
-            b.add_rms_norm(
-                &mut a.residual,
-                &a.proj,
-                &layer.attn_norm,
-                &mut a.h,
-                n,
-                HIDDEN,
+            let norm = RmsNorm {
+                weight: &layer.attn_norm,
                 eps,
-            )?;
+            };
+            b.rms_norm(&a.residual, norm, &mut a.h, n, HIDDEN)?;
+        } else {
+            let norm = RmsNorm {
+                weight: &layer.attn_norm,
+                eps,
+            };
+            b.add_rms_norm(&mut a.residual, &a.proj, norm, &mut a.h, n, HIDDEN)?;
         }
         b.matmul(&a.h, &layer.wqkv, &mut a.qkv, n, HIDDEN, HEADS.qkv_width())?;
         let (kc, vc) = &mut kv[l];
         b.rope_kv_attention(
             &mut a.qkv,
-            &m.cos,
-            &m.sin,
-            kc,
-            vc,
+            RopeTables {
+                cos: &m.cos,
+                sin: &m.sin,
+            },
+            KvLayer { k: kc, v: vc },
             meta,
             &mut a.attn,
-            HEADS,
-            16,
-            1.0 / (128f32).sqrt(),
+            AttentionShape {
+                heads: HEADS,
+                block_size: 16,
+                scale: 1.0 / (128f32).sqrt(),
+            },
         )?;
         b.matmul(&a.attn, &layer.wo, &mut a.proj, n, HEADS.q_width(), HIDDEN)?;
-        b.add_rms_norm(
-            &mut a.residual,
-            &a.proj,
-            &layer.mlp_norm,
-            &mut a.h,
-            n,
-            HIDDEN,
+        let norm = RmsNorm {
+            weight: &layer.mlp_norm,
             eps,
-        )?;
+        };
+        b.add_rms_norm(&mut a.residual, &a.proj, norm, &mut a.h, n, HIDDEN)?;
         b.matmul_silu_mul(
             &a.h,
             &layer.w_gate_up,
             &mut a.gate_up,
             &mut a.act,
-            n,
-            HIDDEN,
-            INTER,
+            SwiGluShape {
+                n,
+                k: HIDDEN,
+                f: INTER,
+            },
         )?;
         b.matmul(&a.act, &layer.w_down, &mut a.proj, n, INTER, HIDDEN)?;
     }
-    b.add_rms_norm(&mut a.residual, &a.proj, &m.norm, &mut a.h, n, HIDDEN, eps)?;
+    let norm = RmsNorm {
+        weight: &m.norm,
+        eps,
+    };
+    b.add_rms_norm(&mut a.residual, &a.proj, norm, &mut a.h, n, HIDDEN)?;
     let seqs = meta.n_seqs;
     b.gather_rows(&a.h, last_rows, &mut a.last, seqs, HIDDEN)?;
     b.matmul(&a.last, &m.lm_head, &mut a.logits, seqs, HIDDEN, VOCAB)

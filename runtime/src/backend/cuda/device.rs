@@ -1,4 +1,7 @@
 //! Opening a GPU: library probes, context, stream, cuBLAS handle, memory transfers.
+//!
+//! Design: a backend is opened with a [`CudaTuning`] value (the measured defaults, or what the
+//! program's edge built) and keeps it; nothing here reads the environment.
 
 use std::sync::{Arc, Mutex};
 
@@ -7,6 +10,7 @@ use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
 use super::buffer::CudaBuffer;
 use super::modules::ModuleCache;
+use super::tuning::CudaTuning;
 use crate::backend::{BackendError, DType, check_buffer};
 
 /// The CUDA backend: one device, one stream, the kernel cache and scratch memory.
@@ -16,46 +20,26 @@ pub struct CudaBackend {
     pub(super) stream: Arc<CudaStream>,
     pub(super) blas: CudaBlas,
     pub(super) modules: ModuleCache,
-    /// CTAs a split-K decode-attention launch aims to have in flight: `SOV_DECODE_CTAS_PER_SM`
-    /// (default 2, measured best at batch 1 and 64 on the H200) per streaming multiprocessor.
+    /// The tuning the backend was opened with ([`CudaBackend::with_tuning`]).
+    pub(super) tuning: CudaTuning,
+    /// CTAs a split-K decode-attention launch aims to have in flight: the SMs times
+    /// [`CudaTuning::decode_ctas_per_sm`].
     pub(super) split_target_ctas: usize,
-    /// Longest split of a decode-attention launch (tokens): `SOV_DECODE_SPLIT_TOKENS`, unlimited
-    /// by default. A tuning knob: on the H200 one split per sequence at batch >= 64 was fastest
-    /// (short splits cost a pipeline fill and a merge each; kernels/bench/logs).
+    /// Longest split of a decode-attention launch (tokens): [`CudaTuning::decode_max_split_tokens`],
+    /// `usize::MAX` when unlimited.
     pub(super) split_max_tokens: usize,
-    /// Shortest split a decode-attention launch makes where the context allows (tokens):
-    /// `SOV_DECODE_MIN_SPLIT_TOKENS`, default 64 (one tile). A short context then takes one split
-    /// and skips the merge of partial results.
+    /// Shortest split of a decode-attention launch where the context allows (tokens):
+    /// [`CudaTuning::decode_min_split_tokens`].
     pub(super) split_min_tokens: usize,
-    /// Products of at most this many rows use `gemv.cu` instead of cuBLAS in fast mode:
-    /// `SOV_GEMV` (default 1, 0 = never; values above the kernel's 4 act as 4). At one row it measured faster than cuBLAS on four of
-    /// the five Llama-3-8B decode products on the H200 (`bench_decode_matmuls`, kernels/bench/logs);
-    /// at four rows it measured 0.4-0.7x cuBLAS.
-    pub(super) gemv_max_rows: usize,
-    /// One-row products use `gemv.cu`'s one-row kernels (`gemv_bf16_1`, `gemv_swiglu_1`: fewer
-    /// registers, all CTAs of a product resident at once) unless `SOV_GEMV_SINGLE=0`.
-    pub(super) gemv_single_row: bool,
-    /// Warps per weight row in the GEMV (1, 2, 4 or 8): `SOV_GEMV_SPLIT`; unset, the most that
-    /// keeps the grid in one wave (see `gemm::auto_gemv_split`).
-    pub(super) gemv_split: Option<usize>,
     /// Streaming multiprocessors of the device.
     pub(super) sm_count: usize,
-    /// The SwiGLU is fused into the gate/up GEMV (`gemv_swiglu*`) unless `SOV_GEMV_SWIGLU=0`.
-    pub(super) gemv_swiglu: bool,
     /// Products that cuBLAS multiplies in bf16 take their input in bf16 straight from the RMSNorm
-    /// and SwiGLU kernels ([`crate::backend::Backend::matmul_input_dtype`]) unless
-    /// `SOV_BF16_INPUTS=0` (then the producers write f32 and each product casts it).
+    /// and SwiGLU kernels ([`crate::backend::Backend::matmul_input_dtype`]); off
+    /// ([`CudaBackend::with_bf16_inputs`]) the producers write f32 and each product casts it.
     pub(super) bf16_inputs: bool,
-    /// Programmatic dependent launch for the GEMV ([`super::pdl`]): compute capability >= 9.0
-    /// unless `SOV_PDL=0`.
+    /// Programmatic dependent launch ([`super::pdl`]): on where the device supports it (compute
+    /// capability >= 9.0).
     pub(super) pdl: bool,
-    /// Decode attention on tensor cores (`decode_attention_mma.cu`) where the head shape allows;
-    /// `SOV_DECODE_MMA=0` keeps the CUDA-core kernel, for comparisons.
-    pub(super) decode_mma: bool,
-    /// Decode steps rotate q and the new k row inside the tensor-core attention kernel and write
-    /// the new K/V rows there ([`crate::backend::Backend::rope_kv_attention`]) unless
-    /// `SOV_FUSED_ROPE=0`.
-    pub(super) fused_rope: bool,
     /// Reusable scratch: the bf16 copy of matmul inputs and the decode-attention partials.
     pub(super) scratch: Mutex<Scratch>,
     /// Precise mode: matmul inputs as two bf16 terms (f32 accuracy, twice the weight reads; see
@@ -134,8 +118,16 @@ pub fn probe(ordinal: usize) -> Result<(), BackendError> {
 }
 
 impl CudaBackend {
-    /// Opens device `ordinal`, or says clearly why it cannot.
+    /// Opens device `ordinal` with the measured default tuning ([`CudaTuning::default`]), or says
+    /// clearly why it cannot.
     pub fn new(ordinal: usize) -> Result<Self, BackendError> {
+        Self::with_tuning(ordinal, CudaTuning::default())
+    }
+
+    /// Opens device `ordinal` with `tuning` (checked first: [`CudaTuning::validate`]), or says
+    /// clearly why it cannot.
+    pub fn with_tuning(ordinal: usize, tuning: CudaTuning) -> Result<Self, BackendError> {
+        tuning.validate()?;
         probe(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(driver_err)?;
         // SAFETY: every buffer of a backend is used on that backend's one stream, so cudarc's
@@ -149,42 +141,39 @@ impl CudaBackend {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err)? as usize;
-        let modules = ModuleCache::new(ctx.clone(), format!("compute_{major}{minor}"));
+        let modules = ModuleCache::new(
+            ctx.clone(),
+            format!("compute_{major}{minor}"),
+            tuning.kernels.clone(),
+        )?;
         Ok(Self {
             ordinal,
             ctx,
             stream,
             blas,
             modules,
-            split_target_ctas: sm_count * env_usize("SOV_DECODE_CTAS_PER_SM").unwrap_or(2).max(1),
-            split_min_tokens: env_usize("SOV_DECODE_MIN_SPLIT_TOKENS").unwrap_or(64),
-            split_max_tokens: env_usize("SOV_DECODE_SPLIT_TOKENS")
-                .unwrap_or(usize::MAX)
-                .max(1),
-            gemv_max_rows: env_usize("SOV_GEMV").unwrap_or(1),
-            gemv_single_row: env_flag("SOV_GEMV_SINGLE", true),
-            gemv_split: env_usize("SOV_GEMV_SPLIT").filter(|s| [1, 2, 4, 8].contains(s)),
+            split_target_ctas: sm_count * tuning.decode_ctas_per_sm,
+            split_max_tokens: tuning.decode_max_split_tokens.unwrap_or(usize::MAX),
+            split_min_tokens: tuning.decode_min_split_tokens,
             sm_count,
-            gemv_swiglu: env_flag("SOV_GEMV_SWIGLU", true),
-            bf16_inputs: env_flag("SOV_BF16_INPUTS", true),
-            decode_mma: env_flag("SOV_DECODE_MMA", true),
-            fused_rope: env_flag("SOV_FUSED_ROPE", true),
-            pdl: major >= 9 && env_flag("SOV_PDL", true),
+            bf16_inputs: true,
+            pdl: major >= 9,
+            tuning,
             scratch: Mutex::new(Scratch::default()),
             precise: false,
         })
     }
 
-    /// Chooses the decode-attention kernel: tensor cores where the head shape allows (`true`, the
-    /// default unless `SOV_DECODE_MMA=0`) or always the CUDA-core kernel (`false`).
-    pub fn with_decode_mma(mut self, on: bool) -> Self {
-        self.decode_mma = on;
-        self
+    /// The tuning the backend was opened with.
+    pub fn tuning(&self) -> &CudaTuning {
+        &self.tuning
     }
 
     /// Whether products cuBLAS multiplies in bf16 get their input in bf16 from its producer
-    /// (`true`, the default unless `SOV_BF16_INPUTS=0`) or in f32, cast by the product (`false`).
-    /// The values multiplied, and so every result, are the same either way.
+    /// (`true`, the default) or in f32, cast by the product (`false`). The values multiplied, and
+    /// so every result, are the same either way (a GPU test compares the logits bit for bit); the
+    /// default saved 2-4% of a decode step at batch 16-256 on the H200, so `false` is only for
+    /// that comparison.
     pub fn with_bf16_inputs(mut self, on: bool) -> Self {
         self.bf16_inputs = on;
         self
@@ -311,21 +300,6 @@ impl CudaBackend {
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(driver_err)
     }
-}
-
-/// A positive integer from environment variable `name` (a tuning knob for benchmarks).
-/// A switch read from the environment: unset or unparsable means `default`; `0`, `false`, `off`
-/// and `no` (any case) turn it off, `1`, `true`, `on` and `yes` on.
-pub(super) fn env_flag(name: &str, default: bool) -> bool {
-    match std::env::var(name).map(|v| v.trim().to_ascii_lowercase()) {
-        Ok(v) if ["0", "false", "off", "no"].contains(&v.as_str()) => false,
-        Ok(v) if ["1", "true", "on", "yes"].contains(&v.as_str()) => true,
-        _ => default,
-    }
-}
-
-pub(super) fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.trim().parse().ok()
 }
 
 /// Grid size for a grid-stride kernel over `n` items with `threads` per block.

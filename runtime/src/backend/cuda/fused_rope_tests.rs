@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use super::reference as cpu;
 use super::tests::{device, weight};
 use super::{CudaBackend, CudaBuffer};
-use crate::backend::{Backend, BatchMeta, DType, HeadShape};
+use crate::backend::{AttentionShape, Backend, BatchMeta, DType, HeadShape, KvLayer, RopeTables};
 
 /// Rotation tables `[max_pos, d/2]` (Llama-3 base; any cos/sin pair exercises the kernels).
 fn rope_tables(max_pos: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
@@ -82,16 +82,24 @@ fn check_case(b: &CudaBackend, heads: HeadShape, block_size: usize, ctxs: &[usiz
         let mut v = weight(b, &vc, vec![cache_len]);
         let mut q = b.upload_f32(&qkv).unwrap();
         let mut out: CudaBuffer = b.upload_f32(&zeros).unwrap();
+        let tables = RopeTables { cos: &cb, sin: &sb };
+        let shape = AttentionShape {
+            heads,
+            block_size: bs,
+            scale,
+        };
+        let kv = KvLayer {
+            k: &mut k,
+            v: &mut v,
+        };
         if fused {
-            b.rope_kv_attention(
-                &mut q, &cb, &sb, &mut k, &mut v, &meta, &mut out, heads, bs, scale,
-            )
-            .unwrap();
-        } else {
-            let (p, sl) = (&meta.positions, &meta.slot_mapping);
-            b.rope_kv_write(&mut q, p, &cb, &sb, sl, &mut k, &mut v, n, heads)
+            b.rope_kv_attention(&mut q, tables, kv, &meta, &mut out, shape)
                 .unwrap();
-            b.paged_attention(&q, &k, &v, &meta, &mut out, heads, bs, scale)
+        } else {
+            let mut kv = kv;
+            b.rope_kv_write(&mut q, meta.new_tokens(), tables, kv.reborrow(), heads)
+                .unwrap();
+            b.paged_attention(&q, kv.as_shared(), &meta, &mut out, shape)
                 .unwrap();
         }
         (

@@ -9,7 +9,8 @@
 //! the model's normed rows and SwiGLU output at more than one row), cuBLAS reads it as it is: no
 //! cast kernel, the same values (op loop at batch 256: 11.99 -> 11.60 ms a step,
 //! kernels/bench/logs/bf16-product-inputs-fixed-bench-2026-11-30T0401.log).
-//! In fast mode a product of one row (decode at batch 1; up to four with `SOV_GEMV=N`) goes to
+//! In fast mode a product of one row (decode at batch 1; up to four with
+//! [`super::CudaTuning::gemv_max_rows`]) goes to
 //! `gemv.cu` instead: the same bf16 products, no cast kernel in front, weights streamed with many
 //! loads in flight, each row over as many warps as keep the grid in one wave. On the H200
 //! (`bench_decode_matmuls`, kernels/bench/logs/gpu-check-2026-11-29T2358-full.log) it beats
@@ -26,7 +27,7 @@ use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
 use super::ops::to_i32;
 use super::pdl::arg;
-use crate::backend::{BackendError, DType, check_buffer};
+use crate::backend::{BackendError, DType, SwiGluShape, check_buffer};
 
 /// Most rows of x the GEMV kernel takes (`GEMV_MAX_N` in `gemv.cu`).
 const GEMV_MAX_N: usize = 4;
@@ -34,6 +35,15 @@ const GEMV_MAX_N: usize = 4;
 const GEMV_WARPS: usize = 8;
 /// CTAs per SM the one-row GEMV kernels are compiled for (`ROW_MIN_BLOCKS` in `gemv.cu`).
 const GEMV_CTAS_PER_SM: usize = 8;
+
+/// Sizes of a product `out[n, m] = x[n, k] @ w[m, k]^T` (for the SwiGLU GEMV, `m` is the output
+/// width `f`: the weight has `2 * f` rows).
+#[derive(Debug, Clone, Copy)]
+struct ProductDims {
+    n: usize,
+    k: usize,
+    m: usize,
+}
 
 /// Warps per weight row for a product of `rows` rows on `sm_count` SMs: the most (up to 8) whose
 /// grid still fits in one wave of [`GEMV_CTAS_PER_SM`] CTAs per SM. A product of few rows then has
@@ -96,12 +106,13 @@ impl CudaBackend {
         if n == 0 || m == 0 {
             return Ok(());
         }
+        let dims = ProductDims { n, k, m };
         if x_bf16 {
             // Exact in bf16, so also what precise mode's hi term would be (its lo term is zero).
-            return self.gemm_bf16_f32(x.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0);
+            return self.gemm_bf16_f32(x.ptr(), w.ptr(), out.ptr(), dims, 0.0);
         }
         if self.gemv_applies(n, k) {
-            return self.gemv(x, w, out, n, k, m);
+            return self.gemv(x, w, out, dims);
         }
         self.reserve_matmul_scratch(n, k)?;
         let scratch = self
@@ -114,11 +125,11 @@ impl CudaBackend {
         if self.precise {
             let (hi, lo) = (xb.ptr(), xb.ptr_at(n * k));
             self.split_f32_bf16(x.ptr(), hi, lo, n * k)?;
-            self.gemm_bf16_f32(hi, w.ptr(), out.ptr(), n, k, m, 0.0)?;
-            self.gemm_bf16_f32(lo, w.ptr(), out.ptr(), n, k, m, 1.0)
+            self.gemm_bf16_f32(hi, w.ptr(), out.ptr(), dims, 0.0)?;
+            self.gemm_bf16_f32(lo, w.ptr(), out.ptr(), dims, 1.0)
         } else {
             self.cast_f32_bf16(x.ptr(), xb.ptr(), n * k)?;
-            self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), n, k, m, 0.0)
+            self.gemm_bf16_f32(xb.ptr(), w.ptr(), out.ptr(), dims, 0.0)
         }
     }
 
@@ -126,7 +137,7 @@ impl CudaBackend {
     /// bf16 (fast mode, more rows than the GEMV takes), f32 for the GEMV (which reads f32 and
     /// rounds as it multiplies) and in precise mode (whose products keep f32 inputs).
     pub(super) fn matmul_input_dtype_impl(&self, rows: usize) -> DType {
-        if self.bf16_inputs && !self.precise && rows > self.gemv_max_rows.min(GEMV_MAX_N) {
+        if self.bf16_inputs && !self.precise && rows > self.tuning.gemv_max_rows.min(GEMV_MAX_N) {
             DType::BF16
         } else {
             DType::F32
@@ -136,26 +147,23 @@ impl CudaBackend {
     /// Whether a product of `n` rows with inner dimension `k` goes to `gemv.cu` (fast mode, few
     /// rows, 16-byte weight rows).
     fn gemv_applies(&self, n: usize, k: usize) -> bool {
-        !self.precise && n <= self.gemv_max_rows.min(GEMV_MAX_N) && k.is_multiple_of(8)
+        !self.precise && n <= self.tuning.gemv_max_rows.min(GEMV_MAX_N) && k.is_multiple_of(8)
     }
 
     /// `out = silu(x @ Wg^T) * (x @ Wu^T)` for `w = [Wg; Wu]` (see
     /// [`crate::backend::Backend::matmul_silu_mul`]): one fused GEMV where the GEMV applies,
     /// otherwise the product into `gate_up` and `silu_mul`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul_silu_mul_impl(
         &self,
         x: &CudaBuffer,
         w: &CudaBuffer,
         gate_up: &mut CudaBuffer,
         out: &mut CudaBuffer,
-        n: usize,
-        k: usize,
-        f: usize,
+        shape: SwiGluShape,
     ) -> Result<(), BackendError> {
         const OP: &str = "matmul_silu_mul";
+        let SwiGluShape { n, k, f } = shape;
         let fused = self.gemv_applies(n, k)
-            && self.gemv_swiglu
             && n > 0
             && f > 0
             && x.dtype == DType::F32
@@ -167,14 +175,14 @@ impl CudaBackend {
         check_buffer(OP, "x", x, DType::F32, n * k)?;
         check_buffer(OP, "w", w, DType::BF16, 2 * f * k)?;
         check_buffer(OP, "out", out, DType::F32, n * f)?;
-        let name = if n == 1 && self.gemv_single_row {
+        let name = if n == 1 {
             "gemv_swiglu_1"
         } else {
             "gemv_swiglu"
         };
         // SAFETY: the SwiGLU kernels' arguments are (out, x, w, n, k, f) with w holding 2f rows;
         // the buffers were checked above.
-        unsafe { self.launch_gemv(name, out, x, w, n, k, f) }
+        unsafe { self.launch_gemv(name, out, x, w, ProductDims { n, k, m: f }) }
     }
 
     /// `out = x @ w^T` for `n <= GEMV_MAX_N` rows with `gemv.cu` (weights streamed once), straight
@@ -184,44 +192,43 @@ impl CudaBackend {
         x: &CudaBuffer,
         w: &CudaBuffer,
         out: &mut CudaBuffer,
-        n: usize,
-        k: usize,
-        m: usize,
+        dims: ProductDims,
     ) -> Result<(), BackendError> {
-        let name = if n == 1 && self.gemv_single_row {
+        // The one-row kernels (fewer registers, every CTA of a product resident at once): 4.26 vs
+        // 4.57 ms a batch-1 Llama-3-8B step with the general kernel on the H200.
+        let name = if dims.n == 1 {
             "gemv_bf16_1"
         } else {
             "gemv_bf16"
         };
         // SAFETY: both kernels take (out, x, w, n, k, m); the caller checked x: n*k f32, w: m*k
         // bf16, out: n*m f32.
-        unsafe { self.launch_gemv(name, out, x, w, n, k, m) }
+        unsafe { self.launch_gemv(name, out, x, w, dims) }
     }
 
-    /// Launches the `gemv.cu` kernel `name` on (out, x, w, n, k, units) with
-    /// [`CudaBackend::gemv_split`] warps per row.
+    /// Launches the `gemv.cu` kernel `name` on (out, x, w, n, k, units = `dims.m`) with
+    /// [`super::CudaTuning::gemv_split`] warps per row.
     ///
     /// # Safety
     /// The buffers must hold what kernel `name` reads and writes for these sizes: x `n*k` f32,
     /// w `units*k` bf16 (`2*units*k` for the SwiGLU kernel), out `n*units` f32; `n <= GEMV_MAX_N`
     /// (exactly 1 for the `_1` kernels) and `k % 8 == 0`.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn launch_gemv(
         &self,
         name: &str,
         out: &mut CudaBuffer,
         x: &CudaBuffer,
         w: &CudaBuffer,
-        n: usize,
-        k: usize,
-        units: usize,
+        dims: ProductDims,
     ) -> Result<(), BackendError> {
+        let ProductDims { n, k, m: units } = dims;
         let f = self.modules.function(KernelId::Gemv, None, name)?;
         // Warps per row: the SwiGLU kernels give each unit two warps (its gate and up rows).
         let split = if name.starts_with("gemv_swiglu") {
             1
         } else {
-            self.gemv_split
+            self.tuning
+                .gemv_split
                 .unwrap_or_else(|| auto_gemv_split(units, self.sm_count))
         };
         let units_per_cta = if name.starts_with("gemv_swiglu") {
@@ -288,17 +295,15 @@ impl CudaBackend {
     }
 
     /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` at raw device addresses.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm_bf16_f32(
+    fn gemm_bf16_f32(
         &self,
         x: u64,
         w: u64,
         out: u64,
-        n: usize,
-        k: usize,
-        m: usize,
+        dims: ProductDims,
         beta: f32,
     ) -> Result<(), BackendError> {
+        let ProductDims { n, k, m } = dims;
         let dims = |v: usize| {
             i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("matmul dimension {v}")))
         };

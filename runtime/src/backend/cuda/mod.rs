@@ -11,6 +11,8 @@
 //! step can be captured once into a CUDA graph and replayed ([`graph`]); the batch-1 GEMV starts
 //! streaming its weights while the kernel before it finishes ([`pdl`]); [`DecodeGraphs`] runs a
 //! model's decode steps that way, per batch-size bucket, for the engine.
+//! Every performance choice that may be changed is a field of [`CudaTuning`] ([`tuning`]), passed
+//! to [`CudaBackend::with_tuning`]; no code of the backend reads the environment.
 //! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
 //! [`CudaBackend::new`] then returns a clear error.
 
@@ -26,6 +28,7 @@ mod modules;
 mod ops;
 mod pdl;
 mod sampling;
+mod tuning;
 
 #[cfg(test)]
 mod bench;
@@ -43,3 +46,6 @@ pub use decode_graphs::DecodeGraphs;
 pub use device::{CudaBackend, probe};
 pub use graph::StepGraph;
 pub use sampling::SamplingRow;
+pub use tuning::{
+    CudaTuning, DecodeCarveout, KernelBuild, RETIRED_VARS, TuningError, retired_vars_set,
+};

@@ -6,7 +6,9 @@ use sov_kernels::KernelId;
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
 use super::pdl::arg;
-use crate::backend::{BackendError, DType, HeadShape, check_buffer};
+use crate::backend::{
+    BackendError, DType, HeadShape, KvLayer, NewTokens, RmsNorm, RopeTables, check_buffer,
+};
 
 /// `v` as a kernel `int`, or an error naming `what`.
 pub(super) fn to_i32(v: usize, what: &str) -> Result<i32, BackendError> {
@@ -36,15 +38,14 @@ pub(super) fn check_rope_args(
     op: &'static str,
     qkv: &CudaBuffer,
     positions: &CudaBuffer,
-    cos: &CudaBuffer,
-    sin: &CudaBuffer,
+    tables: RopeTables<'_, CudaBackend>,
     n: usize,
     heads: HeadShape,
 ) -> Result<(), BackendError> {
     check_buffer(op, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
     check_buffer(op, "positions", positions, DType::U32, n)?;
-    check_buffer(op, "cos", cos, DType::F32, heads.head_dim / 2)?;
-    check_buffer(op, "sin", sin, DType::F32, cos.len)
+    check_buffer(op, "cos", tables.cos, DType::F32, heads.head_dim / 2)?;
+    check_buffer(op, "sin", tables.sin, DType::F32, tables.cos.len)
 }
 
 impl CudaBackend {
@@ -87,19 +88,22 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// RMSNorm of `residual` (after adding `delta` into it when given) into `out`.
-    #[allow(clippy::too_many_arguments)]
+    /// RMSNorm of `residual` (after adding `delta` into it when given: `add_rms_norm`) into `out`.
     pub(super) fn rms_norm_impl(
         &self,
-        op: &'static str,
         residual: u64,
         delta: Option<&CudaBuffer>,
-        weight: &CudaBuffer,
+        norm: RmsNorm<'_, CudaBackend>,
         out: &mut CudaBuffer,
         n: usize,
         d: usize,
-        eps: f32,
     ) -> Result<(), BackendError> {
+        let op = if delta.is_some() {
+            "add_rms_norm"
+        } else {
+            "rms_norm"
+        };
+        let RmsNorm { weight, eps } = norm;
         check_buffer(op, "weight", weight, DType::F32, d)?;
         let name = match out.dtype {
             DType::BF16 => "rmsnorm_residual_bf16",
@@ -161,8 +165,7 @@ impl CudaBackend {
         &self,
         op: &'static str,
         slot_mapping: &CudaBuffer,
-        k_cache: &CudaBuffer,
-        v_cache: &CudaBuffer,
+        kv: KvLayer<&CudaBuffer>,
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
@@ -172,21 +175,21 @@ impl CudaBackend {
         } else {
             DType::BF16
         };
-        check_buffer(op, "k_cache", k_cache, kv_dtype, heads.kv_width())?;
-        check_buffer(op, "v_cache", v_cache, kv_dtype, k_cache.len)
+        check_buffer(op, "k_cache", kv.k, kv_dtype, heads.kv_width())?;
+        check_buffer(op, "v_cache", kv.v, kv_dtype, kv.k.len)
     }
 
     pub(super) fn rope_impl(
         &self,
         qkv: &mut CudaBuffer,
         positions: &CudaBuffer,
-        cos: &CudaBuffer,
-        sin: &CudaBuffer,
+        tables: RopeTables<'_, CudaBackend>,
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
         let half = heads.head_dim / 2;
-        check_rope_args("rope", qkv, positions, cos, sin, n, heads)?;
+        check_rope_args("rope", qkv, positions, tables, n, heads)?;
+        let RopeTables { cos, sin } = tables;
         if n == 0 {
             return Ok(());
         }
@@ -220,14 +223,17 @@ impl CudaBackend {
         &self,
         qkv: &CudaBuffer,
         slot_mapping: &CudaBuffer,
-        k_cache: &mut CudaBuffer,
-        v_cache: &mut CudaBuffer,
+        kv: KvLayer<&mut CudaBuffer>,
         n: usize,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
         const OP: &str = "kv_write";
         check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
-        self.check_kv_write_args(OP, slot_mapping, k_cache, v_cache, n, heads)?;
+        self.check_kv_write_args(OP, slot_mapping, kv.as_shared(), n, heads)?;
+        let KvLayer {
+            k: k_cache,
+            v: v_cache,
+        } = kv;
         if !heads.kv_width().is_multiple_of(8) {
             return Err(BackendError::Unsupported(format!(
                 "{OP}: KVH * D = {} not a multiple of 8",
@@ -265,23 +271,30 @@ impl CudaBackend {
     }
 
     /// `rope_impl` then `kv_write_impl` in one launch (`rope_kv_write` in `rope_kv.cu`).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn rope_kv_write_impl(
         &self,
         qkv: &mut CudaBuffer,
-        positions: &CudaBuffer,
-        cos: &CudaBuffer,
-        sin: &CudaBuffer,
-        slot_mapping: &CudaBuffer,
-        k_cache: &mut CudaBuffer,
-        v_cache: &mut CudaBuffer,
-        n: usize,
+        tokens: NewTokens<'_, CudaBackend>,
+        tables: RopeTables<'_, CudaBackend>,
+        kv: KvLayer<&mut CudaBuffer>,
         heads: HeadShape,
     ) -> Result<(), BackendError> {
         const OP: &str = "rope_kv_write";
         let half = heads.head_dim / 2;
-        check_rope_args(OP, qkv, positions, cos, sin, n, heads)?;
-        self.check_kv_write_args(OP, slot_mapping, k_cache, v_cache, n, heads)?;
+        let NewTokens {
+            positions,
+            slots: slot_mapping,
+            n,
+        } = tokens;
+        check_rope_args(OP, qkv, positions, tables, n, heads)?;
+        self.check_kv_write_args(OP, slot_mapping, kv.as_shared(), n, heads)?;
+        let (
+            RopeTables { cos, sin },
+            KvLayer {
+                k: k_cache,
+                v: v_cache,
+            },
+        ) = (tables, kv);
         if n == 0 {
             return Ok(());
         }

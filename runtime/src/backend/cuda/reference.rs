@@ -4,6 +4,8 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::backend::{AttentionShape, KvLayer};
+
 /// `n` values uniform in `[-scale, scale)` (never all zero).
 pub fn random(n: usize, scale: f32, seed: u64) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -103,21 +105,21 @@ pub struct RefSeq {
     pub blocks: Vec<u32>,
 }
 
-/// Causal attention through block tables. `q: [n, q_stride]`, caches `[slots, kvh, d]` (f32 values
-/// of the bf16 cache), out `[n, h * d]`.
-#[allow(clippy::too_many_arguments)]
+/// Causal attention through block tables. `qkv: [n, (h + 2 * kvh) * d]` (q heads read), `kv`:
+/// `[slots, kvh, d]` each (f32 values of the bf16 cache), out `[n, h * d]`.
 pub fn paged_attention(
-    q: &[f32],
-    q_stride: usize,
-    k_cache: &[f32],
-    v_cache: &[f32],
+    qkv: &[f32],
+    kv: KvLayer<&[f32]>,
     seqs: &[RefSeq],
-    h: usize,
-    kvh: usize,
-    d: usize,
-    block_size: usize,
-    scale: f32,
+    shape: AttentionShape,
 ) -> Vec<f32> {
+    let AttentionShape {
+        heads,
+        block_size,
+        scale,
+    } = shape;
+    let (h, kvh, d) = (heads.n_heads, heads.n_kv_heads, heads.head_dim);
+    let (q, q_stride, k_cache, v_cache) = (qkv, heads.qkv_width(), kv.k, kv.v);
     let n: usize = seqs.iter().map(|s| s.n_new).sum();
     let mut out = vec![0f32; n * h * d];
     let group = h / kvh;

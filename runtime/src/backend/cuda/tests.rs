@@ -9,15 +9,28 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::reference as cpu;
-use super::{CudaBackend, CudaBuffer, SamplingRow};
-use crate::backend::{Backend, BatchMeta, DType, HeadShape};
+use super::{CudaBackend, CudaBuffer, CudaTuning, SamplingRow};
+use crate::backend::{
+    AttentionShape, Backend, BatchMeta, DType, HeadShape, KvLayer, NewTokens, RmsNorm, RopeTables,
+    SwiGluShape,
+};
 use crate::loader::tensor::{HostData, HostTensor};
 
 const TOL: f64 = 1e-2;
 
-/// The GPU, or None after printing why the test is skipped.
+/// The GPU, or None after printing why the test is skipped. Its tuning is read from the `SOV_*`
+/// tuning variables ([`CudaTuning::from_vars`]; this test binary is a program's edge), so the GPU
+/// checks can run every test and benchmark with a kernel variant.
 pub(super) fn device() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
+    device_with(|_| {})
+}
+
+/// [`device`] with `change` applied to its tuning.
+pub(super) fn device_with(change: impl FnOnce(&mut CudaTuning)) -> Option<CudaBackend> {
+    let mut tuning = CudaTuning::from_vars(|k| std::env::var(k).ok())
+        .unwrap_or_else(|e| panic!("bad tuning variable: {e}"));
+    change(&mut tuning);
+    match CudaBackend::with_tuning(0, tuning) {
         Ok(b) => Some(b),
         Err(e) => {
             println!("skipping CUDA test: {e}");
@@ -69,7 +82,8 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
         let xb = b.upload_f32(&x).unwrap();
         let wb = b.upload_f32(&w).unwrap();
         let mut ob = b.alloc(DType::F32, n * d).unwrap();
-        b.rms_norm(&xb, &wb, &mut ob, n, d, 1e-5).unwrap();
+        let norm = |eps| RmsNorm { weight: &wb, eps };
+        b.rms_norm(&xb, norm(1e-5), &mut ob, n, d).unwrap();
         check(
             &format!("rms_norm n={n} d={d}"),
             &download(&b, &ob, n * d),
@@ -79,7 +93,7 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
         let delta = cpu::random(n * d, 1.0, seed + 3);
         let mut rb = b.upload_f32(&x).unwrap();
         let db = b.upload_f32(&delta).unwrap();
-        b.add_rms_norm(&mut rb, &db, &wb, &mut ob, n, d, 1e-6)
+        b.add_rms_norm(&mut rb, &db, norm(1e-6), &mut ob, n, d)
             .unwrap();
         let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, c)| a + c).collect();
         check(
@@ -126,21 +140,22 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
 fn matmul_matches_cpu() {
     // cuBLAS for every row count, and the GEMV path (taken for up to 4 rows here, k % 8 == 0),
     // held to the same bound.
-    let Some(mut b) = device() else { return };
-    b.gemv_max_rows = 0;
+    let Some(b) = device_with(|t| t.gemv_max_rows = 0) else {
+        return;
+    };
     let Some(precise) = device().map(|d| d.with_precise(true)) else {
         return;
     };
-    let Some(mut gemv) = device() else { return };
-    gemv.gemv_max_rows = 4;
-    // The general GEMV at one row must give the one-row kernel's exact bits.
-    let Some(mut general) = device() else { return };
-    general.gemv_max_rows = 4;
-    general.gemv_single_row = false;
+    let Some(gemv) = device_with(|t| t.gemv_max_rows = 4) else {
+        return;
+    };
     // Each row over four warps: the split shares (and their order) are checked against the CPU.
-    let Some(mut split4) = device() else { return };
-    split4.gemv_max_rows = 4;
-    split4.gemv_split = Some(4);
+    let Some(split4) = device_with(|t| {
+        t.gemv_max_rows = 4;
+        t.gemv_split = Some(4);
+    }) else {
+        return;
+    };
     for (n, k, m) in [
         (1, 64, 256),
         (3, 576, 1536),
@@ -166,19 +181,10 @@ fn matmul_matches_cpu() {
             &expect,
         );
         gemv.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
-        let gemv_out = download(&gemv, &ob, n * m);
         check(
             &format!("matmul (gemv where n <= 4) {n}x{k} @ {m}x{k}^T"),
-            &gemv_out,
+            &download(&gemv, &ob, n * m),
             &expect,
-        );
-        general.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
-        let got = download(&general, &ob, n * m);
-        assert!(
-            got.iter()
-                .zip(&gemv_out)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "the general gemv differs from the one-row gemv at {n}x{k} @ {m}x{k}^T"
         );
         split4.matmul(&xb, &wb, &mut ob, n, k, m).unwrap();
         check(
@@ -197,12 +203,16 @@ fn matmul_matches_cpu() {
 fn matmul_silu_mul_matches_cpu() {
     // The fused GEMV + SwiGLU (one row here; up to four with gemv_max_rows = 4) against the CPU
     // products and activation, and bit for bit against the unfused GEMV + silu_mul on the device.
-    let Some(mut fused) = device() else { return };
-    fused.gemv_max_rows = 4;
-    let Some(mut unfused) = device() else { return };
-    unfused.gemv_max_rows = 4;
-    unfused.gemv_swiglu = false;
-    unfused.gemv_split = Some(1); // the fused kernels give each row one warp
+    let Some(fused) = device_with(|t| t.gemv_max_rows = 4) else {
+        return;
+    };
+    // The unfused reference: the GEMV into gate_up, then silu_mul, called one after the other.
+    let Some(unfused) = device_with(|t| {
+        t.gemv_max_rows = 4;
+        t.gemv_split = Some(1); // the fused kernels give each row one warp
+    }) else {
+        return;
+    };
     let Some(default) = device() else { return };
     for (n, k, f) in [
         (1, 64, 128),
@@ -225,8 +235,13 @@ fn matmul_silu_mul_matches_cpu() {
             let wb = weight(b, &w, vec![2 * f, k]);
             let mut gate_up = b.alloc(DType::F32, n * 2 * f).unwrap();
             let mut out = b.alloc(DType::F32, n * f).unwrap();
-            b.matmul_silu_mul(&xb, &wb, &mut gate_up, &mut out, n, k, f)
-                .unwrap();
+            if name == "unfused" {
+                b.matmul(&xb, &wb, &mut gate_up, n, k, 2 * f).unwrap();
+                b.silu_mul(&gate_up, &mut out, n, f).unwrap();
+            } else {
+                b.matmul_silu_mul(&xb, &wb, &mut gate_up, &mut out, SwiGluShape { n, k, f })
+                    .unwrap();
+            }
             let got = download(b, &out, n * f);
             check(
                 &format!("matmul_silu_mul ({name}) n={n} k={k} f={f}"),
@@ -276,7 +291,8 @@ fn rope_and_kv_write_match_cpu() {
             b.upload_f32(&cos).unwrap(),
             b.upload_f32(&sin).unwrap(),
         );
-        b.rope(&mut qkv_b, &pb, &cb, &sb, n, heads).unwrap();
+        let tables = RopeTables { cos: &cb, sin: &sb };
+        b.rope(&mut qkv_b, &pb, tables, n, heads).unwrap();
         let mut expect = qkv.clone();
         cpu::rope(&mut expect, &pos, &cos, &sin, row, h + kvh, d);
         let got = download(&b, &qkv_b, n * row);
@@ -300,8 +316,11 @@ fn rope_and_kv_write_match_cpu() {
         let mut kc = weight(&b, &init, vec![slots_total * kvw]);
         let mut vc = weight(&b, &init, vec![slots_total * kvw]);
         let sbuf = b.upload_u32(slots).unwrap();
-        b.kv_write(&qkv_b, &sbuf, &mut kc, &mut vc, n, heads)
-            .unwrap();
+        let kv = KvLayer {
+            k: &mut kc,
+            v: &mut vc,
+        };
+        b.kv_write(&qkv_b, &sbuf, kv, n, heads).unwrap();
         let kbytes = b.read_bytes(&kc, 0, slots_total * kvw).unwrap();
         let vbytes = b.read_bytes(&vc, 0, slots_total * kvw).unwrap();
         let kgot: Vec<f32> = kbytes
@@ -328,7 +347,16 @@ fn rope_and_kv_write_match_cpu() {
         let mut qkv_f = b.upload_f32(&qkv).unwrap();
         let mut kf = weight(&b, &init, vec![slots_total * kvw]);
         let mut vf = weight(&b, &init, vec![slots_total * kvw]);
-        b.rope_kv_write(&mut qkv_f, &pb, &cb, &sb, &sbuf, &mut kf, &mut vf, n, heads)
+        let tokens = NewTokens {
+            positions: &pb,
+            slots: &sbuf,
+            n,
+        };
+        let kv = KvLayer {
+            k: &mut kf,
+            v: &mut vf,
+        };
+        b.rope_kv_write(&mut qkv_f, tokens, tables, kv, heads)
             .unwrap();
         assert_eq!(
             download(&b, &qkv_f, n * row),
@@ -424,21 +452,19 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
     };
     let qb = b.upload_f32(&qkv).unwrap();
     let mut ob = b.alloc(DType::F32, n * heads.q_width()).unwrap();
-    b.paged_attention(&qb, &kb, &vb, &meta, &mut ob, heads, bs, scale)
-        .unwrap();
-    let got = download(b, &ob, n * heads.q_width());
-    let expect = cpu::paged_attention(
-        &qkv,
-        heads.qkv_width(),
-        &kc,
-        &vc,
-        &refs,
-        h,
-        kvh,
-        d,
-        bs,
+    let shape = AttentionShape {
+        heads,
+        block_size: bs,
         scale,
-    );
+    };
+    let kv = KvLayer { k: &kb, v: &vb };
+    b.paged_attention(&qb, kv, &meta, &mut ob, shape).unwrap();
+    let got = download(b, &ob, n * heads.q_width());
+    let cpu_kv = KvLayer {
+        k: &kc[..],
+        v: &vc[..],
+    };
+    let expect = cpu::paged_attention(&qkv, cpu_kv, &refs, shape);
     let kind = if b.kv_dtype() == DType::F32 {
         "f32 cache"
     } else {
@@ -453,8 +479,7 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
         &expect,
     );
     // Twice in a row: the split counters must have been left at zero.
-    b.paged_attention(&qb, &kb, &vb, &meta, &mut ob, heads, bs, scale)
-        .unwrap();
+    b.paged_attention(&qb, kv, &meta, &mut ob, shape).unwrap();
     check(
         "paged_attention (second launch)",
         &download(b, &ob, n * heads.q_width()),
@@ -560,8 +585,9 @@ fn decode_attention_matches_cpu() {
     for (i, c) in cases.iter().enumerate() {
         run_attention(&b, c, 100 + i as u64);
     }
-    let Some(cuda_cores) = device() else { return };
-    let cuda_cores = cuda_cores.with_decode_mma(false);
+    let Some(cuda_cores) = device_with(|t| t.decode_tensor_cores = false) else {
+        return;
+    };
     println!("decode attention on CUDA cores:");
     for (i, c) in cases.iter().enumerate() {
         run_attention(&cuda_cores, c, 100 + i as u64);

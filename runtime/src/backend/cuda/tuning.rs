@@ -1,0 +1,520 @@
+//! The CUDA backend's tuning: every performance choice a user or a benchmark may change, in one
+//! typed struct whose defaults are the values measured fastest on the H200.
+//!
+//! Design: library code never reads the environment. A program builds a [`CudaTuning`] once, at its
+//! edge -- [`CudaTuning::default`], or [`CudaTuning::from_vars`] over its environment (the `SOV_*`
+//! variable named on each field) -- and opens the device with
+//! [`super::CudaBackend::with_tuning`]. The parser is a pure function of a lookup, so it is tested
+//! without touching the process environment, and a malformed value is an error naming its
+//! variable, never silently replaced by the default. [`KernelBuild`] is the part that changes how
+//! the kernel units are compiled and loaded; the process-wide module cache keys on its values.
+//!
+//! Settled A/B switches are not here: the measured winner is the only path (see
+//! [`RETIRED_VARS`] for the variables that used to select the other one).
+
+use std::path::PathBuf;
+
+/// Tuning of a [`super::CudaBackend`]. `Default` is the measured configuration; fields are public
+/// so a library user can change one and keep the rest (`CudaTuning { gemv_max_rows: 0,
+/// ..Default::default() }`). [`super::CudaBackend::with_tuning`] checks the values
+/// ([`CudaTuning::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaTuning {
+    /// CTAs per streaming multiprocessor that a split-K decode-attention launch aims to have in
+    /// flight (`SOV_DECODE_CTAS_PER_SM`, at least 1). Default 2: measured best at batch 1 and 64 on
+    /// the H200; fewer splits leave SMs idle at batch 1, more add merge work.
+    pub decode_ctas_per_sm: usize,
+    /// Shortest split of a decode-attention launch where the context allows, in tokens
+    /// (`SOV_DECODE_MIN_SPLIT_TOKENS`). Default 64, one tile: a short context then takes one split
+    /// and skips the merge of partial results.
+    pub decode_min_split_tokens: usize,
+    /// Longest split of a decode-attention launch, in tokens (`SOV_DECODE_SPLIT_TOKENS`, at least
+    /// 1); `None`, the default, is unlimited. On the H200 one split per sequence at batch >= 64
+    /// measured fastest: each short split costs a pipeline fill and a merge.
+    pub decode_max_split_tokens: Option<usize>,
+    /// Decode attention on tensor cores (`decode_attention_mma.cu`) where the head shape allows
+    /// (`SOV_DECODE_MMA`, a switch). Default on: 94% of copy bandwidth at (64, 2048) against the
+    /// CUDA-core kernel's 62%. Off keeps the CUDA-core kernel everywhere, for comparisons and for
+    /// checking that kernel on shapes the tensor-core one would take; it is the only kernel for f32
+    /// caches and head_dim 16/32 either way.
+    pub decode_tensor_cores: bool,
+    /// Products of at most this many rows use `gemv.cu` instead of cuBLAS in fast mode (`SOV_GEMV`;
+    /// 0 = cuBLAS always; values above the kernel's 4 act as 4). Default 1: at one row the GEMV
+    /// beat cuBLAS on every Llama-3-8B decode product on the H200 (`bench_decode_matmuls`); at four
+    /// rows it measured 0.4-0.7x cuBLAS.
+    pub gemv_max_rows: usize,
+    /// Warps per weight row in the GEMV: 1, 2, 4 or 8 (`SOV_GEMV_SPLIT`). `None`, the default,
+    /// picks the most that keep the grid in one wave (2 for Llama-3-8B's o and down products, 1
+    /// for the others); forcing 1 cost 0.06 ms a batch-1 step.
+    pub gemv_split: Option<usize>,
+    /// How the kernel units are compiled and loaded.
+    pub kernels: KernelBuild,
+}
+
+/// The tuning that is compiled into the kernel units or set on them when they load. Two backends
+/// with equal values share compiled units; different values compile their own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelBuild {
+    /// Ring depth (K/V chunks per warp, `STAGES`) of the tensor-core decode kernel: 2, 3 or 4
+    /// (`SOV_DECODE_STAGES`). Default 2: deeper rings did not move (1, 4096) past 42% of copy and
+    /// cost shared memory; at head_dim 256 a depth of 4 needs more than an SM has (the unit then
+    /// fails to load with the driver's error).
+    pub decode_stages: usize,
+    /// Shared-memory carveouts of the tensor-core decode kernel's two entry points
+    /// (`SOV_DECODE_CARVEOUT=few,wide`, percent, `-1` = the driver's choice).
+    pub decode_carveout: DecodeCarveout,
+    /// Extra NVRTC options of the CUDA-core decode-attention unit, e.g. `-DREG_LOADS -DPREFETCH`
+    /// (`SOV_DECODE_ATTENTION_DEFINES`, split at whitespace; see `decode_attention.cu`). Default
+    /// none.
+    pub decode_attention_defines: Vec<String>,
+    /// Extra NVRTC options of the GEMV unit, e.g. `-DUNROLL=4` (`SOV_GEMV_DEFINES`). Default none.
+    pub gemv_defines: Vec<String>,
+    /// A checkout's `kernels/cuda` to compile the `.cu` files from instead of the sources built
+    /// into sov (`SOV_KERNEL_SOURCE_DIR`), so a kernel can be edited and re-run on the GPU machine
+    /// without a Rust build. Default `None`: the embedded sources.
+    pub source_dir: Option<PathBuf>,
+}
+
+/// Shared-memory carveout (percent of the SM's maximum; `None` leaves the driver's choice) of the
+/// tensor-core decode kernel's entry points: `few` for `paged_decode_attention_mma_few` (grids of
+/// at most one CTA per SM), `wide` for `paged_decode_attention_mma`. Defaults 40 and 72, measured
+/// on the H200: without a carveout the driver gave the kernel so much shared memory that at batch 1
+/// the GEMVs overlapping it lost the L1 they read x through (4.59 vs 4.25 ms a Llama-3-8B step),
+/// and at batch 64 it ran at 74% of copy bandwidth instead of 94%; 40 was best at batch 1
+/// (4.17-4.20 ms a step) and 72 for wide grids (64 x 2048: 93.7% of copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DecodeCarveout {
+    /// Percent (0..=100) for grids of at most one CTA per SM.
+    pub few: Option<u8>,
+    /// Percent (0..=100) for wider grids.
+    pub wide: Option<u8>,
+}
+
+impl Default for DecodeCarveout {
+    fn default() -> Self {
+        Self {
+            few: Some(40),
+            wide: Some(72),
+        }
+    }
+}
+
+impl DecodeCarveout {
+    /// The carveout of kernel function `name`, if it is one of the two entry points and has one.
+    pub(super) fn of(self, name: &str) -> Option<i32> {
+        match name {
+            "paged_decode_attention_mma_few" => self.few.map(i32::from),
+            "paged_decode_attention_mma" => self.wide.map(i32::from),
+            _ => None,
+        }
+    }
+}
+
+impl Default for KernelBuild {
+    fn default() -> Self {
+        Self {
+            decode_stages: sov_kernels::DEFAULT_DECODE_MMA_STAGES,
+            decode_carveout: DecodeCarveout::default(),
+            decode_attention_defines: Vec::new(),
+            gemv_defines: Vec::new(),
+            source_dir: None,
+        }
+    }
+}
+
+impl Default for CudaTuning {
+    fn default() -> Self {
+        Self {
+            decode_ctas_per_sm: 2,
+            decode_min_split_tokens: 64,
+            decode_max_split_tokens: None,
+            decode_tensor_cores: true,
+            gemv_max_rows: 1,
+            gemv_split: None,
+            kernels: KernelBuild::default(),
+        }
+    }
+}
+
+/// A tuning value that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}={value:?} is not valid: expected {expected}")]
+pub struct TuningError {
+    /// The environment variable (or, for a value set in code, the variable of that field).
+    pub var: &'static str,
+    /// The value as given.
+    pub value: String,
+    /// What the setting accepts.
+    pub expected: &'static str,
+}
+
+/// Variables of A/B switches that were settled and removed, each with what sov now always does and
+/// the measurement that settled it (batch-1 Llama-3-8B op loop on the H200, ms a step, the
+/// default against the switch off, each pair in one device run). [`CudaTuning::from_vars`]
+/// ignores them; [`retired_vars_set`] finds them so a program can warn.
+pub const RETIRED_VARS: [(&str, &str); 5] = [
+    (
+        "SOV_BF16_INPUTS",
+        "products of more than one row always take bf16 inputs from their producer \
+         (4.19/5.09/5.90/11.60 vs 4.20/5.20/6.13/11.99 ms at batch 1/16/64/256)",
+    ),
+    (
+        "SOV_FUSED_ROPE",
+        "decode steps always fuse RoPE and the KV write into the tensor-core attention where it \
+         applies (4.11 vs 4.13-4.14 ms)",
+    ),
+    (
+        "SOV_GEMV_SINGLE",
+        "one-row products always use the one-row GEMV kernels (4.26 vs 4.57 ms)",
+    ),
+    (
+        "SOV_GEMV_SWIGLU",
+        "the one-row gate/up product always fuses the SwiGLU (4.26 vs 4.24 ms: neutral, one \
+         kernel fewer)",
+    ),
+    (
+        "SOV_PDL",
+        "kernels always use programmatic dependent launch where the device supports it (4.26 vs \
+         4.37 ms)",
+    ),
+];
+
+/// The retired variables ([`RETIRED_VARS`]) that `get` finds set, with what sov does instead.
+pub fn retired_vars_set(get: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, &'static str)> {
+    RETIRED_VARS
+        .into_iter()
+        .filter(|(var, _)| get(var).is_some())
+        .collect()
+}
+
+/// `get(var)` trimmed, or `None` when unset or blank.
+fn lookup(get: &impl Fn(&str) -> Option<String>, var: &'static str) -> Option<String> {
+    get(var)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+fn invalid(var: &'static str, value: &str, expected: &'static str) -> TuningError {
+    TuningError {
+        var,
+        value: value.to_string(),
+        expected,
+    }
+}
+
+/// An unsigned integer of at least `min`.
+fn parse_count(var: &'static str, value: &str, min: usize) -> Result<usize, TuningError> {
+    let expected = if min == 0 {
+        "a whole number"
+    } else {
+        "a whole number of at least 1"
+    };
+    match value.parse::<usize>() {
+        Ok(n) if n >= min => Ok(n),
+        _ => Err(invalid(var, value, expected)),
+    }
+}
+
+/// `0`/`false`/`off`/`no` or `1`/`true`/`on`/`yes`, any case.
+fn parse_switch(var: &'static str, value: &str) -> Result<bool, TuningError> {
+    match value.to_ascii_lowercase().as_str() {
+        "0" | "false" | "off" | "no" => Ok(false),
+        "1" | "true" | "on" | "yes" => Ok(true),
+        _ => Err(invalid(var, value, "0, 1, false, true, off, on, no or yes")),
+    }
+}
+
+const CTAS_VAR: &str = "SOV_DECODE_CTAS_PER_SM";
+const MIN_SPLIT_VAR: &str = "SOV_DECODE_MIN_SPLIT_TOKENS";
+const MAX_SPLIT_VAR: &str = "SOV_DECODE_SPLIT_TOKENS";
+const MMA_VAR: &str = "SOV_DECODE_MMA";
+const GEMV_VAR: &str = "SOV_GEMV";
+const GEMV_SPLIT_VAR: &str = "SOV_GEMV_SPLIT";
+const STAGES_VAR: &str = "SOV_DECODE_STAGES";
+const CARVEOUT_VAR: &str = "SOV_DECODE_CARVEOUT";
+const ATTENTION_DEFINES_VAR: &str = "SOV_DECODE_ATTENTION_DEFINES";
+const GEMV_DEFINES_VAR: &str = "SOV_GEMV_DEFINES";
+const SOURCE_DIR_VAR: &str = "SOV_KERNEL_SOURCE_DIR";
+
+const GEMV_SPLITS: [usize; 4] = [1, 2, 4, 8];
+const GEMV_SPLIT_EXPECTED: &str = "1, 2, 4 or 8";
+const STAGES_EXPECTED: &str = "2, 3 or 4";
+const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (the driver's choice)";
+
+impl CudaTuning {
+    /// Every tuning variable, for documentation and for programs that list what they read.
+    pub const VARS: [&str; 11] = [
+        CTAS_VAR,
+        MIN_SPLIT_VAR,
+        MAX_SPLIT_VAR,
+        MMA_VAR,
+        GEMV_VAR,
+        GEMV_SPLIT_VAR,
+        STAGES_VAR,
+        CARVEOUT_VAR,
+        ATTENTION_DEFINES_VAR,
+        GEMV_DEFINES_VAR,
+        SOURCE_DIR_VAR,
+    ];
+
+    /// The default tuning with every variable that `get` returns applied (a program's edge calls
+    /// `CudaTuning::from_vars(|k| std::env::var(k).ok())`). Unset or blank variables keep their
+    /// default; a value that does not parse, or is out of range, is an error naming the variable.
+    /// Variables other than [`Self::VARS`] are not read.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, TuningError> {
+        let mut t = Self::default();
+        if let Some(v) = lookup(&get, CTAS_VAR) {
+            t.decode_ctas_per_sm = parse_count(CTAS_VAR, &v, 1)?;
+        }
+        if let Some(v) = lookup(&get, MIN_SPLIT_VAR) {
+            t.decode_min_split_tokens = parse_count(MIN_SPLIT_VAR, &v, 0)?;
+        }
+        if let Some(v) = lookup(&get, MAX_SPLIT_VAR) {
+            t.decode_max_split_tokens = Some(parse_count(MAX_SPLIT_VAR, &v, 1)?);
+        }
+        if let Some(v) = lookup(&get, MMA_VAR) {
+            t.decode_tensor_cores = parse_switch(MMA_VAR, &v)?;
+        }
+        if let Some(v) = lookup(&get, GEMV_VAR) {
+            t.gemv_max_rows = parse_count(GEMV_VAR, &v, 0)?;
+        }
+        if let Some(v) = lookup(&get, GEMV_SPLIT_VAR) {
+            match v.parse::<usize>() {
+                Ok(s) if GEMV_SPLITS.contains(&s) => t.gemv_split = Some(s),
+                _ => return Err(invalid(GEMV_SPLIT_VAR, &v, GEMV_SPLIT_EXPECTED)),
+            }
+        }
+        let k = &mut t.kernels;
+        if let Some(v) = lookup(&get, STAGES_VAR) {
+            match v.parse::<usize>() {
+                Ok(s) if sov_kernels::DECODE_MMA_STAGES.contains(&s) => k.decode_stages = s,
+                _ => return Err(invalid(STAGES_VAR, &v, STAGES_EXPECTED)),
+            }
+        }
+        if let Some(v) = lookup(&get, CARVEOUT_VAR) {
+            let bad = || invalid(CARVEOUT_VAR, &v, CARVEOUT_EXPECTED);
+            let percent = |p: &str| match p.trim().parse::<i32>() {
+                Ok(-1) => Ok(None),
+                Ok(p) if (0..=100).contains(&p) => Ok(Some(p as u8)),
+                _ => Err(bad()),
+            };
+            let (few, wide) = v.split_once(',').ok_or_else(bad)?;
+            k.decode_carveout = DecodeCarveout {
+                few: percent(few)?,
+                wide: percent(wide)?,
+            };
+        }
+        if let Some(v) = lookup(&get, ATTENTION_DEFINES_VAR) {
+            k.decode_attention_defines = v.split_whitespace().map(str::to_string).collect();
+        }
+        if let Some(v) = lookup(&get, GEMV_DEFINES_VAR) {
+            k.gemv_defines = v.split_whitespace().map(str::to_string).collect();
+        }
+        if let Some(v) = lookup(&get, SOURCE_DIR_VAR) {
+            k.source_dir = Some(PathBuf::from(v));
+        }
+        Ok(t)
+    }
+
+    /// Checks values set in code against what each setting accepts (the ranges
+    /// [`Self::from_vars`] enforces); the error names the field's variable.
+    pub fn validate(&self) -> Result<(), TuningError> {
+        if self.decode_ctas_per_sm == 0 {
+            return Err(invalid(CTAS_VAR, "0", "a whole number of at least 1"));
+        }
+        if self.decode_max_split_tokens == Some(0) {
+            return Err(invalid(MAX_SPLIT_VAR, "0", "a whole number of at least 1"));
+        }
+        if let Some(s) = self.gemv_split.filter(|s| !GEMV_SPLITS.contains(s)) {
+            return Err(invalid(GEMV_SPLIT_VAR, &s.to_string(), GEMV_SPLIT_EXPECTED));
+        }
+        let stages = self.kernels.decode_stages;
+        if !sov_kernels::DECODE_MMA_STAGES.contains(&stages) {
+            return Err(invalid(STAGES_VAR, &stages.to_string(), STAGES_EXPECTED));
+        }
+        let c = self.kernels.decode_carveout;
+        if let Some(p) = [c.few, c.wide].into_iter().flatten().find(|p| *p > 100) {
+            return Err(invalid(CARVEOUT_VAR, &p.to_string(), "percents 0..=100"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn no_variables_give_the_measured_defaults() {
+        let t = CudaTuning::from_vars(vars(&[])).unwrap();
+        assert_eq!(t, CudaTuning::default());
+        assert_eq!(t.decode_ctas_per_sm, 2);
+        assert_eq!(t.decode_min_split_tokens, 64);
+        assert_eq!(t.decode_max_split_tokens, None);
+        assert!(t.decode_tensor_cores);
+        assert_eq!(t.gemv_max_rows, 1);
+        assert_eq!(t.gemv_split, None);
+        assert_eq!(t.kernels.decode_stages, 2);
+        assert_eq!(
+            t.kernels
+                .decode_carveout
+                .of("paged_decode_attention_mma_few"),
+            Some(40)
+        );
+        assert_eq!(
+            t.kernels.decode_carveout.of("paged_decode_attention_mma"),
+            Some(72)
+        );
+        assert_eq!(t.kernels.decode_carveout.of("gemv_bf16"), None);
+        assert!(t.kernels.decode_attention_defines.is_empty() && t.kernels.gemv_defines.is_empty());
+        assert_eq!(t.kernels.source_dir, None);
+        assert_eq!(t.validate(), Ok(()));
+        // Blank values count as unset.
+        assert_eq!(
+            CudaTuning::from_vars(vars(&[("SOV_GEMV", " "), ("SOV_DECODE_STAGES", "")])),
+            Ok(CudaTuning::default())
+        );
+    }
+
+    #[test]
+    fn every_variable_sets_its_field() {
+        let t = CudaTuning::from_vars(vars(&[
+            ("SOV_DECODE_CTAS_PER_SM", "4"),
+            ("SOV_DECODE_MIN_SPLIT_TOKENS", "256"),
+            ("SOV_DECODE_SPLIT_TOKENS", " 512 "),
+            ("SOV_DECODE_MMA", "off"),
+            ("SOV_GEMV", "0"),
+            ("SOV_GEMV_SPLIT", "8"),
+            ("SOV_DECODE_STAGES", "3"),
+            ("SOV_DECODE_CARVEOUT", "-1, 55"),
+            ("SOV_DECODE_ATTENTION_DEFINES", "-DREG_LOADS  -DPREFETCH"),
+            ("SOV_GEMV_DEFINES", "-DUNROLL=4"),
+            ("SOV_KERNEL_SOURCE_DIR", "kernels/cuda"),
+        ]))
+        .unwrap();
+        let expect = CudaTuning {
+            decode_ctas_per_sm: 4,
+            decode_min_split_tokens: 256,
+            decode_max_split_tokens: Some(512),
+            decode_tensor_cores: false,
+            gemv_max_rows: 0,
+            gemv_split: Some(8),
+            kernels: KernelBuild {
+                decode_stages: 3,
+                decode_carveout: DecodeCarveout {
+                    few: None,
+                    wide: Some(55),
+                },
+                decode_attention_defines: vec!["-DREG_LOADS".into(), "-DPREFETCH".into()],
+                gemv_defines: vec!["-DUNROLL=4".into()],
+                source_dir: Some(PathBuf::from("kernels/cuda")),
+            },
+        };
+        assert_eq!(t, expect);
+        assert_eq!(t.validate(), Ok(()));
+        assert_eq!(
+            t.kernels
+                .decode_carveout
+                .of("paged_decode_attention_mma_few"),
+            None
+        );
+        for on in ["1", "TRUE", "yes", "On"] {
+            let t = CudaTuning::from_vars(vars(&[("SOV_DECODE_MMA", on)])).unwrap();
+            assert!(t.decode_tensor_cores, "{on}");
+        }
+    }
+
+    #[test]
+    fn a_bad_value_is_an_error_naming_its_variable() {
+        for (var, value) in [
+            ("SOV_DECODE_CTAS_PER_SM", "0"),
+            ("SOV_DECODE_CTAS_PER_SM", "two"),
+            ("SOV_DECODE_MIN_SPLIT_TOKENS", "-64"),
+            ("SOV_DECODE_SPLIT_TOKENS", "0"),
+            ("SOV_DECODE_MMA", "maybe"),
+            ("SOV_GEMV", "1.5"),
+            ("SOV_GEMV_SPLIT", "3"),
+            ("SOV_DECODE_STAGES", "5"),
+            ("SOV_DECODE_STAGES", "1"),
+            ("SOV_DECODE_CARVEOUT", "40"),
+            ("SOV_DECODE_CARVEOUT", "40,101"),
+            ("SOV_DECODE_CARVEOUT", "x,72"),
+        ] {
+            let err = CudaTuning::from_vars(vars(&[(var, value)])).unwrap_err();
+            assert_eq!(err.var, var, "{value}");
+            assert_eq!(err.value, value);
+            let text = err.to_string();
+            assert!(
+                text.contains(var) && text.contains(value),
+                "{text} should name {var} and {value}"
+            );
+        }
+    }
+
+    #[test]
+    fn values_set_in_code_are_checked() {
+        let bad = [
+            CudaTuning {
+                decode_ctas_per_sm: 0,
+                ..Default::default()
+            },
+            CudaTuning {
+                decode_max_split_tokens: Some(0),
+                ..Default::default()
+            },
+            CudaTuning {
+                gemv_split: Some(16),
+                ..Default::default()
+            },
+            CudaTuning {
+                kernels: KernelBuild {
+                    decode_stages: 7,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            CudaTuning {
+                kernels: KernelBuild {
+                    decode_carveout: DecodeCarveout {
+                        few: Some(101),
+                        wide: None,
+                    },
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        ];
+        let vars: Vec<&str> = bad.iter().map(|t| t.validate().unwrap_err().var).collect();
+        assert_eq!(
+            vars,
+            [
+                "SOV_DECODE_CTAS_PER_SM",
+                "SOV_DECODE_SPLIT_TOKENS",
+                "SOV_GEMV_SPLIT",
+                "SOV_DECODE_STAGES",
+                "SOV_DECODE_CARVEOUT"
+            ]
+        );
+    }
+
+    #[test]
+    fn retired_variables_are_not_tuning_but_are_found() {
+        let get = vars(&[("SOV_PDL", "0"), ("SOV_GEMV_SWIGLU", "0")]);
+        assert_eq!(CudaTuning::from_vars(&get), Ok(CudaTuning::default()));
+        let found: Vec<&str> = retired_vars_set(&get).into_iter().map(|(v, _)| v).collect();
+        assert_eq!(found, ["SOV_GEMV_SWIGLU", "SOV_PDL"]);
+        for (var, _) in RETIRED_VARS {
+            assert!(!CudaTuning::VARS.contains(&var), "{var}");
+        }
+    }
+}
