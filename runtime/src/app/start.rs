@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::{CudaBackend, CudaTuning};
 use crate::checkpoint::{Anchor, KvMode, keys};
 use crate::engine::checkpointing::{self, ResumeBook, Worm, WormConfig};
 use crate::loader::tensor::{HostData, HostTensor};
@@ -68,6 +68,8 @@ pub struct EngineOptions {
     pub checkpoints: Option<CheckpointOptions>,
     /// Raised by a signal handler: checkpoint, then stop (see [`EngineConfig::shutdown`]).
     pub shutdown: Option<Arc<AtomicBool>>,
+    /// CUDA kernel tuning (measured defaults; the command line reads its `SOV_*` overrides).
+    pub cuda_tuning: CudaTuning,
 }
 
 /// How the engine checkpoints.
@@ -111,6 +113,7 @@ impl Default for EngineOptions {
             run_dir: None,
             checkpoints: None,
             shutdown: None,
+            cuda_tuning: CudaTuning::default(),
         }
     }
 }
@@ -184,7 +187,7 @@ pub fn start_engine<M: Machine + 'static>(
     match opts.device {
         Device::Cpu => start_on::<M, _>(CpuBackend::new(), parts, opts),
         Device::Cuda(n) => {
-            let backend = CudaBackend::new(n)
+            let backend = CudaBackend::with_tuning(n, opts.cuda_tuning.clone())
                 .map_err(|e| EngineError::Forward(format!("device cuda:{n}: {e}")))?
                 .with_precise(opts.precise);
             start_on::<M, _>(backend, parts, opts)

@@ -14,6 +14,7 @@ use crate::app::run_dir::create_run_dir;
 use crate::app::start::{
     CheckpointOptions, Device, EngineOptions, ModelParts, Started, start_engine,
 };
+use crate::backend::cuda::{CudaTuning, retired_vars_set};
 use crate::checkpoint::KvMode;
 use crate::loader::{load_model, resolve_model};
 use crate::model::random::{WeightDtype, llama3_8b_config, tiny_config};
@@ -209,6 +210,7 @@ impl ModelArgs {
                 }),
             },
             shutdown: extras.shutdown.clone(),
+            cuda_tuning: cuda_tuning_from_env()?,
         };
         let mut started = match self.machine {
             MachineChoice::Seed => start_engine::<seed::Scheduler>(parts, &opts)?,
@@ -262,4 +264,14 @@ impl ModelArgs {
         }
         Ok(started)
     }
+}
+
+/// The CUDA tuning from the environment's `SOV_*` variables (read once, here at the edge; see
+/// `kernels/README.md`); variables of retired knobs are named in a warning and otherwise ignored.
+fn cuda_tuning_from_env() -> anyhow::Result<CudaTuning> {
+    let get = |k: &str| std::env::var(k).ok();
+    for (var, why) in retired_vars_set(get) {
+        eprintln!("sov: warning: {var} is no longer read: {why}");
+    }
+    CudaTuning::from_vars(get).context("CUDA tuning from the environment")
 }
