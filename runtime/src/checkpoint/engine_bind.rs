@@ -23,15 +23,15 @@ use super::error::{CheckpointError, Result};
 use super::journal::RequestRecord;
 use super::snapshot::{FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot};
 use super::store::Restored;
-use crate::backend::{Backend, DType};
+use crate::backend::DType;
 use crate::engine::core::EngineCore;
 use crate::engine::forward::ForwardModel;
-use crate::engine::llama::LlamaRunner;
 use crate::engine::output::Output;
 use crate::engine::rng::SampleRng;
 use crate::engine::sequence::Sequence;
 use crate::engine::text::TextStream;
 use crate::engine::{SamplingParams as EngineSampling, TextCodec};
+use crate::runner::{LlamaRunner, RunnerBackend};
 
 fn dtype_name(d: DType) -> &'static str {
     match d {
@@ -43,7 +43,7 @@ fn dtype_name(d: DType) -> &'static str {
     }
 }
 
-impl<B: Backend> KvBlockIo for LlamaRunner<B> {
+impl<B: RunnerBackend> KvBlockIo for LlamaRunner<B> {
     fn kv_layout(&self) -> KvLayout {
         let c = self.model.config();
         KvLayout {

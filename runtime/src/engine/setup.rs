@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::checkpoint::engine_hook::{self, ResumeBook, Worm, WormConfig, checkpoint_dir};
@@ -21,9 +20,9 @@ use super::codec::{ByteCodec, TextCodec};
 use super::error::EngineError;
 use super::handle::{Durability, Engine, EngineConfig};
 use super::hook::{CheckpointHook, RequestJournal};
-use super::llama::{LlamaRunner, TokenizerCodec};
 use super::random_model::{WeightDtype, random_weights};
 use super::run_dir::slot_path;
+use crate::runner::{LlamaRunner, RunnerBackend, TokenizerCodec};
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,7 +187,7 @@ pub fn start_engine<M: Machine + 'static>(
 }
 
 /// Starts an engine for `parts` on `backend`.
-pub fn start_on<M: Machine + 'static, B: Backend>(
+pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     backend: B,
     parts: ModelParts,
     opts: &EngineOptions,
