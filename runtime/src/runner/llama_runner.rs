@@ -17,18 +17,26 @@ pub struct LlamaRunner<B: RunnerBackend> {
 }
 
 impl<B: RunnerBackend> LlamaRunner<B> {
-    /// Allocates a cache of `num_blocks` blocks of `block_size` tokens for `model`.
+    /// Allocates a cache of `num_blocks` blocks of `block_size` tokens for `model`, with the
+    /// backend's default decode path.
     pub fn new(
         model: LlamaModel<B>,
         num_blocks: usize,
         block_size: usize,
     ) -> Result<Self, ModelError> {
+        Self::with_decode(model, num_blocks, block_size, B::Decode::default())
+    }
+
+    /// As [`Self::new`], with the decode path's state given (e.g. CUDA decode graphs with replay
+    /// off: [`super::DecodeGraphs::with_graphs`]).
+    pub fn with_decode(
+        model: LlamaModel<B>,
+        num_blocks: usize,
+        block_size: usize,
+        decode: B::Decode,
+    ) -> Result<Self, ModelError> {
         let kv = model.new_kv_cache(num_blocks, block_size)?;
-        Ok(Self {
-            model,
-            kv,
-            decode: B::Decode::default(),
-        })
+        Ok(Self { model, kv, decode })
     }
 }
 
