@@ -1,5 +1,6 @@
 #!/bin/bash
-# Builds the GPU test binaries and the sov binary (release; cudarc loads CUDA at run time, so no
+# Builds the GPU test binaries (the library's op tests, the gpu_parity and gpu_bench targets) and
+# the sov binary (release; cudarc loads CUDA at run time, so no
 # CUDA is needed here), strips them and copies them into .gpu/ (git-ignored) for
 # kernels/gpu-check.sh on the GPU machine.
 # Usage (repository root): kernels/build-gpu.sh [source-tree]   (default: this checkout)
@@ -13,10 +14,16 @@ mkdir -p .gpu
 json=$(cd "$SRC" && build cargo test --release -p sov --lib --no-run --message-format=json)
 bin=$(echo "$json" | grep -o '"executable":"[^"]*"' | grep '/sov-' | tail -1 | cut -d'"' -f4)
 cp "$bin" .gpu/sov-lib-tests
+# The model-level GPU test targets: parity with the CPU, and the decode benchmark.
+for t in gpu_parity gpu_bench; do
+  json=$(cd "$SRC" && build cargo test --release -p sov --test $t --no-run --message-format=json)
+  bin=$(echo "$json" | grep -o '"executable":"[^"]*"' | grep "/$t-" | tail -1 | cut -d'"' -f4)
+  cp "$bin" .gpu/sov-${t//_/-}
+done
 json=$(cd "$SRC" && build cargo test --release -p sov-kernels --test nvrtc_compile --no-run --message-format=json)
 bin=$(echo "$json" | grep -o '"executable":"[^"]*"' | grep nvrtc_compile | tail -1 | cut -d'"' -f4)
 cp "$bin" .gpu/nvrtc-compile
 (cd "$SRC" && build cargo build --release -p sov --bin sov)
 cp "$SRC/target/release/sov" .gpu/sov
-strip .gpu/sov-lib-tests .gpu/nvrtc-compile .gpu/sov
+strip .gpu/sov-lib-tests .gpu/sov-gpu-parity .gpu/sov-gpu-bench .gpu/nvrtc-compile .gpu/sov
 ls -la .gpu

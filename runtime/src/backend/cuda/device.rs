@@ -64,8 +64,10 @@ pub(super) struct Scratch {
 }
 
 impl CudaBackend {
-    /// The current scratch generation (see [`Scratch::generation`]).
-    pub(super) fn scratch_generation(&self) -> u64 {
+    /// The current scratch generation: bumped whenever the backend reallocates a scratch buffer,
+    /// so a CUDA graph captured under an older generation points at freed memory and must be
+    /// captured again.
+    pub fn scratch_generation(&self) -> u64 {
         self.scratch
             .lock()
             .map(|s| s.generation)
@@ -244,6 +246,24 @@ impl CudaBackend {
         self.stream.synchronize().map_err(driver_err)
     }
 
+    /// Copies elements `elem_offset .. elem_offset + out.len()` of the f32 buffer `buf` to the
+    /// host (one logits row of a step whose logits stay on the device).
+    pub fn download_f32_at(
+        &self,
+        buf: &CudaBuffer,
+        elem_offset: usize,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        check_buffer(
+            "download_f32_at",
+            "buf",
+            buf,
+            DType::F32,
+            elem_offset + out.len(),
+        )?;
+        self.download_raw(buf, elem_offset * 4, bytemuck::cast_slice_mut(out))
+    }
+
     /// Writes `bytes` at byte `offset` of `buf`.
     pub(super) fn upload_raw(
         &self,
@@ -264,8 +284,9 @@ impl CudaBackend {
     }
 
     /// Copies each host slice into the start of its u32 buffer, all on the stream, then waits once
-    /// (a decode step's inputs: one synchronisation instead of one per buffer).
-    pub(super) fn upload_u32_many(
+    /// (a decode step's inputs: one synchronisation instead of one per buffer). Each buffer must
+    /// be u32 and hold its slice.
+    pub fn upload_u32_many(
         &self,
         copies: &mut [(&mut CudaBuffer, &[u32])],
     ) -> Result<(), BackendError> {

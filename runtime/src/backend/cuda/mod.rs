@@ -9,17 +9,21 @@
 //! says. Decode attention is split-K with the merge done by the last CTA ([`attention`]); the
 //! next-token choice can run on the device so only token ids come back ([`sampling`]); a decode
 //! step can be captured once into a CUDA graph and replayed ([`graph`]); the batch-1 GEMV starts
-//! streaming its weights while the kernel before it finishes ([`pdl`]); [`DecodeGraphs`] runs a
-//! model's decode steps that way, per batch-size bucket, for the engine.
+//! streaming its weights while the kernel before it finishes ([`pdl`]).
 //! Every performance choice that may be changed is a field of [`CudaTuning`] ([`tuning`]), passed
 //! to [`CudaBackend::with_tuning`]; no code of the backend reads the environment.
+//! Besides the [`crate::backend::Backend`] ops, a model runner that keeps a step's buffers at
+//! fixed addresses and replays graphs (the runner's `DecodeGraphs`) gets a small public
+//! interface: [`CudaBackend::capture`] / [`CudaBackend::replay`], the scratch generation that says
+//! when captured graphs are stale ([`CudaBackend::scratch_generation`]), batched and partial
+//! copies ([`CudaBackend::upload_u32_many`], [`CudaBackend::download_f32_at`]) and the on-device
+//! argmax ([`CudaBackend::argmax_rows`]). This module knows nothing of the model.
 //! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
 //! [`CudaBackend::new`] then returns a clear error.
 
 mod attention;
 mod backend_impl;
 mod buffer;
-mod decode_graphs;
 mod decode_scratch;
 mod device;
 mod gemm;
@@ -35,14 +39,11 @@ mod bench;
 #[cfg(test)]
 mod fused_rope_tests;
 #[cfg(test)]
-mod parity;
-#[cfg(test)]
 mod reference;
 #[cfg(test)]
 mod tests;
 
 pub use buffer::CudaBuffer;
-pub use decode_graphs::DecodeGraphs;
 pub use device::{CudaBackend, probe};
 pub use graph::StepGraph;
 pub use sampling::SamplingRow;

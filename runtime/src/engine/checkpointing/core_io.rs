@@ -1,7 +1,6 @@
 //! Glue between the engine's own types and the checkpoint store's driver (the engine side of the
-//! store's [`KvBlockIo`] and [`EngineSnapshot`] traits):
-//! - [`KvBlockIo`] for the real model runner ([`LlamaRunner`]): block bytes through
-//!   `KvCache::read_block` / `write_block`, partial tails sliced per layer;
+//! store's [`EngineSnapshot`] trait; the model runner implements its `KvBlockIo` in
+//! `crate::runner`):
 //! - [`checkpoint_core`]: snapshot an [`EngineCore`] (running then waiting sequences, slots, step
 //!   counter) through a [`Checkpointer`] and publish the receipt in the slots;
 //! - [`restore_core`]: rebuild the core's sequences from a [`Restored`] checkpoint (KV copied back
@@ -15,7 +14,6 @@ use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 use std::time::Instant;
 
-use crate::backend::{Backend, DType};
 use crate::checkpoint::driver::{
     Checkpointer, EngineSnapshot, KvBlockIo, LiveSequence, Published, restored_slots,
     write_sequence_kv,
@@ -29,89 +27,11 @@ use crate::checkpoint::{CheckpointError, Result};
 use crate::engine::core::EngineCore;
 use crate::engine::core_view::{CoreParts, NoRoom};
 use crate::engine::forward::ForwardModel;
-use crate::engine::llama::LlamaRunner;
 use crate::engine::output::Output;
 use crate::engine::rng::SampleRng;
 use crate::engine::sequence::Sequence;
 use crate::engine::text::TextStream;
 use crate::engine::{SamplingParams as EngineSampling, TextCodec};
-
-fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        DType::U32 => "u32",
-        DType::I32 => "i32",
-    }
-}
-
-impl<B: Backend> KvBlockIo for LlamaRunner<B> {
-    fn kv_layout(&self) -> KvLayout {
-        let c = self.model.config();
-        KvLayout {
-            layers: self.kv.num_layers() as u32,
-            kv_heads: c.num_key_value_heads as u32,
-            head_dim: c.head_dim as u32,
-            block_size: self.kv.block_size() as u32,
-            dtype: dtype_name(self.kv.dtype()).into(),
-        }
-    }
-
-    fn read_block(&mut self, block: u32, tokens: usize) -> std::result::Result<Vec<u8>, String> {
-        let full = self
-            .kv
-            .read_block(self.model.backend(), block)
-            .map_err(|e| e.to_string())?;
-        let bs = self.kv.block_size();
-        if tokens >= bs {
-            return Ok(full);
-        }
-        // full: [layers, 2 (K, V), block_size, KVH * D] -> keep the first `tokens` rows of each part.
-        let part = full.len() / (2 * self.kv.num_layers()).max(1);
-        let keep = part / bs * tokens;
-        Ok(full
-            .chunks(part)
-            .flat_map(|p| &p[..keep])
-            .copied()
-            .collect())
-    }
-
-    fn write_block(
-        &mut self,
-        block: u32,
-        tokens: usize,
-        bytes: &[u8],
-    ) -> std::result::Result<(), String> {
-        let bs = self.kv.block_size();
-        if tokens >= bs {
-            return self
-                .kv
-                .write_block(self.model.backend(), block, bytes)
-                .map_err(|e| e.to_string());
-        }
-        let mut full = self
-            .kv
-            .read_block(self.model.backend(), block)
-            .map_err(|e| e.to_string())?;
-        let parts = 2 * self.kv.num_layers();
-        let part = full.len() / parts.max(1);
-        let keep = part / bs * tokens;
-        if bytes.len() != keep * parts {
-            return Err(format!(
-                "tail of {tokens} tokens is {} bytes, expected {}",
-                bytes.len(),
-                keep * parts
-            ));
-        }
-        for (dst, src) in full.chunks_mut(part).zip(bytes.chunks(keep.max(1))) {
-            dst[..keep].copy_from_slice(src);
-        }
-        self.kv
-            .write_block(self.model.backend(), block, &full)
-            .map_err(|e| e.to_string())
-    }
-}
 
 /// A sequence's sampling and stopping parameters in snapshot form.
 pub fn sampling_of(seq: &Sequence, stops: Vec<String>) -> SamplingParams {

@@ -19,11 +19,11 @@ use crate::checkpoint::{CheckpointStore, KvMode};
 use crate::engine::codec::ByteCodec;
 use crate::engine::core::{CoreConfig, EngineCore};
 use crate::engine::intake::{IntakeLimits, build_sequence};
-use crate::engine::llama::LlamaRunner;
 use crate::engine::{Prompt, Request, SamplingParams};
 use crate::model::LlamaModel;
 use crate::model::config::LlamaConfig;
 use crate::model::random::{WeightDtype, random_weights};
+use crate::runner::LlamaRunner;
 use crate::scheduler::seed::Scheduler;
 use crate::scheduler::{Machine, Slots};
 

@@ -18,11 +18,11 @@ use crate::engine::core::{CoreConfig, EngineCore};
 use crate::engine::fake::FakeModel;
 use crate::engine::forward::ForwardModel;
 use crate::engine::intake::{IntakeLimits, build_sequence};
-use crate::engine::llama::LlamaRunner;
 use crate::engine::output::Output;
 use crate::engine::{Prompt, Request, SamplingParams};
 use crate::model::LlamaModel;
 use crate::model::random::{WeightDtype, random_weights, tiny_config};
+use crate::runner::LlamaRunner;
 use crate::scheduler::seed::Scheduler;
 use crate::scheduler::{Machine, Slots};
 

@@ -1,31 +1,29 @@
-//! Decode steps of a [`LlamaModel`] on the GPU, replayed from CUDA graphs, with the greedy token
-//! of every row chosen on the device so only token ids come back.
+//! Decode steps of a [`LlamaModel`] on the CUDA backend, replayed from CUDA graphs, with the
+//! greedy token of every row chosen on the device so only token ids come back.
 //!
-//! Design: the op sequence of `LlamaModel::forward` (its layer stack,
-//! [`LlamaModel::run_layers`], is called here too: the same kernels in the same order) enqueued on
-//! buffers this runner keeps at fixed addresses, so a step can be captured once into a CUDA graph and replayed. A step of `n`
-//! sequences runs padded to a batch bucket ([`batch_bucket`]) and is captured per (batch bucket,
-//! context bucket): the context bucket ([`ctx_bucket`], a power of two >= the longest context)
-//! fixes the decode split plan and the block-table stride the graph holds. Padding rows have
-//! context length 0 (attention skips them) and KV slot `0xffffffff` (no KV write); rows are
-//! independent in every op, so padding never changes a real row. The step's inputs (token ids,
-//! positions, slots, context lengths, block tables) are copied into the fixed buffers before each
-//! replay. A key runs eagerly the first time it is seen (sizing the backend's scratch and the
-//! library workspaces), is captured the second time, and replayed from then on; every graph is
-//! dropped when the backend reallocates scratch or these buffers grow.
+//! Design: the model's own forward pass on buffers this runner keeps at fixed addresses
+//! ([`LlamaModel::forward_into`]: the same kernels in the same order as [`LlamaModel::forward`]),
+//! planned by the model's one planning function ([`LlamaModel::plan_step`], which also checks the
+//! cache against the model), so a step can be captured once into a CUDA graph and replayed. A
+//! step of `n` sequences runs padded to a batch bucket ([`batch_bucket`]) and is captured per
+//! (batch bucket, context bucket): the context bucket ([`ctx_bucket`], a power of two >= the
+//! longest context) fixes the decode split plan and the block-table stride the graph holds.
+//! Padding rows have context length 0 (attention skips them) and KV slot `0xffffffff` (no KV
+//! write); rows are independent in every op, so padding never changes a real row. The step's
+//! inputs (token ids, positions, slots, context lengths, block tables) are copied into the fixed
+//! buffers before each replay. A key runs eagerly the first time it is seen (sizing the backend's
+//! scratch and the library workspaces), is captured the second time, and replayed from then on;
+//! every graph is dropped when the backend reallocates scratch
+//! ([`CudaBackend::scratch_generation`]) or these buffers grow.
 //! The step ends with [`CudaBackend::argmax_rows`] into a `[bucket]` u32 buffer; logits rows stay
 //! on the device and are downloaded only for rows the engine samples on the host.
 
 use std::collections::{HashMap, HashSet};
 
-use super::buffer::CudaBuffer;
-use super::device::CudaBackend;
-use super::graph::StepGraph;
+use crate::backend::cuda::{CudaBackend, CudaBuffer, StepGraph};
 use crate::backend::{Backend, BackendError, BatchMeta, DType};
 use crate::model::batch::SeqChunk;
-use crate::model::llama::Activations;
-use crate::model::plan::{PlanLimits, plan};
-use crate::model::{KvCache, LlamaModel, ModelError};
+use crate::model::{Activations, KvCache, LlamaModel, ModelError};
 
 /// Padded batch size a step of `n` sequences runs at: powers of two up to 32, then multiples
 /// of 16 (few graphs, at most 15% padding above 32).
@@ -80,10 +78,14 @@ impl Default for DecodeGraphs {
 }
 
 impl DecodeGraphs {
-    /// A runner that replays graphs unless `SOV_CUDA_GRAPHS=0` is set (eager steps, for
-    /// measuring what the graphs save).
+    /// A runner that replays graphs.
     pub fn new() -> Self {
-        let use_graphs = std::env::var("SOV_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        Self::with_graphs(true)
+    }
+
+    /// A runner that replays graphs when `use_graphs` is set, else runs every step eagerly on the
+    /// same fixed buffers (what the graphs save is the difference).
+    pub fn with_graphs(use_graphs: bool) -> Self {
         Self {
             bufs: None,
             graphs: HashMap::new(),
@@ -93,6 +95,11 @@ impl DecodeGraphs {
             last_rows: 0,
             vocab: 0,
         }
+    }
+
+    /// How many step graphs are captured now (0 after a failed capture, which turns replay off).
+    pub fn captured(&self) -> usize {
+        self.graphs.len()
     }
 
     /// Whether this runner can take `chunks`: a pure decode step (one new token per sequence).
@@ -116,24 +123,17 @@ impl DecodeGraphs {
         }
         let c = model.config();
         let b = model.backend();
-        let limits = PlanLimits {
-            vocab_size: c.vocab_size,
-            max_positions: c.max_position_embeddings,
-            block_size: kv.block_size(),
-            num_blocks: kv.num_blocks(),
-        };
-        let step = plan(chunks, limits)?;
+        let step = model.plan_step(kv, chunks)?;
+        let block_size = kv.block_size();
         let n = chunks.len();
         let bucket = batch_bucket(n);
         let ctx_b = ctx_bucket(step.max_ctx_len);
-        let stride = ctx_b.div_ceil(limits.block_size);
+        let stride = ctx_b.div_ceil(block_size);
         // The block-table buffer is sized for the longest context the cache or the model allows,
         // so a step into a longer context bucket does not reallocate it (which would drop every
         // captured graph); at Llama-3's 131072 positions and 16-token blocks that is 32 KiB a row.
-        let longest = limits
-            .max_positions
-            .min(limits.num_blocks * limits.block_size);
-        let max_stride = ctx_bucket(longest).div_ceil(limits.block_size).max(stride);
+        let longest = c.max_position_embeddings.min(kv.num_blocks() * block_size);
+        let max_stride = ctx_bucket(longest).div_ceil(block_size).max(stride);
         self.ensure_buffers(model, bucket, bucket * max_stride)?;
         let Some(bufs) = self.bufs.as_mut() else {
             return Err(BackendError::Device("decode buffers missing".into()).into());
@@ -150,7 +150,7 @@ impl DecodeGraphs {
         ctx_lens[..n].copy_from_slice(&step.ctx_lens);
         let src_stride = step.max_blocks_per_seq;
         for s in 0..n {
-            let used = (step.ctx_lens[s] as usize).div_ceil(limits.block_size);
+            let used = (step.ctx_lens[s] as usize).div_ceil(block_size);
             tables[s * stride..s * stride + used]
                 .copy_from_slice(&step.block_tables[s * src_stride..s * src_stride + used]);
         }
@@ -221,11 +221,7 @@ impl DecodeGraphs {
                 ),
             });
         }
-        backend.download_raw(
-            &bufs.logits,
-            row * self.vocab * 4,
-            bytemuck::cast_slice_mut(out),
-        )
+        backend.download_f32_at(&bufs.logits, row * self.vocab, out)
     }
 
     /// Makes the fixed buffers hold `rows` rows and `table_elems` block-table entries, growing
@@ -278,30 +274,20 @@ impl DecodeGraphs {
     }
 }
 
-/// Enqueues one decode step of `n` rows (the bucket) on the fixed buffers: the ops of
-/// `LlamaModel::forward` (its own layer stack, [`LlamaModel::run_layers`]), then the argmax of
-/// every logits row. Nothing is downloaded or allocated, so it can be captured.
+/// Enqueues one decode step of `n` rows (the bucket) on the fixed buffers: the model's forward
+/// pass into every row's logits ([`LlamaModel::forward_into`]), then the argmax of every logits
+/// row. Nothing is downloaded or allocated, so it can be captured.
 fn enqueue_step(
     model: &LlamaModel<CudaBackend>,
     kv: &mut KvCache<CudaBackend>,
     a: &mut StepBuffers,
     n: usize,
 ) -> Result<(), BackendError> {
-    let c = model.config();
-    let b = model.backend();
-    let w = model.weights();
-    model.run_layers(&a.ids, kv, &a.meta, &mut a.acts, n)?;
-    let head = w.lm_head.as_ref().unwrap_or(&w.embed);
-    b.matmul(
-        &a.acts.normed,
-        head,
-        &mut a.logits,
-        n,
-        c.hidden_size,
-        c.vocab_size,
-    )?;
-    b.argmax_rows(&a.logits, c.vocab_size, n, &mut a.picked)?;
-    Ok(())
+    let vocab = model.config().vocab_size;
+    model.forward_into(&a.ids, kv, &a.meta, &mut a.acts, &mut a.logits, n)?;
+    model
+        .backend()
+        .argmax_rows(&a.logits, vocab, n, &mut a.picked)
 }
 
 #[cfg(test)]

@@ -1,0 +1,92 @@
+//! The model runner: the real model bound to the engine. [`LlamaRunner`] (a [`LlamaModel`], the
+//! paged [`KvCache`] it owns and the backend's decode fast path) implements
+//! [`ForwardModel`]; [`TokenizerCodec`] adapts the loader's tokenizer to
+//! [`crate::engine::TextCodec`].
+//!
+//! Design (nano-vllm's `ModelRunner`, which owns its CUDA graphs): the model is written once over
+//! the [`Backend`] ops, and the runner decides how each step runs. Prefill and mixed steps go
+//! through [`LlamaModel::forward`]; a pure decode step (one new token per sequence) goes through
+//! the backend's fast path where it has one: on CUDA, [`DecodeGraphs`] replays the model's own
+//! layer stack from CUDA graphs per batch bucket and chooses greedy tokens on the device. The path
+//! is picked by the backend type at compile time ([`RunnerBackend`]), not by a run-time downcast,
+//! and the backends know nothing of the model: the runner drives the CUDA backend through its
+//! public graph and buffer interface (`capture`, `replay`, `scratch_generation`,
+//! `upload_u32_many`, `download_f32_at`, `argmax_rows`).
+//!
+//! Dependencies point one way: `runner` -> `model`, `backend`, and the engine's
+//! [`ForwardModel`] contract.
+
+mod cuda;
+pub mod decode_graphs;
+mod kv_io;
+mod llama_runner;
+mod tokenizer_codec;
+
+pub use decode_graphs::DecodeGraphs;
+pub use llama_runner::LlamaRunner;
+pub use tokenizer_codec::TokenizerCodec;
+
+use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
+use crate::engine::forward::{PickedRows, RowPick};
+use crate::model::batch::SeqChunk;
+use crate::model::{KvCache, LlamaModel, ModelError};
+
+#[cfg(doc)]
+use crate::engine::ForwardModel;
+
+/// How the runner runs decode steps, where the backend gives it a choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunnerOptions {
+    /// On CUDA: capture each decode step once per batch bucket and replay it as a CUDA graph
+    /// (default). Off: the same fixed buffers, launched eagerly every step (what the graphs save
+    /// is the difference).
+    pub cuda_graphs: bool,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        Self { cuda_graphs: true }
+    }
+}
+
+/// A backend the runner can drive: the [`Backend`] ops, plus the backend's own way of running a
+/// pure decode step, if it has one.
+pub trait RunnerBackend: Backend {
+    /// State of the decode fast path, kept by the runner across steps (`()` where there is
+    /// none).
+    type Decode: Send;
+
+    /// The decode fast path's initial state under `options`.
+    fn new_decode(options: &RunnerOptions) -> Self::Decode;
+
+    /// Runs `chunks` (a decode step: every chunk one new token, one pick per chunk) through the
+    /// fast path and returns what `picks` asks of each row; None when this backend has no fast
+    /// path for the step, and the runner then runs [`LlamaModel::forward`] and picks on the
+    /// host.
+    fn decode_pick(
+        decode: &mut Self::Decode,
+        model: &LlamaModel<Self>,
+        kv: &mut KvCache<Self>,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+    ) -> Option<Result<PickedRows, ModelError>>;
+}
+
+/// The CPU runs every step through [`LlamaModel::forward`]: a host backend has no launch cost a
+/// graph would save and no device round trip an on-device argmax would.
+impl RunnerBackend for CpuBackend {
+    type Decode = ();
+
+    fn new_decode(_options: &RunnerOptions) {}
+
+    fn decode_pick(
+        _decode: &mut (),
+        _model: &LlamaModel<Self>,
+        _kv: &mut KvCache<Self>,
+        _chunks: &[SeqChunk<'_>],
+        _picks: &[RowPick],
+    ) -> Option<Result<PickedRows, ModelError>> {
+        None
+    }
+}
