@@ -7,7 +7,7 @@
 #              every unit, greedy parity of the tiny-random fixtures (the gpu_parity target:
 #              LlamaModel on CUDA vs CPU, and the runner's decode graphs vs CPU)
 #   gemv:      tests + the batch-1 products in each GEMV variant + the batch-1 model decode with each
-#              GEMV knob (SOV_PDL, SOV_GEMV_SWIGLU, SOV_GEMV_SPLIT, SOV_GEMV_SINGLE) off + the engine
+#              GEMV tuning (SOV_GEMV_SPLIT) varied + the engine
 #              at batch 1
 #   attention: tests + decode-attention bandwidth vs copy vs torch SDPA (and the kernels' tuning
 #              variants: SOV_DECODE_MMA, SOV_DECODE_ATTENTION_DEFINES, SOV_DECODE_STAGES,
@@ -40,16 +40,12 @@ if [ "$MODE" = gemv ]; then
   }
   products "default (one-row kernels, warps per row picked to fill one wave)"
   products "one warp per row" SOV_GEMV_SPLIT=1
-  products "general kernel (up to 4 rows)" SOV_GEMV_SINGLE=0
   oploop() { # label, env assignments...
     say "model decode, batch 1: $1"; shift
     env SOV_BENCH_BATCHES=1 "$@" .gpu/sov-gpu-bench $L8 --ignored --nocapture --test-threads=1 2>&1 | grep "BENCH llama8b_decode" | tee -a "$LOG"
   }
   oploop "default (PDL on every kernel, one-row GEMV, fused SwiGLU)"
-  oploop "SOV_PDL=0" SOV_PDL=0
-  oploop "SOV_GEMV_SWIGLU=0" SOV_GEMV_SWIGLU=0
   oploop "SOV_GEMV_SPLIT=1" SOV_GEMV_SPLIT=1
-  oploop "SOV_GEMV_SINGLE=0" SOV_GEMV_SINGLE=0
   run .gpu/sov bench $BENCH --sweep 1
   say "done $(date -u +%FT%TZ)"
   exit 0
