@@ -3,6 +3,8 @@
 //! the `own_machine` example's machine (compiled from its own spec) and its run, shared by that
 //! binary and its test.
 
+#![warn(missing_docs)]
+
 use std::time::Instant;
 
 use sov::app::start::{EngineOptions, ModelParts, Started, start_engine};

@@ -89,16 +89,22 @@ pub struct Verified {
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// Starting the engine or submitting failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// Reading the key or auditing the checkpoint directory failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// The engine stopped before a request finished (the request's index).
     #[error("request {0}'s stream ended before it finished")]
     StreamEnded(usize),
+    /// The suspend written to the slots did not lead to a checkpoint in time.
     #[error("the engine did not checkpoint within {0:?} of the suspend")]
     NoCheckpoint(Duration),
+    /// Checkpoints were off, or signed with a key whose public half is unknown here.
     #[error("the run wrote no checkpoint key to verify against")]
     NoKey,
+    /// The chain is empty or a receipt names another machine.
     #[error("verification failed: {0}")]
     Verify(String),
 }

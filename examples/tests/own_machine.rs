@@ -52,7 +52,10 @@ fn the_machine_is_generated_from_its_own_spec() {
         assert!(names.contains(&s), "{s} missing from {names:?}");
         assert!(machine::MERMAID.contains(s), "{s} missing from the graph");
     }
-    assert!(!machine::CANONICAL.contains("draft"), "no speculation");
+    // The graph labels every edge with its actions: no speculation, no swapping.
+    for action in ["draft", "verify", "swap_out", "swap_in"] {
+        assert!(!machine::MERMAID.contains(action), "{action} in the graph");
+    }
 }
 
 #[test]
@@ -79,6 +82,13 @@ fn the_machine_serves_suspends_and_verifies_on_tiny_weights() {
     let admits = admits_from(&report.trace);
     assert!(admits.len() >= 2, "{admits:?}");
     assert!(admits.iter().all(|s| *s == "idle"), "{admits:?}");
+    assert!(
+        report.trace.iter().all(|t| !t
+            .actions
+            .iter()
+            .any(|a| ["draft", "verify", "swap_out"].contains(a))),
+        "the machine speculated or swapped"
+    );
     // The suspend written to the slots ran the machine's interrupt.
     assert!(
         report
