@@ -144,18 +144,26 @@ fn main() -> anyhow::Result<()> {
             f.text.trim()
         );
     }
+    let decodes = own_machine::steps_with(&report.trace, "decode").len();
     println!(
-        "{} tokens in {:.2}s ({} decode steps, {} checkpoints)",
+        "{} tokens in {:.2}s ({decodes} decode steps, {} checkpoints)",
         report.output_tokens(),
         report.elapsed.as_secs_f64(),
-        report.stats.decode_steps,
         report.stats.checkpoints
     );
 
-    println!("\ntransitions ({} steps):", report.trace.len());
-    for line in own_machine::transition_runs(&report.trace) {
+    println!(
+        "\ntransitions taken ({} steps that did something):",
+        report.trace.len()
+    );
+    for line in own_machine::transition_counts(&report.trace) {
         println!("  {line}");
     }
+    let admits: Vec<String> = own_machine::steps_with(&report.trace, "admit")
+        .into_iter()
+        .map(|(step, from)| format!("step {step} (from {from})"))
+        .collect();
+    println!("admitted at: {}", admits.join(", "));
     let visited = report.states_visited();
     let unvisited: Vec<&str> = machine::State::ALL
         .iter()

@@ -220,26 +220,31 @@ pub fn verify(dir: &Path, public_key: &Path, slots: &[u32; 32]) -> Result<Verifi
     })
 }
 
-/// The trace collapsed into runs: consecutive identical transitions (same states, cause and
-/// actions) as one line with a count, e.g. `generate -> generate  rule:3  decode  x7`.
-pub fn transition_runs(trace: &[TraceEntry]) -> Vec<String> {
-    let line = |t: &TraceEntry| {
+/// How often the machine took each transition (same states, cause and actions), in the order
+/// first taken: one line per edge of its graph that the run used, e.g.
+/// `generate -> checkpoint  rule:2  decode  x16`.
+pub fn transition_counts(trace: &[TraceEntry]) -> Vec<String> {
+    let mut out: Vec<(String, usize)> = Vec::new();
+    for t in trace {
         let actions = if t.actions.is_empty() {
             "-".to_string()
         } else {
             t.actions.join(",")
         };
-        format!("{} -> {}  {}  {}", t.from, t.to, t.cause, actions)
-    };
-    let mut out: Vec<(String, usize)> = Vec::new();
-    for t in trace {
-        let l = line(t);
-        match out.last_mut() {
-            Some((last, n)) if *last == l => *n += 1,
-            _ => out.push((l, 1)),
+        let line = format!("{} -> {}  {}  {}", t.from, t.to, t.cause, actions);
+        match out.iter_mut().find(|(l, _)| *l == line) {
+            Some((_, n)) => *n += 1,
+            None => out.push((line, 1)),
         }
     }
-    out.into_iter()
-        .map(|(l, n)| if n > 1 { format!("{l}  x{n}") } else { l })
+    out.into_iter().map(|(l, n)| format!("{l}  x{n}")).collect()
+}
+
+/// The steps at which the machine ran `action`, with the state it ran it from.
+pub fn steps_with(trace: &[TraceEntry], action: &str) -> Vec<(u64, &'static str)> {
+    trace
+        .iter()
+        .filter(|t| t.actions.contains(&action))
+        .map(|t| (t.step, t.from))
         .collect()
 }
