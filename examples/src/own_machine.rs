@@ -10,6 +10,35 @@
 //! written through [`sov::scheduler::Slots`]; the checkpoint directory is audited with
 //! [`sov::checkpoint::audit`]. The binary (`examples/own_machine/main.rs`) picks the model and
 //! prints; the test (`examples/tests/own_machine.rs`) checks what [`run`] returns.
+//!
+//! The smallest use, as the README's "Using sov as a library" shows it (compiled as a doctest, so
+//! that text stays true):
+//!
+//! ```no_run
+//! mod machine {
+//!     sov_macros::machine!("own_machine/spec.toml", interface = sov::scheduler);
+//! }
+//! use sov::app::start::{EngineOptions, ModelParts, start_engine};
+//! use sov::engine::{Prompt, Request};
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let dirs = sov::app::SovDirs::from_process_env()?;
+//!     let path = sov::loader::resolve_model(None, &dirs.cache)?;
+//!     let parts = ModelParts::from(sov::loader::load_model(&path, true)?);
+//!     let started = start_engine::<machine::Scheduler>(parts, &EngineOptions::default())?;
+//!     let rx = started.engine.submit(Request::new(Prompt::Text("Once upon a time".into()), 64))?;
+//!     for out in rx {
+//!         print!("{}", out.text);
+//!         if out.finished.is_some() {
+//!             break;
+//!         }
+//!     }
+//!     println!("{}", started.engine.slots().batch_size());
+//!     started.engine.slots().set_power_state(sov::scheduler::PowerState::Suspend);
+//!     println!("{}", machine::MERMAID);
+//!     Ok(())
+//! }
+//! ```
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
