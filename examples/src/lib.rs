@@ -1,11 +1,17 @@
 //! Shared helpers for the example binaries: start an engine on a model, run a batch of requests
-//! through it concurrently, print each result and the aggregate throughput.
+//! through it concurrently, print each result and the aggregate throughput. [`own_machine`] holds
+//! the `own_machine` example's machine (compiled from its own spec) and its run, shared by that
+//! binary and its test.
+
+#![warn(missing_docs)]
 
 use std::time::Instant;
 
 use sov::app::start::{EngineOptions, ModelParts, Started, start_engine};
 use sov::engine::{Finished, Request};
 use sov::scheduler::seed::Scheduler;
+
+pub mod own_machine;
 
 /// Starts an engine running the default machine (`specs/scheduler.toml`).
 pub fn start(parts: ModelParts, opts: &EngineOptions) -> anyhow::Result<Started> {
