@@ -129,8 +129,8 @@ impl Reader<'_> {
         }
     }
 
-    /// `value` as an `i64` (any TOML radix, `_` separators allowed); otherwise records an error at it
-    /// (wrong type, or out of range) and returns None.
+    /// `value` as an `i64` (any TOML radix, `_` separators allowed); otherwise records an error
+    /// at it (wrong type, or out of range) and returns None.
     pub fn integer(&mut self, value: &Value<'_>, what: &str) -> Option<i64> {
         match value.get_ref() {
             DeValue::Integer(i) => {
