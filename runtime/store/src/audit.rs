@@ -70,7 +70,7 @@ impl Anchor {
 pub struct AuditOptions<'a> {
     /// The engine's public key every receipt must be signed with.
     pub key: &'a VerifyingKey,
-    /// Witness policy each receipt must satisfy (k valid cosignatures); None checks no cosignatures.
+    /// Witness policy each receipt must satisfy (k valid cosignatures); None checks none.
     pub policy: Option<&'a Policy>,
     /// Expected chain head; the audit fails if the chain is shorter (rollback) or differs there
     /// (fork).

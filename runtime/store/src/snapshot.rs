@@ -59,7 +59,7 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// 1.0 means disabled.
     pub repetition_penalty: f32,
-    /// Subtracted from a token's logit once per occurrence in the output so far (0.0 means disabled).
+    /// Subtracted from a token's logit once per occurrence in the output so far (0.0: disabled).
     pub frequency_penalty: f32,
     /// Subtracted once from the logit of every token already in the output (0.0 means disabled).
     pub presence_penalty: f32,
