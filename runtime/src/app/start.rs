@@ -159,7 +159,7 @@ pub struct ModelParts {
     pub tensors: HashMap<String, HostTensor>,
     /// Turns text into token ids and back.
     pub codec: Arc<dyn TextCodec>,
-    /// End-of-sequence token ids (empty: generation stops only at its length limit).
+    /// End-of-sequence token ids (empty: only stop strings and length limits end a request).
     pub eos_ids: Vec<u32>,
     /// The model's chat template, if it ships one.
     pub chat_template: Option<ChatTemplate>,

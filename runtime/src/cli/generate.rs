@@ -44,7 +44,8 @@ pub struct GenerateArgs {
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
-    /// Nucleus sampling: keep the most likely tokens whose probabilities sum to this (1 = disabled).
+    /// Nucleus sampling: keep the fewest most likely tokens whose probabilities reach this
+    /// (1 = disabled).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
     /// 0 = disabled.
@@ -53,7 +54,8 @@ pub struct GenerateArgs {
     /// Drop tokens less likely than this fraction of the most likely one (0 = disabled).
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
-    /// Divide positive logits of already-seen tokens by this, multiply negative ones (1 = disabled).
+    /// Divide positive logits of tokens in the prompt or output by this, multiply negative ones
+    /// (1 = disabled).
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
     /// Subtract this per earlier occurrence of a token in the output (0 = disabled).

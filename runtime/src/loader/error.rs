@@ -43,9 +43,9 @@ pub enum LoadError {
     Shape {
         /// The file holding the tensor.
         path: PathBuf,
-        /// Tensor name as stored in the file.
+        /// The tensor's name.
         tensor: String,
-        /// Shape found in the file.
+        /// Shape found in the file (`[element count]` when the data length disagrees with it).
         actual: Vec<usize>,
         /// Shape the config implies.
         expected: Vec<usize>,
@@ -56,7 +56,7 @@ pub enum LoadError {
     Dtype {
         /// The file holding the tensor.
         path: PathBuf,
-        /// Tensor name as stored in the file.
+        /// The tensor's name.
         tensor: String,
         /// The element type as the file names it.
         dtype: String,

@@ -23,7 +23,8 @@ pub struct SpecialInfo {
     pub bos_token: Option<String>,
     /// `eos_token` from `tokenizer_config.json`.
     pub eos_token: Option<String>,
-    /// End-of-sequence ids: `generation_config.json`, else `config.json`, else the `eos_token`'s id.
+    /// End-of-sequence ids: from `generation_config.json`, else `config.json`, else the id of
+    /// `eos_token`.
     pub eos_token_ids: Vec<u32>,
     /// Beginning-of-sequence id, looked up in the same order as `eos_token_ids`.
     pub bos_token_id: Option<u32>,
