@@ -8,6 +8,8 @@
 //! caller's tuning picks; this crate reads no environment), and looks kernels up by the names
 //! [`KernelId::functions`] lists. This crate has no CUDA dependency: it builds everywhere.
 
+#![warn(missing_docs)]
+
 /// The header every unit includes: bf16 conversion, vector unpacking, warp and block reductions.
 pub const COMMON_HEADER: &str = include_str!("../cuda/common.cuh");
 
@@ -40,7 +42,9 @@ pub fn decode_mma_shared_bytes(head_dim: usize, stages: usize) -> usize {
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read kernel source {path}: {source}")]
 pub struct SourceDirError {
+    /// The file that could not be read.
     pub path: std::path::PathBuf,
+    /// The I/O error reading it.
     #[source]
     pub source: std::io::Error,
 }
@@ -98,7 +102,9 @@ pub struct HeadConfig {
      head; got head_dim {head_dim}, group {group}"
 )]
 pub struct UnsupportedHeads {
+    /// The requested head dimension (elements per head).
     pub head_dim: usize,
+    /// The requested query heads per KV head (GQA group size).
     pub group: usize,
 }
 

@@ -13,6 +13,8 @@
 //! where `interface!` expanded (default `super`). Every spec error becomes one
 //! `compile_error!` reading `file:line:col: message`; the macros never panic.
 
+#![warn(missing_docs)]
+
 mod args;
 
 use proc_macro::TokenStream;

@@ -5,6 +5,8 @@
 //! CUDA decode graphs) -> sampler -> per-request output stream.
 //! Side paths: [`checkpoint`] (WORM snapshots with signed receipts) and KV swapping.
 
+#![warn(missing_docs)]
+
 pub mod app;
 pub mod backend;
 pub use sov_store as checkpoint;

@@ -13,6 +13,8 @@ use crate::ir::{Interface, Machine, SlotType, Stmt, TExpr, Writer};
 /// Version tag of the canonical form; bump it when the format changes.
 pub const CANONICAL_VERSION: &str = "sov-spec-canonical-v1";
 
+/// The canonical text of an interface: the version and name lines, then slots by offset, actions
+/// and predicates by name (doc strings left out).
 pub fn interface_text(i: &Interface) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{CANONICAL_VERSION}");
@@ -46,6 +48,8 @@ pub fn interface_text(i: &Interface) -> String {
     out
 }
 
+/// The canonical text of a machine (without its interface): initial state, constants and states
+/// by name, interrupts and transitions in order, expressions fully parenthesised.
 pub fn machine_text(m: &Machine) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "machine {} initial={}", m.name, m.initial);
@@ -89,6 +93,7 @@ pub fn spec_text(i: &Interface, m: &Machine) -> String {
     interface_text(i) + &machine_text(m)
 }
 
+/// BLAKE3 of [`interface_text`].
 pub fn interface_digest(i: &Interface) -> [u8; 32] {
     *blake3::hash(interface_text(i).as_bytes()).as_bytes()
 }
@@ -110,6 +115,7 @@ fn body_text(body: &[Stmt]) -> String {
         .join(";")
 }
 
+/// An expression in canonical form, fully parenthesised.
 pub fn expr_text(e: &TExpr) -> String {
     match e {
         TExpr::Int(v) => v.to_string(),

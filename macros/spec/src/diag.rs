@@ -11,8 +11,11 @@ use crate::source::Source;
 pub struct Diagnostic {
     /// The file as the user named it (or as the macro resolved it).
     pub file: String,
+    /// 1-based line.
     pub line: usize,
+    /// 1-based column, in characters.
     pub col: usize,
+    /// What is wrong, in words.
     pub message: String,
 }
 
@@ -54,14 +57,17 @@ impl Diags {
         });
     }
 
+    /// Whether no error was recorded.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
+    /// Number of errors recorded.
     pub fn len(&self) -> usize {
         self.items.len()
     }
 
+    /// Appends the errors collected by `other`.
     pub fn extend(&mut self, other: Diags) {
         self.items.extend(other.items);
     }

@@ -20,28 +20,46 @@ use std::ops::Range;
 /// A parse error at a byte span of the expression string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseError {
+    /// Byte range of the offending text within the expression string.
     pub span: Range<usize>,
+    /// What is wrong, in words.
     pub message: String,
 }
 
+/// A binary operator, tightest-binding last. Generated code evaluates numbers as `i64` with
+/// wrapping arithmetic; `/` and `%` by zero give 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BinOp {
+    /// `||`: logical or.
     Or,
+    /// `&&`: logical and.
     And,
+    /// `==`.
     Eq,
+    /// `!=`.
     Ne,
+    /// `<`.
     Lt,
+    /// `<=`.
     Le,
+    /// `>`.
     Gt,
+    /// `>=`.
     Ge,
+    /// `+`.
     Add,
+    /// `-`.
     Sub,
+    /// `*`.
     Mul,
+    /// `/` (integer division).
     Div,
+    /// `%` (remainder).
     Rem,
 }
 
 impl BinOp {
+    /// The operator as written in the spec language, e.g. `"<="`.
     pub fn symbol(self) -> &'static str {
         match self {
             BinOp::Or => "||",
@@ -60,6 +78,7 @@ impl BinOp {
         }
     }
 
+    /// Whether the operator compares two numbers and yields a boolean.
     pub fn is_comparison(self) -> bool {
         matches!(
             self,
@@ -67,6 +86,7 @@ impl BinOp {
         )
     }
 
+    /// Whether the operator combines two booleans (`||`, `&&`).
     pub fn is_logical(self) -> bool {
         matches!(self, BinOp::Or | BinOp::And)
     }
@@ -75,27 +95,40 @@ impl BinOp {
 /// Untyped expression node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExprKind {
+    /// An integer literal.
     Int(i64),
+    /// `true` or `false`.
     Bool(bool),
+    /// A name: a slot field, constant, predicate or enum variant (resolved later).
     Ident(String),
+    /// `!` applied to a subexpression.
     Not(Box<Expr>),
+    /// A binary operation on two subexpressions.
     Binary(BinOp, Box<Expr>, Box<Expr>),
 }
 
+/// An expression node with its byte span in the expression string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expr {
+    /// What the node is.
     pub kind: ExprKind,
+    /// Byte range the node covers in the expression string.
     pub span: Range<usize>,
 }
 
+/// The operator of a slot update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpdateOp {
+    /// `=`: replace the slot's value.
     Assign,
+    /// `+=`: add to it.
     Add,
+    /// `-=`: subtract from it.
     Sub,
 }
 
 impl UpdateOp {
+    /// The operator as written, e.g. `"+="`.
     pub fn symbol(self) -> &'static str {
         match self {
             UpdateOp::Assign => "=",
@@ -108,14 +141,22 @@ impl UpdateOp {
 /// One entry of a `do` list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stmt {
+    /// A bare identifier: run the action of that name.
     Action {
+        /// Action name.
         name: String,
+        /// Byte range of the name in the statement string.
         span: Range<usize>,
     },
+    /// `slot op value`: change a slot field.
     Update {
+        /// Slot field name.
         slot: String,
+        /// Byte range of the slot name in the statement string.
         slot_span: Range<usize>,
+        /// `=`, `+=` or `-=`.
         op: UpdateOp,
+        /// The right-hand side.
         value: Expr,
     },
 }

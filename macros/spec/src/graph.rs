@@ -8,7 +8,9 @@ use crate::ir::{Machine, Stmt};
 /// Output format of `sov spec graph`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GraphFormat {
+    /// Mermaid `stateDiagram-v2` text.
     Mermaid,
+    /// Graphviz DOT text.
     Dot,
 }
 

@@ -11,6 +11,8 @@
 //! machine (`specs/scheduler.toml`: states, guarded transitions, interrupts, constants) that
 //! names its interface with `interface = "runtime.toml"`, relative to itself.
 
+#![warn(missing_docs)]
+
 pub mod canon;
 pub mod codegen;
 pub mod diag;
@@ -34,16 +36,22 @@ use walk::{Reader, parse_document};
 /// A validated interface file.
 #[derive(Debug, Clone)]
 pub struct LoadedInterface {
+    /// The validated interface.
     pub interface: ir::Interface,
+    /// Path it was read from (normalized).
     pub path: PathBuf,
 }
 
 /// A validated machine file with the interface it names.
 #[derive(Debug, Clone)]
 pub struct LoadedMachine {
+    /// The interface the machine names.
     pub interface: ir::Interface,
+    /// Path of that interface file, resolved relative to the machine file.
     pub interface_path: PathBuf,
+    /// The validated machine.
     pub machine: ir::Machine,
+    /// Path the machine was read from (normalized).
     pub path: PathBuf,
 }
 
@@ -57,7 +65,9 @@ impl LoadedMachine {
 /// What `check_file` found: either kind of spec file, validated.
 #[derive(Debug, Clone)]
 pub enum Checked {
+    /// The file was an interface (it has no `[machine]` table).
     Interface(LoadedInterface),
+    /// The file was a machine (it has a `[machine]` table).
     Machine(LoadedMachine),
 }
 

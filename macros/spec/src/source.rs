@@ -8,10 +8,12 @@ use std::path::{Component, Path, PathBuf};
 pub struct Source {
     /// Path used to open the file and to resolve paths written inside it.
     pub path: PathBuf,
+    /// The whole file as UTF-8 text.
     pub text: String,
 }
 
 impl Source {
+    /// A source from a path and its text, without touching the file system.
     pub fn new(path: impl Into<PathBuf>, text: impl Into<String>) -> Self {
         Self {
             path: path.into(),

@@ -9,19 +9,25 @@ use toml::de::{DeTable, DeValue};
 use crate::diag::Diags;
 use crate::source::Source;
 
+/// A TOML table whose values carry byte spans into the file.
 pub type Table<'i> = DeTable<'i>;
+/// A TOML value with its byte span in the file.
 pub type Value<'i> = Spanned<DeValue<'i>>;
 
 /// Context shared by the readers: the file and the diagnostics sink.
 pub struct Reader<'a> {
+    /// The file being read (for spans and messages).
     pub src: &'a Source,
+    /// Where every failed read records its diagnostic.
     pub diags: &'a mut Diags,
 }
 
 /// A string value with the span of its literal (quotes included).
 #[derive(Debug, Clone)]
 pub struct SpannedStr {
+    /// The string's contents (escapes resolved).
     pub value: String,
+    /// Byte range of the literal in the file, quotes included.
     pub span: Range<usize>,
     /// Byte offset of the string's first character in the file when the literal maps byte for
     /// byte (no escapes), so expression spans can be shifted into the file.
@@ -62,6 +68,7 @@ pub fn entries<'t, 'i>(table: &'t Table<'i>) -> Vec<(&'t str, Range<usize>, &'t 
 }
 
 impl Reader<'_> {
+    /// Records an error at byte range `span` of the file.
     pub fn error(&mut self, span: Range<usize>, message: impl Into<String>) {
         self.diags.error(self.src, span, message);
     }
@@ -97,6 +104,7 @@ impl Reader<'_> {
         }
     }
 
+    /// `value` as a string; otherwise records "`what` must be a string" at it and returns None.
     pub fn string(&mut self, value: &Value<'_>, what: &str) -> Option<SpannedStr> {
         match value.get_ref() {
             DeValue::String(s) => {
@@ -121,6 +129,8 @@ impl Reader<'_> {
         }
     }
 
+    /// `value` as an `i64` (any TOML radix, `_` separators allowed); otherwise records an error
+    /// at it (wrong type, or out of range) and returns None.
     pub fn integer(&mut self, value: &Value<'_>, what: &str) -> Option<i64> {
         match value.get_ref() {
             DeValue::Integer(i) => {
@@ -151,6 +161,7 @@ impl Reader<'_> {
         }
     }
 
+    /// The elements of `value`; otherwise records "`what` must be an array" and returns None.
     pub fn array<'t, 'i>(&mut self, value: &'t Value<'i>, what: &str) -> Option<&'t [Value<'i>]> {
         match value.get_ref() {
             DeValue::Array(a) => Some(a.as_ref()),
@@ -192,6 +203,7 @@ impl Reader<'_> {
         }
     }
 
+    /// `key` of `table` as a string: None when absent, and None with an error when not a string.
     pub fn opt_string(&mut self, table: &Table<'_>, key: &str, what: &str) -> Option<SpannedStr> {
         table
             .get(key)

@@ -19,7 +19,9 @@ pub const POWER_SUPPLY_DIR: &str = "/sys/class/power_supply";
 /// One battery's reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatteryReading {
+    /// Charge in percent (sysfs `capacity`).
     pub percent: u32,
+    /// Whether the battery is discharging (sysfs `status` is `Discharging`).
     pub discharging: bool,
 }
 

@@ -74,6 +74,7 @@ impl SlotFile {
         })
     }
 
+    /// The slot file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -28,6 +28,7 @@ use crate::runner::{LlamaRunner, RunnerBackend, RunnerOptions, TokenizerCodec};
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
+    /// The host CPU (the `cpu` backend, f32 compute).
     Cpu,
     /// A CUDA device by ordinal.
     Cuda(usize),
@@ -51,17 +52,22 @@ impl std::str::FromStr for Device {
 /// Engine options a command line exposes.
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
+    /// Where the model runs.
     pub device: Device,
     /// Bytes the KV cache may take.
     pub kv_memory_bytes: usize,
+    /// Most sequences in the running batch.
     pub max_batch: usize,
+    /// Most prompt tokens per prefill forward pass.
     pub max_prefill_tokens: usize,
     /// Context length cap (None: the model's `max_position_embeddings`).
     pub max_context: Option<usize>,
     /// On a GPU: f32-accurate matmul inputs and an f32 KV cache
     /// ([`CudaBackend::with_precise`]); the CPU backend always computes in f32.
     pub precise: bool,
+    /// Record every scheduler transition (see [`EngineConfig::trace`]).
     pub trace: bool,
+    /// The run directory: slot file and checkpoints live in it (None: neither).
     pub run_dir: Option<std::path::PathBuf>,
     /// WORM checkpoints into `<run_dir>/checkpoints` (needs `run_dir`); None: off.
     pub checkpoints: Option<CheckpointOptions>,
@@ -89,7 +95,9 @@ pub struct CheckpointOptions {
 
 /// What a front end needs to know about the engine's checkpoints.
 pub struct CheckpointInfo {
+    /// The checkpoint directory (`<run_dir>/checkpoints`).
     pub dir: PathBuf,
+    /// Whether checkpoints store KV blocks or tokens only.
     pub mode: KvMode,
     /// The public key that verifies the receipts, when sov's default key is used.
     pub public_key: Option<PathBuf>,
@@ -127,10 +135,15 @@ pub fn kv_bytes_per_token(c: &LlamaConfig, dtype_bytes: usize) -> usize {
 
 /// A started engine with what a front end needs besides it.
 pub struct Started {
+    /// The running engine.
     pub engine: Engine,
+    /// The model's chat template, if it ships one (None: prompts are used as given).
     pub chat_template: Option<ChatTemplate>,
+    /// The model's display name.
     pub model_name: String,
+    /// The model's config.
     pub config: LlamaConfig,
+    /// The checkpoint setup, when checkpoints are on.
     pub checkpoints: Option<CheckpointInfo>,
     /// Raises low_battery from the machine's battery (set by the front end; None: not watching).
     pub battery: Option<super::battery::BatteryWatcher>,
@@ -140,11 +153,17 @@ pub struct Started {
 
 /// Everything an engine needs from a model source.
 pub struct ModelParts {
+    /// Model shape and hyperparameters.
     pub config: LlamaConfig,
+    /// The weights, by tensor name.
     pub tensors: HashMap<String, HostTensor>,
+    /// Turns text into token ids and back.
     pub codec: Arc<dyn TextCodec>,
+    /// End-of-sequence token ids (empty: only stop strings and length limits end a request).
     pub eos_ids: Vec<u32>,
+    /// The model's chat template, if it ships one.
     pub chat_template: Option<ChatTemplate>,
+    /// The model's display name.
     pub name: String,
 }
 

@@ -36,10 +36,15 @@ use crate::loader::tensor::HostTensor;
 /// Element type of a device buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// 32-bit float.
     F32,
+    /// 16-bit IEEE float.
     F16,
+    /// bfloat16.
     BF16,
+    /// 32-bit unsigned integer (token ids, block tables).
     U32,
+    /// 32-bit signed integer.
     I32,
 }
 
@@ -58,10 +63,18 @@ impl DType {
 pub enum BackendError {
     /// A buffer is too small, has the wrong dtype, or dimensions are inconsistent.
     #[error("{op}: {detail}")]
-    Shape { op: &'static str, detail: String },
+    Shape {
+        /// The operation that refused its arguments.
+        op: &'static str,
+        /// Which buffer or dimension is wrong, and how.
+        detail: String,
+    },
     /// Device allocation failed.
     #[error("out of device memory allocating {bytes} bytes")]
-    OutOfMemory { bytes: usize },
+    OutOfMemory {
+        /// Size of the allocation that failed.
+        bytes: usize,
+    },
     /// The operation or dtype is not supported by this backend.
     #[error("{0} is not supported by this backend")]
     Unsupported(String),

@@ -18,6 +18,7 @@ use crate::engine::{Engine, FinishReason, Finished, Prompt, Request, SamplingPar
 /// Arguments of `sov bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// Which model to load and how.
     #[command(flatten)]
     pub model: ModelArgs,
     /// Number of requests.
@@ -56,36 +57,57 @@ pub struct BenchArgs {
 /// The benchmark's result.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchResult {
+    /// The model as named on the command line (or the default model's name).
     pub model: String,
+    /// Requests submitted.
     pub num_prompts: usize,
+    /// Requests that finished.
     pub completed: usize,
+    /// Requests that ended in an error.
     pub failed: usize,
+    /// Most requests in flight at once.
     pub max_concurrency: usize,
+    /// Wall time from the first submit to the last finish, in seconds (warm-up excluded).
     pub duration_s: f64,
+    /// Prompt tokens over all requests.
     pub total_input_tokens: usize,
+    /// Generated tokens over all finished requests.
     pub total_output_tokens: usize,
+    /// Finished requests per second.
     pub request_throughput: f64,
+    /// Generated tokens per second.
     pub output_throughput: f64,
+    /// Prompt plus generated tokens per second.
     pub total_token_throughput: f64,
+    /// Time to first token (submit to first token).
     pub ttft: Summary,
+    /// Time per output token after the first, per request.
     pub tpot: Summary,
+    /// Inter-token latency: every gap between consecutive tokens.
     pub itl: Summary,
+    /// End-to-end latency, submit to finish.
     pub e2el: Summary,
+    /// Peak resident set size of the process in MiB (0 when unknown).
     pub peak_rss_mib: f64,
     /// Share of the engine's busy time spent inside model forward passes.
     pub forward_share: f64,
+    /// Decode steps the engine ran during the benchmark.
     pub decode_steps: u64,
     /// Checkpoint actions the machine ran (no-ops when checkpoints are off) and the share of
     /// busy time they took.
     pub checkpoints: u64,
+    /// Share of busy time the checkpoint actions took (0..=1).
     pub checkpoint_share: f64,
     /// Engine-thread time per decode step outside the forward pass (µs), by phase: before the
     /// pass, after it (tokens, text, events) and retiring plus handing events over; `host_other`
     /// is the rest of the busy time that is neither forward nor checkpoint (prefill bookkeeping,
     /// the scheduler loop), also per decode step.
     pub host_schedule_us: f64,
+    /// Per decode step: after the pass (tokens, text, events), µs.
     pub host_tokens_us: f64,
+    /// Per decode step: retiring finished sequences and handing events over, µs.
     pub host_retire_us: f64,
+    /// Per decode step: the rest of the busy time, neither forward nor checkpoint, µs.
     pub host_other_us: f64,
 }
 

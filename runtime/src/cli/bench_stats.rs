@@ -9,8 +9,11 @@ use serde::Serialize;
 /// Mean, median and 99th percentile, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Summary {
+    /// Mean, in milliseconds.
     pub mean_ms: f64,
+    /// Median (50th percentile, interpolated), in milliseconds.
     pub median_ms: f64,
+    /// 99th percentile (interpolated), in milliseconds.
     pub p99_ms: f64,
 }
 

@@ -26,6 +26,7 @@ use crate::loader::ChatMessage;
 /// Arguments of `sov generate`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct GenerateArgs {
+    /// Which model to load and how.
     #[command(flatten)]
     pub model: ModelArgs,
     /// A plain completion prompt (repeat for several requests run together).
@@ -37,22 +38,30 @@ pub struct GenerateArgs {
     /// System message for --chat.
     #[arg(long)]
     pub system: Option<String>,
+    /// Most tokens to generate per request.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Nucleus sampling: keep the fewest most likely tokens whose probabilities reach this
+    /// (1 = disabled).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
     /// 0 = disabled.
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
+    /// Drop tokens less likely than this fraction of the most likely one (0 = disabled).
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
+    /// Divide positive logits of tokens in the prompt or output by this, multiply negative ones
+    /// (1 = disabled).
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
+    /// Subtract this per earlier occurrence of a token in the output (0 = disabled).
     #[arg(long, default_value_t = 0.0)]
     pub frequency_penalty: f32,
+    /// Subtract this once from every token already in the output (0 = disabled).
     #[arg(long, default_value_t = 0.0)]
     pub presence_penalty: f32,
     /// Seed of the sampler (request i uses seed + i).

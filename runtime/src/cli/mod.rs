@@ -24,8 +24,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "sov", version, about)]
 pub struct Cli {
+    /// The command to run.
     #[command(subcommand)]
     pub command: Command,
+    /// Options every command takes.
     #[command(flatten)]
     pub global: settings::GlobalArgs,
 }

@@ -93,21 +93,27 @@ pub struct ModelArgs {
 /// GPU arithmetic on the command line (see [`ModelArgs::precision`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PrecisionChoice {
+    /// bf16 matmul inputs and a bf16 KV cache (fast).
     Bf16,
+    /// f32-accurate matmul inputs and an f32 KV cache (slower; within rounding of the CPU).
     F32,
 }
 
 /// Checkpoint mode on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum CheckpointChoice {
+    /// Store KV blocks (fast restore).
     Blocks,
+    /// Store tokens only; resume rebuilds KV by prefill.
     Recompute,
+    /// No checkpoints.
     Off,
 }
 
 /// What a command adds to [`ModelArgs`] when it starts an engine.
 #[derive(Debug, Clone, Default)]
 pub struct StartExtras {
+    /// Record the scheduler's transitions (see [`crate::engine::Engine::trace`]).
     pub trace: bool,
     /// Resume this run directory's newest checkpoint.
     pub resume: Option<PathBuf>,

@@ -15,15 +15,20 @@ use crate::scheduler::{SLOT_FIELDS, SlotWriter};
 pub enum SlotsCommand {
     /// Print one field, or every field with its offset.
     Get {
+        /// Field to print (default: every field).
         name: Option<String>,
+        /// Which engine's slots.
         #[command(flatten)]
         target: Target,
     },
     /// Write a field (numbers in decimal or 0x hex, enum variants by name, bytes as hex). The
     /// engine reads it at its next step.
     Set {
+        /// Field to write.
         name: String,
+        /// The new value.
         value: String,
+        /// Which engine's slots.
         #[command(flatten)]
         target: Target,
     },

@@ -12,7 +12,9 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 #[error("KV cache out of blocks: need {needed}, {free} free")]
 pub struct OutOfBlocks {
+    /// Blocks the allocation needed.
     pub needed: usize,
+    /// Blocks that were free.
     pub free: usize,
 }
 
@@ -36,14 +38,17 @@ impl BlockManager {
         }
     }
 
+    /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
     }
 
+    /// Blocks in the pool.
     pub fn total(&self) -> usize {
         self.ref_counts.len()
     }
 
+    /// Blocks currently free.
     pub fn free_count(&self) -> usize {
         self.free.len()
     }
@@ -63,6 +68,7 @@ impl BlockManager {
         self.blocks_for(tokens).saturating_sub(table_len)
     }
 
+    /// Holders of `block` (0 when free or out of range).
     pub fn ref_count(&self, block: u32) -> u32 {
         self.ref_counts.get(block as usize).copied().unwrap_or(0)
     }

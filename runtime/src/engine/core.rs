@@ -56,9 +56,13 @@ pub(crate) enum Pass {
 /// Counters the runtime publishes in its slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Counters {
+    /// Requests waiting in the queue, not yet admitted (slot `pending_request_count`).
     pub pending_request_count: u32,
+    /// Sequences in the running batch (slot `batch_size`).
     pub batch_size: u32,
+    /// KV cache blocks currently allocated (slot `kv_blocks_used`).
     pub kv_blocks_used: u32,
+    /// Id of the newest sequence admitted, truncated to 32 bits (slot `current_seq_id`).
     pub current_seq_id: u32,
 }
 
@@ -101,6 +105,8 @@ pub struct EngineCore<F: ForwardModel> {
 }
 
 impl<F: ForwardModel> EngineCore<F> {
+    /// An idle core over `model` with an empty KV cache of `cfg.num_blocks` blocks, publishing to
+    /// `slots`.
     pub fn new(model: F, codec: Arc<dyn TextCodec>, cfg: CoreConfig, slots: Slots) -> Self {
         let blocks = BlockManager::new(cfg.num_blocks, cfg.block_size);
         Self {
@@ -134,6 +140,7 @@ impl<F: ForwardModel> EngineCore<F> {
         self.outbox = Outbox::with_courier();
     }
 
+    /// The settings the core was built with.
     pub fn config(&self) -> &CoreConfig {
         &self.cfg
     }
@@ -148,6 +155,7 @@ impl<F: ForwardModel> EngineCore<F> {
         self.waiting.is_empty() && self.running.is_empty()
     }
 
+    /// The current values of the slot counters.
     pub fn counters(&self) -> Counters {
         Counters {
             pending_request_count: self.waiting.len() as u32,
@@ -234,14 +242,17 @@ impl<F: ForwardModel> EngineCore<F> {
         }
     }
 
+    /// Whether a running sequence has not finished its prefill.
     pub fn has_unprefilled(&self) -> bool {
         self.running.iter().any(|s| !s.prefilled)
     }
 
+    /// Whether any sequence is in the running batch.
     pub fn has_running(&self) -> bool {
         !self.running.is_empty()
     }
 
+    /// Whether no sequence is waiting or running (the same as [`Self::is_idle`]).
     pub fn all_finished(&self) -> bool {
         self.is_idle()
     }
@@ -258,6 +269,7 @@ impl<F: ForwardModel> EngineCore<F> {
             .sum()
     }
 
+    /// Whether the next decode step needs more new blocks than the cache has free.
     pub fn kv_exhausted(&self) -> bool {
         self.decode_growth() > self.blocks.free_count()
     }

@@ -81,7 +81,9 @@ impl Default for EngineConfig {
 pub struct TraceEntry {
     /// Index of the step since the engine started.
     pub step: u64,
+    /// State name before the step.
     pub from: &'static str,
+    /// State name after the step.
     pub to: &'static str,
     /// `interrupt:NAME`, `rule:N` or `stay`.
     pub cause: String,
@@ -96,16 +98,23 @@ pub struct TraceEntry {
 /// Statistics the engine thread returns when it stops.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineStats {
+    /// Machine steps taken (including ones that did nothing).
     pub steps: u64,
+    /// Decode steps (forward passes generating one token per running sequence, or a verify pass).
     pub decode_steps: u64,
+    /// Checkpoint actions run.
     pub checkpoints: u64,
+    /// Restore actions run.
     pub restores: u64,
     /// Wall time spent writing checkpoints (part of `busy_time`).
     pub checkpoint_time: Duration,
+    /// Speculative draft tokens proposed for verification.
     pub spec_proposed: u64,
+    /// Of `spec_proposed`, the draft tokens the model accepted.
     pub spec_accepted: u64,
     /// Wall time inside model forward passes, and in the whole loop (steps, idle waits excluded).
     pub forward_time: Duration,
+    /// Wall time of the steps that did something (idle waits excluded).
     pub busy_time: Duration,
     /// Host time of decode steps outside the forward pass, by phase (part of `busy_time`).
     pub decode_host: DecodeHostTimes,
@@ -298,6 +307,7 @@ impl Engine {
         self.limits
     }
 
+    /// The tokenizer requests are encoded with and outputs decoded with.
     pub fn codec(&self) -> &Arc<dyn TextCodec> {
         &self.codec
     }

@@ -16,10 +16,15 @@ use super::text::TextStream;
 /// Limits a request is checked against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IntakeLimits {
+    /// The model's context length in tokens (prompt plus at least one new token must fit).
     pub context_len: usize,
+    /// Token ids must be below this.
     pub vocab_size: usize,
+    /// Blocks in the KV cache (a prompt needing more is refused).
     pub num_blocks: usize,
+    /// Tokens per KV block.
     pub block_size: usize,
+    /// Upper bound on a request's `max_tokens` (the machine's `max_tokens` constant).
     pub max_tokens_cap: usize,
 }
 

@@ -35,7 +35,9 @@ impl FinishReason {
 /// Logprob information for one generated token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Logprobs {
+    /// The generated token.
     pub token: u32,
+    /// Its log-probability.
     pub logprob: f32,
     /// The most likely tokens at that position, best first.
     pub top: Vec<TokenLogprob>,
@@ -44,7 +46,9 @@ pub struct Logprobs {
 /// Final accounting of a finished request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finished {
+    /// Why the request ended.
     pub reason: FinishReason,
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
     /// Every generated token id, in order (including an EOS token that ended the sequence).
     pub output_tokens: Vec<u32>,
@@ -61,6 +65,7 @@ pub struct Finished {
 /// One event on a request's stream. The last one has `finished` set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Output {
+    /// The request this event belongs to.
     pub request_id: u64,
     /// Tokens generated since the previous event.
     pub tokens: Vec<u32>,
@@ -70,5 +75,6 @@ pub struct Output {
     pub logprobs: Vec<Logprobs>,
     /// When the engine produced this event.
     pub time: Instant,
+    /// Set on the last event of the stream.
     pub finished: Option<Finished>,
 }

@@ -8,7 +8,9 @@ use super::error::EngineError;
 /// The prompt, as text (tokenized by the engine's tokenizer) or as token ids.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
+    /// Text, encoded with the engine's tokenizer.
     Text(String),
+    /// Token ids, used as given.
     Tokens(Vec<u32>),
 }
 
@@ -126,10 +128,12 @@ impl SamplingParams {
 /// One generation request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// What to continue.
     pub prompt: Prompt,
     /// Most new tokens to generate (also capped by the scheduler's `max_tokens` constant and the
     /// context length).
     pub max_tokens: usize,
+    /// How to sample each token.
     pub sampling: SamplingParams,
     /// Generation stops (reason `stop`) when the text contains one of these; the stop string itself
     /// is not returned.

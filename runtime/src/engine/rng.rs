@@ -10,13 +10,16 @@
 /// Random stream of one request: `seed` chosen at submit, `counter` = draws taken so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SampleRng {
+    /// The request's seed.
     pub seed: u64,
+    /// Draws taken so far (the position in the stream).
     pub counter: u64,
 }
 
 pub use crate::model::random::bits_at;
 
 impl SampleRng {
+    /// A stream at the start of `seed`.
     pub fn new(seed: u64) -> Self {
         Self { seed, counter: 0 }
     }

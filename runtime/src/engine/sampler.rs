@@ -17,13 +17,16 @@ use super::rng::SampleRng;
 /// A token and its log-probability under the model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TokenLogprob {
+    /// The token id.
     pub token: u32,
+    /// Its log-probability.
     pub logprob: f32,
 }
 
 /// The outcome of sampling one position.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
+    /// The token chosen.
     pub token: u32,
     /// Log-probability of `token` (when logprobs were requested).
     pub logprob: Option<f32>,

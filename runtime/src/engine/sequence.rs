@@ -16,6 +16,7 @@ pub struct Sequence {
     pub id: u64,
     /// Prompt then generated tokens, `[prompt_len + generated]`.
     pub tokens: Vec<u32>,
+    /// Number of leading `tokens` that are the prompt.
     pub prompt_len: usize,
     /// Tokens whose K/V are in the cache (positions `0..computed`).
     pub computed: usize,
@@ -25,26 +26,37 @@ pub struct Sequence {
     pub block_table: Vec<u32>,
     /// Most new tokens (request's, capped by the machine's max_tokens).
     pub max_tokens: usize,
+    /// How to sample the next token.
     pub sampling: SamplingParams,
+    /// The sequence's own sampler RNG (seeded per request, saved in checkpoints).
     pub rng: SampleRng,
+    /// Keep generating past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Incremental detokenizer and stop-string matcher for the generated tokens.
     pub text: TextStream,
+    /// Where the sequence's outputs (tokens, text, the finish) are sent.
     pub tx: Sender<Output>,
+    /// When the request was submitted.
     pub arrival: Instant,
+    /// When the first generated token arrived.
     pub first_token_at: Option<Instant>,
+    /// When the newest generated token arrived.
     pub last_token_at: Option<Instant>,
     /// Gap before each token after the first.
     pub inter_token: Vec<std::time::Duration>,
+    /// Times the sequence's KV was dropped to make room (it is recomputed on readmission).
     pub preemptions: u32,
     /// Speculative tokens proposed by the last `draft` action, checked by the next `verify`.
     pub draft: Vec<u32>,
 }
 
 impl Sequence {
+    /// The prompt tokens.
     pub fn prompt(&self) -> &[u32] {
         &self.tokens[..self.prompt_len]
     }
 
+    /// The tokens generated so far.
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
     }

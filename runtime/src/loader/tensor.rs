@@ -11,8 +11,11 @@ use half::{bf16, f16};
 /// `F16`/`BF16` (or `F32`), so the model never sees block formats.
 #[derive(Debug, Clone)]
 pub enum HostData {
+    /// 32-bit floats.
     F32(Vec<f32>),
+    /// 16-bit IEEE floats.
     F16(Vec<f16>),
+    /// bfloat16s.
     BF16(Vec<bf16>),
 }
 
@@ -21,6 +24,7 @@ pub enum HostData {
 pub struct HostTensor {
     /// Row-major shape, outermost first.
     pub shape: Vec<usize>,
+    /// The elements, row-major.
     pub data: HostData,
 }
 

@@ -7,12 +7,18 @@ use crate::backend::BackendError;
 pub enum ModelError {
     /// A tensor the architecture needs is absent from the weights.
     #[error("missing tensor `{name}`")]
-    MissingTensor { name: String },
+    MissingTensor {
+        /// The tensor's name.
+        name: String,
+    },
     /// A tensor has a shape the configuration does not allow.
     #[error("tensor `{name}` has shape {got:?}, expected {expected:?}")]
     WrongShape {
+        /// The tensor's name.
         name: String,
+        /// Shape the config implies.
         expected: Vec<usize>,
+        /// Shape found in the weights.
         got: Vec<usize>,
     },
     /// The configuration is inconsistent (e.g. heads that do not divide).

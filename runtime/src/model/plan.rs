@@ -20,8 +20,11 @@ pub struct StepPlan {
     pub ctx_lens: Vec<u32>,
     /// `[n_seqs, max_blocks_per_seq]`, padded with 0.
     pub block_tables: Vec<u32>,
+    /// Row stride of `block_tables` (most blocks of one sequence in the step).
     pub max_blocks_per_seq: usize,
+    /// Most new tokens of one sequence (1 for a pure decode step).
     pub max_q_len: usize,
+    /// Longest context (cached + new tokens) of one sequence.
     pub max_ctx_len: usize,
     /// `[n_seqs]`: row of each sequence's last new token.
     pub last_rows: Vec<u32>,
@@ -30,10 +33,13 @@ pub struct StepPlan {
 /// Limits a batch must respect.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanLimits {
+    /// Token ids must be below this.
     pub vocab_size: usize,
     /// Positions must be below this (the RoPE table's length).
     pub max_positions: usize,
+    /// Tokens per KV block.
     pub block_size: usize,
+    /// Blocks in the KV cache; block table entries must be below this.
     pub num_blocks: usize,
 }
 

@@ -16,7 +16,9 @@ use crate::model::config::{LlamaConfig, RopeScaling};
 /// Element type of generated weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightDtype {
+    /// f32 weights.
     F32,
+    /// bf16 weights.
     BF16,
 }
 

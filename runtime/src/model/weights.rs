@@ -37,6 +37,7 @@ pub struct LayerWeights<B: Backend> {
 pub struct ModelWeights<B: Backend> {
     /// `[vocab, hidden]`.
     pub embed: B::Buffer,
+    /// Per-layer weights, first layer first.
     pub layers: Vec<LayerWeights<B>>,
     /// `[hidden]` f32.
     pub final_norm: B::Buffer,
@@ -47,7 +48,9 @@ pub struct ModelWeights<B: Backend> {
 /// Where the weights come from: borrowed (every upload copies) or owned (every tensor moves into
 /// the backend and leaves the map as soon as it is uploaded, so host memory holds one copy).
 pub enum TensorSource<'a> {
+    /// Borrows the host tensors; each upload copies.
     Borrowed(&'a HashMap<String, HostTensor>),
+    /// Owns the host tensors; each is removed from the map when it is uploaded.
     Owned(RefCell<HashMap<String, HostTensor>>),
 }
 

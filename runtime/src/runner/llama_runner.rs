@@ -10,7 +10,9 @@ use crate::model::{KvCache, LlamaModel, ModelError};
 
 /// A model and its KV cache: what the engine thread owns.
 pub struct LlamaRunner<B: RunnerBackend> {
+    /// The model's weights on the backend.
     pub model: LlamaModel<B>,
+    /// The paged KV cache.
     pub kv: KvCache<B>,
     /// The backend's decode fast path (the CUDA decode graphs), created empty.
     decode: B::Decode,

@@ -6,7 +6,9 @@ use crate::loader::Tokenizer;
 /// The loader's tokenizer as the engine's codec. `add_special` adds the model's BOS (when it uses
 /// one) in front of every prompt, as `transformers` does for plain completion prompts.
 pub struct TokenizerCodec {
+    /// The model's tokenizer.
     pub tokenizer: Tokenizer,
+    /// Prepend the model's BOS token (when it has one) to every prompt.
     pub add_special: bool,
 }
 

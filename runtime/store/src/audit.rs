@@ -49,7 +49,9 @@ fn height_of(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
 /// A receipt-chain head known from outside the directory (slots 7..15, a witness, a log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Anchor {
+    /// Receipt height (1 for the first checkpoint).
     pub height: u64,
+    /// BLAKE3 digest of the receipt body at `height`.
     pub digest: Digest,
 }
 
@@ -66,17 +68,25 @@ impl Anchor {
 /// What to check beyond the directory itself.
 #[derive(Debug, Clone, Copy)]
 pub struct AuditOptions<'a> {
+    /// The engine's public key every receipt must be signed with.
     pub key: &'a VerifyingKey,
+    /// Witness policy each receipt must satisfy (k valid cosignatures); None checks none.
     pub policy: Option<&'a Policy>,
+    /// Expected chain head; the audit fails if the chain is shorter (rollback) or differs there
+    /// (fork).
     pub anchor: Option<Anchor>,
 }
 
 /// One verified checkpoint of the chain.
 #[derive(Debug, Clone)]
 pub struct ChainLink {
+    /// The receipt, its signature verified.
     pub receipt: SignedReceipt,
+    /// Where the append-only files stood at this checkpoint (from the snapshot header).
     pub commit: StoreCommit,
+    /// Size of the snapshot file in bytes.
     pub snapshot_bytes: u64,
+    /// Number of sequences the snapshot holds.
     pub sequences: usize,
     /// Valid witness cosignatures (0 without a policy).
     pub cosignatures: usize,
@@ -85,10 +95,15 @@ pub struct ChainLink {
 /// Leftovers of an interrupted checkpoint (uncommitted; safe to discard).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Torn {
+    /// Bytes of `blocks.idx` past the newest commit point.
     pub index_bytes: u64,
+    /// Bytes of `blocks.seg` past the newest commit point.
     pub segment_bytes: u64,
+    /// Bytes at the end of `journal.log` that do not form an intact record.
     pub journal_bytes: u64,
+    /// Names of leftover temporary files in the directory.
     pub tmp_files: Vec<String>,
+    /// Name of a snapshot at the next height that has no receipt.
     pub orphan_snapshot: Option<String>,
 }
 
@@ -131,7 +146,9 @@ pub struct Audit {
     pub chain: Vec<ChainLink>,
     /// Committed index entries (as of the newest receipt).
     pub entries: Vec<IndexEntry>,
+    /// The journal as scanned (intact records, markers, torn tail).
     pub journal: JournalScan,
+    /// Uncommitted leftovers the audit found (not errors).
     pub torn: Torn,
 }
 

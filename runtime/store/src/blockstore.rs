@@ -24,8 +24,11 @@ pub const ENTRY_LEN: usize = 56;
 /// One index entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexEntry {
+    /// BLAKE3 content address of the block's bytes.
     pub hash: Digest,
+    /// Byte offset of the block in `blocks.seg` (entries are laid out contiguously from 0).
     pub offset: u64,
+    /// Length of the block in bytes.
     pub len: u32,
 }
 

@@ -40,9 +40,11 @@ pub trait KvBlockIo {
 /// One live sequence as the engine sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LiveSequence<'a> {
+    /// Engine request id.
     pub request_id: u64,
     /// Prompt then output tokens `[prompt_len + generated]`.
     pub tokens: &'a [u32],
+    /// Number of leading `tokens` that are the prompt.
     pub prompt_len: usize,
     /// Tokens whose K/V are in the cache (positions `0..kv_tokens`).
     pub kv_tokens: usize,
@@ -50,8 +52,11 @@ pub struct LiveSequence<'a> {
     pub block_table: &'a [u32],
     /// Changes whenever this sequence's KV is dropped and recomputed.
     pub generation: u32,
+    /// How the request samples and when it stops.
     pub sampling: SamplingParams,
+    /// The sampler RNG state as the engine exports it (opaque to the store).
     pub rng_state: Vec<u64>,
+    /// Where the sequence stands (waiting, running or finished).
     pub finish: FinishState,
 }
 
@@ -86,12 +91,14 @@ pub struct Checkpointer {
 /// What the engine publishes after a checkpoint.
 #[derive(Debug, Clone)]
 pub struct Published {
+    /// The committed receipt.
     pub receipt: ReceiptInfo,
     /// Words for slots 7..=31 with slot 7 = height - 1 (the machine's `+= 1` follows).
     pub slot_words_before_bump: [u32; 25],
 }
 
 impl Checkpointer {
+    /// A checkpointer writing to `store`, storing KV blocks or tokens only as `mode` says.
     pub fn new(store: CheckpointStore, mode: KvMode) -> Self {
         Self {
             store,
@@ -101,10 +108,12 @@ impl Checkpointer {
         }
     }
 
+    /// The underlying store.
     pub fn store(&self) -> &CheckpointStore {
         &self.store
     }
 
+    /// Whether checkpoints store KV blocks or tokens only.
     pub fn mode(&self) -> KvMode {
         self.mode
     }

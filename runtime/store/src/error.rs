@@ -27,19 +27,31 @@ pub enum CheckpointError {
     /// An operating-system I/O error on a named path.
     #[error("{path}: {source}")]
     Io {
+        /// The file or directory the operation was on.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
     /// Stored data is damaged, missing, reordered or inconsistent (tampering or corruption).
     #[error("{at}: {what}")]
-    Corrupt { at: Location, what: String },
+    Corrupt {
+        /// The file (and chain height, when known) the problem was found in.
+        at: Location,
+        /// What is wrong, in words.
+        what: String,
+    },
     /// A byte string that should decode (snapshot, receipt, record, key) does not.
     #[error("decode error: {0}")]
     Decode(String),
     /// A key file is missing, malformed or has unsafe permissions.
     #[error("key {path}: {what}")]
-    Key { path: PathBuf, what: String },
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// What is wrong with it.
+        what: String,
+    },
     /// The caller asked for something the store cannot do (e.g. a snapshot naming an absent block).
     #[error("{0}")]
     Usage(String),

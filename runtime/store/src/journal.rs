@@ -26,8 +26,11 @@ const MAX_BODY: u32 = 256 << 20;
 /// A request as accepted by the engine.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct RequestRecord {
+    /// Engine-assigned request id, unique within the run directory.
     pub request_id: u64,
+    /// Prompt token ids.
     pub prompt: Vec<u32>,
+    /// How to sample and when to stop.
     pub sampling: SamplingParams,
     /// Wall time of acceptance, unix milliseconds.
     pub accepted_ms: u64,
@@ -39,6 +42,7 @@ pub struct RequestRecord {
 /// without generating it again).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct FinishedRecord {
+    /// Id of the request (as in its [`RequestRecord`]).
     pub request_id: u64,
     /// Generated token ids (prompt excluded).
     pub output: Vec<u32>,
@@ -56,14 +60,22 @@ pub enum JournalRecord {
     /// A request was accepted (journaled before the engine admits it).
     Accepted(RequestRecord),
     /// Checkpoint `height` committed with this receipt digest.
-    Checkpoint { height: u64, receipt: Digest },
+    Checkpoint {
+        /// Height of the committed receipt (1 for the first).
+        height: u64,
+        /// BLAKE3 digest of that receipt's body.
+        receipt: Digest,
+    },
     /// A request finished and its output was delivered.
     Finished(FinishedRecord),
     /// An engine process opened the journal with this model and spec (every start and resume),
     /// so a resume with other weights is refused even before the first checkpoint.
     Session {
+        /// Digest of the model weights and config the engine loaded.
         model: Digest,
+        /// `SPEC_DIGEST` of the scheduler machine the engine runs.
         spec: Digest,
+        /// Wall time the session started, unix milliseconds.
         started_ms: u64,
     },
 }
@@ -222,7 +234,6 @@ impl Journal {
         self.len == 0
     }
 
-    /// Append a record and fsync before returning; returns its byte offset.
     /// Appends `records` with one write and one fsync (group commit); returns the offset of the
     /// first. A crash mid-write leaves a torn tail that the next open discards.
     pub fn append_all(&mut self, records: &[JournalRecord]) -> Result<u64> {
@@ -241,6 +252,7 @@ impl Journal {
         Ok(at)
     }
 
+    /// Append a record and fsync before returning; returns its byte offset.
     pub fn append(&mut self, record: &JournalRecord) -> Result<u64> {
         let bytes = encode_record(record)?;
         if self.file.is_none() {

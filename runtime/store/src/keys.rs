@@ -47,8 +47,11 @@ pub fn verifier_key(key: &VerifyingKey) -> VerifierKey {
 /// Paths written by [`generate`].
 #[derive(Debug, Clone)]
 pub struct KeyFiles {
+    /// PKCS#8 PEM private key (mode 0600).
     pub private: PathBuf,
+    /// The public key as a note verifier key line (`<name>+<hex key id>+<base64>`).
     pub public: PathBuf,
+    /// The public key as SPKI PEM.
     pub public_pem: PathBuf,
 }
 

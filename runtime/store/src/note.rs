@@ -24,8 +24,11 @@ const SIG_PREFIX: &str = "\u{2014} ";
 /// A public key with its note name and signature type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifierKey {
+    /// Key name (must be non-empty, without whitespace or `+`).
     pub name: String,
+    /// Signature type byte: [`TYPE_ED25519`] or [`TYPE_COSIGNATURE`].
     pub kind: u8,
+    /// The Ed25519 public key.
     pub key: VerifyingKey,
 }
 
@@ -108,7 +111,9 @@ pub fn check_name(name: &str) -> Result<()> {
 /// One signature line of a note.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignatureLine {
+    /// Name of the key that signed.
     pub name: String,
+    /// First 4 bytes of SHA-256(name || 0x0A || type || public key).
     pub key_id: [u8; 4],
     /// Everything after the key id (64-byte signature, or timestamp + signature for cosignatures).
     pub payload: Vec<u8>,
@@ -117,7 +122,9 @@ pub struct SignatureLine {
 /// A parsed note: its body and signature lines (not yet verified).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
+    /// The signed text, ending in `\n`.
     pub body: String,
+    /// Signature lines in the order they appear.
     pub signatures: Vec<SignatureLine>,
 }
 

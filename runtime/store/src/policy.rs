@@ -17,7 +17,9 @@ use super::note::{self, Note, VerifierKey};
 /// A parsed k-of-n witness policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
+    /// Witness keys allowed to cosign (type [`TYPE_COSIGNATURE`](note::TYPE_COSIGNATURE)).
     pub witnesses: Vec<VerifierKey>,
+    /// Number of distinct listed witnesses that must have a valid cosignature on a receipt.
     pub quorum: usize,
 }
 

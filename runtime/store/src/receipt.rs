@@ -29,12 +29,19 @@ pub const SIGNER_NAME: &str = "sov-checkpoint";
 /// The signed content of a receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReceiptBody {
+    /// Position in the chain, starting at 1.
     pub height: u64,
+    /// Digest of the previous receipt body (all zeros at height 1).
     pub prev: Digest,
+    /// `SPEC_DIGEST` of the machine that ran.
     pub spec: Digest,
+    /// Digest of the model weights and config.
     pub model: Digest,
+    /// Digest of the snapshot file.
     pub snapshot: Digest,
+    /// Digest over the snapshot's ordered block hashes.
     pub kv_root: Digest,
+    /// Wall time of the checkpoint, unix milliseconds.
     pub time_ms: u64,
 }
 
@@ -108,6 +115,7 @@ impl ReceiptBody {
 /// A receipt as read from disk and verified against the engine key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignedReceipt {
+    /// The verified body.
     pub body: ReceiptBody,
     /// BLAKE3 digest of the canonical body.
     pub digest: Digest,

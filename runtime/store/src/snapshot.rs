@@ -33,8 +33,11 @@ pub enum KvMode {
 /// Shape of the KV bytes the blocks hold, so a restore refuses an incompatible model/backend.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct KvLayout {
+    /// Transformer layers.
     pub layers: u32,
+    /// KV heads per layer.
     pub kv_heads: u32,
+    /// Elements per head.
     pub head_dim: u32,
     /// Tokens per block.
     pub block_size: u32,
@@ -56,15 +59,19 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// 1.0 means disabled.
     pub repetition_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the output so far (0.0: disabled).
     pub frequency_penalty: f32,
+    /// Subtracted once from the logit of every token already in the output (0.0 means disabled).
     pub presence_penalty: f32,
     /// The seed actually used (drawn at submit when the request gave none).
     pub seed: u64,
     /// Top-n logprobs requested (None: no logprobs).
     pub logprobs: Option<u32>,
+    /// Most tokens to generate.
     pub max_tokens: u32,
     /// Stop strings.
     pub stop: Vec<String>,
+    /// Keep generating past the end-of-sequence token.
     pub ignore_eos: bool,
 }
 
@@ -106,12 +113,17 @@ pub enum FinishState {
 /// One sequence (request) at the checkpoint.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct SequenceSnapshot {
+    /// Engine request id.
     pub request_id: u64,
+    /// Prompt token ids.
     pub prompt: Vec<u32>,
+    /// Tokens generated so far.
     pub output: Vec<u32>,
+    /// How the request samples and when it stops.
     pub sampling: SamplingParams,
     /// The sampler RNG state exactly as the engine exports it (opaque to the store).
     pub rng_state: Vec<u64>,
+    /// Where the sequence stands.
     pub finish: FinishState,
     /// Content addresses of the sequence's full KV blocks, in order (empty in `Recompute` mode).
     pub blocks: Vec<Digest>,
@@ -145,8 +157,11 @@ pub struct Snapshot {
     pub slots: [u32; 32],
     /// Engine decode-step counter (monotonic).
     pub step: u64,
+    /// Whether the KV blocks or only tokens are stored.
     pub kv_mode: KvMode,
+    /// Shape of the stored KV bytes, checked on restore.
     pub kv_layout: KvLayout,
+    /// Every unfinished sequence: running (admission order) then waiting (queue order).
     pub sequences: Vec<SequenceSnapshot>,
     /// Extra engine state the store does not interpret (e.g. next request id); may be empty.
     pub engine_extra: Vec<u8>,

@@ -27,9 +27,13 @@ use super::snapshot::{self, KvMode, Snapshot, StoreCommit};
 /// signature (see [`ReceiptInfo::slot_words`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReceiptInfo {
+    /// Receipt height (1 for the first checkpoint).
     pub height: u64,
+    /// BLAKE3 digest of the receipt body.
     pub digest: Digest,
+    /// The engine's Ed25519 signature over the body.
     pub signature: [u8; 64],
+    /// Wall time in the receipt, unix milliseconds.
     pub time_ms: u64,
     /// Blocks newly stored by this checkpoint.
     pub new_blocks: u64,
@@ -54,8 +58,11 @@ impl ReceiptInfo {
 /// A checkpoint read back for resuming.
 #[derive(Debug, Clone)]
 pub struct Restored {
+    /// The receipt of the checkpoint.
     pub receipt: ReceiptInfo,
+    /// The engine state it captured.
     pub snapshot: Snapshot,
+    /// Where the append-only files stood at that checkpoint.
     pub commit: StoreCommit,
     /// Bytes of every block the snapshot references, by hash (each re-hashed on read).
     pub blocks: HashMap<Digest, Vec<u8>>,

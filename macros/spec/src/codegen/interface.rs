@@ -273,9 +273,15 @@ fn slots_tokens(i: &Interface) -> TokenStream {
             /// One slot, an unsigned number.
             U32,
             /// One slot holding the index of one of `variants`.
-            Enum { variants: &'static [&'static str] },
+            Enum {
+                /// Variant names in spec order; the slot holds the index (0 = first).
+                variants: &'static [&'static str],
+            },
             /// `len` bytes over `len / 4` slots, little-endian within each slot.
-            Bytes { len: usize },
+            Bytes {
+                /// Number of bytes (4 per slot).
+                len: usize,
+            },
         }
 
         /// Who writes a slot field.
@@ -290,13 +296,17 @@ fn slots_tokens(i: &Interface) -> TokenStream {
         /// One field of the slot layout.
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub struct SlotField {
+            /// Field name as written in the interface spec.
             pub name: &'static str,
             /// First slot.
             pub offset: usize,
             /// In slots.
             pub width: usize,
+            /// What the slots hold.
             pub ty: SlotType,
+            /// Who may change the field.
             pub writer: SlotWriter,
+            /// The field's `doc` string from the interface spec (may be empty).
             pub doc: &'static str,
         }
 
@@ -307,9 +317,19 @@ fn slots_tokens(i: &Interface) -> TokenStream {
         #[derive(Debug, Clone, PartialEq, Eq)]
         pub enum SlotError {
             /// No field has this name.
-            UnknownField { name: String },
+            UnknownField {
+                /// The name asked for.
+                name: String,
+            },
             /// The value does not fit the field.
-            BadValue { field: &'static str, value: String, expected: String },
+            BadValue {
+                /// The field's name.
+                field: &'static str,
+                /// The text that was given.
+                value: String,
+                /// What the field accepts, in words.
+                expected: String,
+            },
         }
 
         impl ::std::fmt::Display for SlotError {
@@ -330,6 +350,7 @@ fn slots_tokens(i: &Interface) -> TokenStream {
         /// Memory holding the 32 slot words: the heap ([`HeapSlotMemory`]) or, for the live
         /// control surface, a shared mapping another process can read and write.
         pub trait SlotMemory: Send + Sync {
+            /// The slot words, indexed by slot offset.
             fn cells(&self) -> &[::std::sync::atomic::AtomicU32; #n];
         }
 
@@ -575,10 +596,15 @@ fn machine_trait_tokens() -> TokenStream {
         /// the slot updates it applied (as written in the spec), in order of the `do` list.
         #[derive(Debug, Clone, PartialEq, Eq)]
         pub struct Transition<S> {
+            /// State before the step.
             pub from: S,
+            /// State after the step (equal to `from` when the machine stayed).
             pub to: S,
+            /// The interrupt or transition that fired, or [`Cause::Stay`].
             pub cause: Cause,
+            /// Actions run, in order.
             pub actions: Vec<Action>,
+            /// Slot updates applied, as written in the spec (e.g. `tokens_generated += 1`).
             pub updates: Vec<&'static str>,
         }
 
@@ -593,7 +619,9 @@ fn machine_trait_tokens() -> TokenStream {
         /// `set_state_by_name` was given a name that is not a state of the machine.
         #[derive(Debug, Clone, PartialEq, Eq)]
         pub struct UnknownState {
+            /// The machine's name (`[machine] name`).
             pub machine: &'static str,
+            /// The name that was given.
             pub name: String,
         }
 

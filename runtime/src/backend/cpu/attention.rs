@@ -19,7 +19,9 @@ pub struct AttnBatch<'a> {
     pub ctx_lens: &'a [u32],
     /// `[n_seqs, max_blocks_per_seq]`: block tables, row-major.
     pub block_tables: &'a [u32],
+    /// Row stride of `block_tables`.
     pub max_blocks_per_seq: usize,
+    /// Tokens per KV block.
     pub block_size: usize,
     /// Number of blocks in the cache.
     pub num_blocks: usize,

@@ -7,10 +7,15 @@ use crate::backend::{BackendError, DType, DeviceBuffer};
 /// A flat buffer in host memory.
 #[derive(Debug, Clone)]
 pub enum CpuBuffer {
+    /// [`DType::F32`] elements.
     F32(Vec<f32>),
+    /// [`DType::F16`] elements.
     F16(Vec<f16>),
+    /// [`DType::BF16`] elements.
     BF16(Vec<bf16>),
+    /// [`DType::U32`] elements.
     U32(Vec<u32>),
+    /// [`DType::I32`] elements.
     I32(Vec<i32>),
 }
 

@@ -10,8 +10,11 @@ use half::{bf16, f16};
 /// One weight row, in the dtype the backend stores it in.
 #[derive(Debug, Clone, Copy)]
 pub enum WeightRow<'a> {
+    /// An f32 row.
     F32(&'a [f32]),
+    /// An f16 row.
     F16(&'a [f16]),
+    /// A bf16 row.
     BF16(&'a [bf16]),
 }
 

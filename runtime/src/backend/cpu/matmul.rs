@@ -26,8 +26,11 @@ const TILE_ROWS: usize = 64;
 /// A whole weight matrix `[m, k]`, row-major, in its stored dtype.
 #[derive(Debug, Clone, Copy)]
 pub enum Weights<'a> {
+    /// f32 weights.
     F32(&'a [f32]),
+    /// f16 weights.
     F16(&'a [f16]),
+    /// bf16 weights.
     BF16(&'a [bf16]),
 }
 

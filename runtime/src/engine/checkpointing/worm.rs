@@ -39,7 +39,9 @@ pub enum ResumedRequest {
     /// Continues in the engine; its remaining output arrives here, and the final event's
     /// `Finished` holds the whole output (tokens generated before the checkpoint included).
     Live {
+        /// The request's output stream.
         rx: Receiver<Output>,
+        /// Tokens in the request's prompt.
         prompt_tokens: usize,
     },
     /// Delivered before the interruption; the journal holds what was delivered.
@@ -61,11 +63,16 @@ pub struct ResumeBook {
 pub struct WormConfig {
     /// The checkpoint directory (created when absent).
     pub dir: PathBuf,
+    /// Signs the receipts.
     pub key: SigningKey,
+    /// `SPEC_DIGEST` of the machine that runs (receipts carry it; a resume under another spec is
+    /// refused).
     pub spec_digest: Digest,
+    /// Digest of the model weights and config (a resume with other weights is refused).
     pub model_digest: Digest,
     /// The chain head the persisted slots remember (refuses a rolled-back directory).
     pub anchor: Option<Anchor>,
+    /// Whether checkpoints store KV blocks or tokens only.
     pub mode: KvMode,
     /// The first restore reads the journal and disk (process start with `--resume`).
     pub resume: bool,
@@ -73,8 +80,11 @@ pub struct WormConfig {
 
 /// The three handles [`open`] returns.
 pub struct Worm {
+    /// The engine's `checkpoint` / `restore` actions.
     pub hook: WormHook,
+    /// Journals accepted requests before the engine admits them.
     pub acceptor: Arc<JournalAcceptor>,
+    /// Filled by the first restore: what the resume found.
     pub book: Arc<Mutex<ResumeBook>>,
     /// Torn leftovers of an interrupted checkpoint that opening discarded.
     pub recovered: Vec<String>,

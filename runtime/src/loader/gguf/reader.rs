@@ -23,18 +23,31 @@ const MAX_DIMS: u32 = 4;
 /// One metadata value, as typed in the file.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetaValue {
+    /// `GGUF_METADATA_VALUE_TYPE_UINT8`.
     U8(u8),
+    /// `INT8`.
     I8(i8),
+    /// `UINT16`.
     U16(u16),
+    /// `INT16`.
     I16(i16),
+    /// `UINT32`.
     U32(u32),
+    /// `INT32`.
     I32(i32),
+    /// `UINT64`.
     U64(u64),
+    /// `INT64`.
     I64(i64),
+    /// `FLOAT32`.
     F32(f32),
+    /// `FLOAT64`.
     F64(f64),
+    /// `BOOL` (one byte, 0 or 1).
     Bool(bool),
+    /// `STRING` (UTF-8, length-prefixed in the file).
     String(String),
+    /// `ARRAY`: values of one element type.
     Array(Vec<MetaValue>),
 }
 
@@ -74,6 +87,7 @@ impl MetaValue {
         }
     }
 
+    /// The value if it is a `Bool`.
     pub fn as_bool(&self) -> Option<bool> {
         match *self {
             MetaValue::Bool(v) => Some(v),
@@ -81,6 +95,7 @@ impl MetaValue {
         }
     }
 
+    /// The value if it is a `String`.
     pub fn as_str(&self) -> Option<&str> {
         match self {
             MetaValue::String(s) => Some(s),
@@ -88,6 +103,7 @@ impl MetaValue {
         }
     }
 
+    /// The elements if the value is an `Array`.
     pub fn as_array(&self) -> Option<&[MetaValue]> {
         match self {
             MetaValue::Array(v) => Some(v),
@@ -99,9 +115,11 @@ impl MetaValue {
 /// A tensor's entry in the GGUF header.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorInfo {
+    /// Tensor name as stored, e.g. `blk.0.attn_q.weight`.
     pub name: String,
     /// ggml's `ne`: innermost (contiguous) dimension first.
     pub ne: Vec<u64>,
+    /// Element type (possibly a quantized block type).
     pub ggml_type: GgmlType,
     /// Offset of the data from the start of the data section.
     pub offset: u64,
@@ -113,6 +131,7 @@ impl TensorInfo {
         self.ne.iter().rev().map(|&d| d as usize).collect()
     }
 
+    /// Number of elements (product of `ne`).
     pub fn numel(&self) -> u64 {
         self.ne.iter().product()
     }
@@ -121,10 +140,15 @@ impl TensorInfo {
 /// A parsed GGUF file borrowing its bytes.
 #[derive(Debug)]
 pub struct Gguf<'a> {
+    /// The file, for error messages.
     pub path: PathBuf,
+    /// GGUF format version (2 or 3).
     pub version: u32,
+    /// Every metadata key-value pair, by key.
     pub metadata: BTreeMap<String, MetaValue>,
+    /// Tensor entries in file order.
     pub tensors: Vec<TensorInfo>,
+    /// `general.alignment` (or [`DEFAULT_ALIGNMENT`]): tensor data offsets are multiples of it.
     pub alignment: u64,
     /// Absolute offset of the data section.
     pub data_offset: u64,

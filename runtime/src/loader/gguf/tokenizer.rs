@@ -35,8 +35,12 @@ const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 /// Special-token ids and flags read alongside the tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpecialTokens {
+    /// `tokenizer.ggml.bos_token_id`, if set.
     pub bos: Option<u32>,
+    /// `tokenizer.ggml.eos_token_id`, if set.
     pub eos: Option<u32>,
+    /// Whether prompts get the BOS token prepended (`tokenizer.ggml.add_bos_token`; default:
+    /// yes when there is a BOS token).
     pub add_bos: bool,
 }
 

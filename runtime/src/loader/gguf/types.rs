@@ -7,6 +7,7 @@
 /// A ggml element/block type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GgmlType {
+    /// ggml's numeric type id, as stored in GGUF tensor entries.
     pub id: u32,
     name: &'static str,
     /// Elements per block.
@@ -54,13 +55,21 @@ const TABLE: &[(u32, &str, u64, u64)] = &[
 ];
 
 impl GgmlType {
+    /// 32-bit float.
     pub const F32: GgmlType = GgmlType::known(0);
+    /// 16-bit IEEE float.
     pub const F16: GgmlType = GgmlType::known(1);
+    /// 4-bit blocks of 32 with one f16 scale.
     pub const Q4_0: GgmlType = GgmlType::known(2);
+    /// 4-bit blocks of 32 with an f16 scale and an f16 minimum.
     pub const Q4_1: GgmlType = GgmlType::known(3);
+    /// 8-bit blocks of 32 with one f16 scale.
     pub const Q8_0: GgmlType = GgmlType::known(8);
+    /// 4-bit k-quant super-blocks of 256.
     pub const Q4_K: GgmlType = GgmlType::known(12);
+    /// 6-bit k-quant super-blocks of 256.
     pub const Q6_K: GgmlType = GgmlType::known(14);
+    /// bfloat16.
     pub const BF16: GgmlType = GgmlType::known(30);
 
     /// The type with ggml id `id`, if ggml defines one.
@@ -98,10 +107,12 @@ impl GgmlType {
         self.name
     }
 
+    /// Elements per block (1 for plain types like `F32`).
     pub fn block_elems(&self) -> u64 {
         self.block_elems
     }
 
+    /// Bytes per block.
     pub fn block_bytes(&self) -> u64 {
         self.block_bytes
     }

@@ -17,10 +17,16 @@ use crate::loader::tokenizer::Tokenizer;
 /// What the folder says about special tokens and chat formatting.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SpecialInfo {
+    /// `chat_template` from `tokenizer_config.json` (or `chat_template.jinja`).
     pub chat_template: Option<String>,
+    /// `bos_token` from `tokenizer_config.json`.
     pub bos_token: Option<String>,
+    /// `eos_token` from `tokenizer_config.json`.
     pub eos_token: Option<String>,
+    /// End-of-sequence ids: from `generation_config.json`, else `config.json`, else the id of
+    /// `eos_token`.
     pub eos_token_ids: Vec<u32>,
+    /// Beginning-of-sequence id, looked up in the same order as `eos_token_ids`.
     pub bos_token_id: Option<u32>,
 }
 
