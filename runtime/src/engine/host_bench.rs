@@ -2,10 +2,10 @@
 //! accelerator would idle between forward passes. Run it with
 //! `cargo test --release -p sov --lib engine::host_bench -- --ignored --nocapture`.
 //!
-//! The real engine runs (its thread, the seed machine, block manager, sampler, text streams,
-//! output channels to one client thread per request, as `sov bench` has them) over a model whose
-//! forward pass is a sleep, the accelerator's time during which the host is free, answering greedy
-//! rows with pseudo-random ids of Llama-3's vocabulary decoded by the byte codec, as
+//! The real engine runs (its thread, the default machine `seed`, block manager, sampler, text
+//! streams, output channels to one client thread per request, as `sov bench` has them) over a model
+//! whose forward pass is a sleep, the accelerator's time during which the host is free, answering
+//! greedy rows with pseudo-random ids of Llama-3's vocabulary decoded by the byte codec, as
 //! `random:llama3-8b` does. It prints microseconds per decode step by phase; it asserts only that
 //! every request got all its tokens, never a time.
 
@@ -163,52 +163,5 @@ fn run_batch(label: &str, sampling: SamplingParams, output: usize) {
         h.per_step_us(h.retire),
         h.per_step_us(h.total()),
         h.per_step_us(other),
-    );
-}
-
-/// Detokenization cost per token with a real tokenizer (the cached default model's; skipped with a
-/// message when it is not cached) against the byte codec, over `BATCH` streams of random ids.
-#[test]
-#[ignore = "a benchmark: run with --ignored --nocapture in release mode"]
-fn text_stream_cost_per_token() {
-    use super::codec::TextCodec;
-    use super::text::TextStream;
-    use crate::runner::TokenizerCodec;
-    let Some(path) = crate::app::SovDirs::from_process_env()
-        .ok()
-        .and_then(|d| crate::loader::cached_default_model(&d.cache))
-    else {
-        println!("text_stream_cost: skipped, the default model is not cached");
-        return;
-    };
-    let loaded = crate::loader::load_model(&path, false).unwrap();
-    let vocab = loaded.config.vocab_size;
-    let real = TokenizerCodec {
-        tokenizer: loaded.tokenizer,
-        add_special: false,
-    };
-    let measure = |codec: &dyn TextCodec, vocab: usize| {
-        let mut streams: Vec<TextStream> = (0..BATCH)
-            .map(|i| TextStream::new(&[(i % vocab) as u32], Vec::new()))
-            .collect();
-        let t0 = Instant::now();
-        let mut bytes = 0;
-        for step in 0..OUTPUT {
-            for (i, s) in streams.iter_mut().enumerate() {
-                let id = (((i * 7919 + step * 104_729) ^ (step << 7)) % vocab) as u32;
-                bytes += s.push(codec, id).unwrap().text.len();
-            }
-        }
-        let per_token = t0.elapsed().as_secs_f64() * 1e6 / (BATCH * OUTPUT) as f64;
-        (per_token, bytes)
-    };
-    let (real_us, real_bytes) = measure(&real, vocab);
-    let (byte_us, byte_bytes) = measure(&super::codec::ByteCodec, VOCAB);
-    println!(
-        "text_stream_cost us_per_token: tokenizer({})={real_us:.2} ({real_bytes} bytes) \
-         byte_codec={byte_us:.3} ({byte_bytes} bytes); at batch {BATCH}: {:.0} / {:.0} us per step",
-        loaded.name,
-        real_us * BATCH as f64,
-        byte_us * BATCH as f64
     );
 }

@@ -43,7 +43,7 @@ fn seeded(seed: u64) -> SamplingParams {
     }
 }
 
-/// A core driven step by step by the seed machine (no thread): full control for exact assertions.
+/// A core driven step by step by the default machine, `seed` (no thread): full control for exact assertions.
 struct Stepper {
     core: EngineCore<FakeModel>,
     machine: Scheduler,

@@ -20,6 +20,8 @@ mod cuda;
 pub mod decode_graphs;
 mod kv_io;
 mod llama_runner;
+#[cfg(test)]
+mod text_cost_bench;
 mod tokenizer_codec;
 
 pub use decode_graphs::DecodeGraphs;

@@ -2,7 +2,7 @@
 //! `cargo test -p sov --release --lib engine::checkpointing::overhead_tests -- --ignored --nocapture`.
 //!
 //! A SmolLM2-135M-shaped Llama with random weights (30 layers, hidden 576, 9 heads / 3 KV heads,
-//! head_dim 64, vocab 49152; f32 KV on the CPU backend) decodes a batch through the seed machine;
+//! head_dim 64, vocab 49152; f32 KV on the CPU backend) decodes a batch through the default machine (`seed`);
 //! one run ignores the machine's `checkpoint` action, the other runs [`checkpoint_core`] each time
 //! the machine takes it (every `checkpoint_every` = 64 decode steps), in both KV modes. Reported:
 //! decode throughput of each run and the loss.
