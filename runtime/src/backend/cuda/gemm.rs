@@ -13,9 +13,9 @@
 //! [`super::CudaTuning::gemv_max_rows`]) goes to
 //! `gemv.cu` instead: the same bf16 products, no cast kernel in front, weights streamed with many
 //! loads in flight, each row over as many warps as keep the grid in one wave. On the H200
-//! (`bench_decode_matmuls`, kernels/bench/logs/gpu-check-2026-11-29T2358-full.log) it beats
-//! cuBLAS-with-cast at one row on every Llama-3-8B decode shape: qkv 14.6 vs 20.3 us, o 9.7 vs
-//! 16.5, gate_up 58.3 vs 63.2, down 29.3 vs 36.2, lm head 242.2 vs 256.0.
+//! (`bench_decode_matmuls`, kernels/bench/logs/gpu-check-2026-11-30T0328-full.log) it beats
+//! cuBLAS-with-cast at one row on every Llama-3-8B decode shape: qkv 14.5 vs 20.6 us, o 9.7 vs
+//! 20.7, gate_up 58.7 vs 65.2, down 29.4 vs 36.8, lm head 242.9 vs 265.2.
 
 use std::ffi::c_void;
 
