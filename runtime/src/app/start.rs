@@ -1,29 +1,32 @@
 //! Starting an engine on a loaded model: pick the backend, size the KV cache from a memory budget,
 //! build the model, start the engine thread with the machine chosen by the caller.
+//!
+//! Design: the one place where options become a running engine, shared by every front end. Typed
+//! options in ([`EngineOptions`], [`ModelParts`]), a [`Started`] out; the checkpoint store is opened
+//! here (its directory, key and anchor) and handed to the engine as the hooks the engine owns.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use super::run_dir::{checkpoint_dir, slot_path};
+use super::slot_file::create_slots;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaTuning};
 use crate::checkpoint::{Anchor, KvMode, keys};
+use crate::engine::EngineError;
 use crate::engine::checkpointing::{self, ResumeBook, Worm, WormConfig};
+use crate::engine::codec::{ByteCodec, TextCodec};
+use crate::engine::handle::{Durability, Engine, EngineConfig};
+use crate::engine::hook::{CheckpointHook, RequestJournal};
 use crate::loader::tensor::{HostData, HostTensor};
 use crate::loader::{ChatTemplate, LoadedModel};
 use crate::model::LlamaModel;
 use crate::model::config::LlamaConfig;
-use crate::scheduler::Machine;
-
-use super::run_dir::{checkpoint_dir, slot_path};
-use super::slot_file::create_slots;
-use crate::engine::EngineError;
-use crate::engine::codec::{ByteCodec, TextCodec};
-use crate::engine::handle::{Durability, Engine, EngineConfig};
-use crate::engine::hook::{CheckpointHook, RequestJournal};
 use crate::model::random::{WeightDtype, random_weights};
 use crate::runner::{LlamaRunner, RunnerBackend, RunnerOptions, TokenizerCodec};
+use crate::scheduler::Machine;
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +71,7 @@ pub struct EngineOptions {
     /// Record every scheduler transition (see [`EngineConfig::trace`]).
     pub trace: bool,
     /// The run directory: slot file and checkpoints live in it (None: neither).
-    pub run_dir: Option<std::path::PathBuf>,
+    pub run_dir: Option<PathBuf>,
     /// WORM checkpoints into `<run_dir>/checkpoints` (needs `run_dir`); None: off.
     pub checkpoints: Option<CheckpointOptions>,
     /// Raised by a signal handler: checkpoint, then stop (see [`EngineConfig::shutdown`]).
