@@ -95,19 +95,17 @@ fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-/// Greedy continuation of every prompt, all sequences in one batch per step.
-/// Returns the tokens and the logits of every step (for diagnostics).
-fn greedy<B: Backend>(
+/// A KV cache with room for every prompt plus `NEW` tokens, and one block table per prompt:
+/// interleaved, reversed block ids, so tables are neither contiguous nor the identity.
+fn cache_and_tables<B: Backend>(
     model: &LlamaModel<B>,
     prompts: &[Vec<u32>],
-) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
-    let vocab = model.config().vocab_size;
+) -> (KvCache<B>, Vec<Vec<u32>>) {
     let per_seq = (prompts.iter().map(Vec::len).max().unwrap_or(0) + NEW).div_ceil(BLOCK);
-    let mut kv: KvCache<B> = model
+    let kv = model
         .new_kv_cache(per_seq * prompts.len(), BLOCK)
         .expect("kv cache");
-    // Interleaved, reversed block ids so tables are neither contiguous nor the identity.
-    let tables: Vec<Vec<u32>> = (0..prompts.len())
+    let tables = (0..prompts.len())
         .map(|s| {
             (0..per_seq)
                 .rev()
@@ -115,6 +113,17 @@ fn greedy<B: Backend>(
                 .collect()
         })
         .collect();
+    (kv, tables)
+}
+
+/// Greedy continuation of every prompt, all sequences in one batch per step.
+/// Returns the tokens and the logits of every step (for diagnostics).
+fn greedy<B: Backend>(
+    model: &LlamaModel<B>,
+    prompts: &[Vec<u32>],
+) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+    let vocab = model.config().vocab_size;
+    let (mut kv, tables) = cache_and_tables(model, prompts);
     let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
     let mut fed: Vec<usize> = vec![0; prompts.len()];
     let mut all_logits = Vec::new();
@@ -268,18 +277,7 @@ fn bf16_product_inputs_give_the_same_bits() {
 /// Also checks each step's device argmax against the host argmax of the rows it left on the device.
 fn greedy_graphs(model: &LlamaModel<CudaBackend>, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
     let vocab = model.config().vocab_size;
-    let per_seq = (prompts.iter().map(Vec::len).max().unwrap_or(0) + NEW).div_ceil(BLOCK);
-    let mut kv = model
-        .new_kv_cache(per_seq * prompts.len(), BLOCK)
-        .expect("kv cache");
-    let tables: Vec<Vec<u32>> = (0..prompts.len())
-        .map(|s| {
-            (0..per_seq)
-                .rev()
-                .map(|j| (j * prompts.len() + s) as u32)
-                .collect()
-        })
-        .collect();
+    let (mut kv, tables) = cache_and_tables(model, prompts);
     let chunks: Vec<SeqChunk<'_>> = prompts
         .iter()
         .zip(&tables)
