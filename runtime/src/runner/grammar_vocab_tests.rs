@@ -146,9 +146,10 @@ fn sentencepiece_byte_vocabulary_round_trips() {
     let tok = sentencepiece_tokenizer();
     let vocab = grammar_vocab(&tok, &[2]).expect("vocabulary builds");
     assert_eq!(vocab.tokens()[3 + 0xC3].bytes, [0xC3]);
-    assert_eq!(vocab.tokens()[tok.token_to_id("▁hello").expect("merged")
-        as usize]
-        .bytes, b" hello");
+    assert_eq!(
+        vocab.tokens()[tok.token_to_id("▁hello").expect("merged") as usize].bytes,
+        b" hello"
+    );
     assert!(vocab.tokens()[2].special);
     // The Strip decoder drops the space the normalizer prepended; the vocabulary keeps it.
     assert_round_trips(&tok, &vocab, true);
@@ -157,8 +158,16 @@ fn sentencepiece_byte_vocabulary_round_trips() {
     let compiler = GrammarCompiler::new(vocab).expect("compiler builds");
     for seed in 0..4 {
         let mut c = compiler.compile(&Grammar::JsonObject).expect("compiles");
-        let run = drive_random(&mut c, tok.get_vocab_size(true), &[2], seed, 4000, &|_| 0.0, false)
-            .expect("the constraint runs");
+        let run = drive_random(
+            &mut c,
+            tok.get_vocab_size(true),
+            &[2],
+            seed,
+            4000,
+            &|_| 0.0,
+            false,
+        )
+        .expect("the constraint runs");
         assert!(run.finished, "seed {seed}: not finished in 4000 tokens");
         let text = tok.decode(&run.tokens, true).expect("decodes");
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
@@ -243,16 +252,31 @@ fn default_compiler() -> Option<(GrammarCompiler, Tokenizer, Vec<u32>)> {
     Some((compiler, tok, eos))
 }
 
+/// A seeded random run of `grammar` to its end. Uniform picks among the allowed tokens nest
+/// free-form JSON without bound, so tokens that close an object get `close_bias` (0 for none).
 fn generate(
     compiler: &GrammarCompiler,
     tok: &Tokenizer,
     eos: &[u32],
     grammar: &Grammar,
     seed: u64,
+    close_bias: f32,
 ) -> (String, Vec<u32>) {
+    let closes: Vec<bool> = (0..tok.get_vocab_size(true) as u32)
+        .map(|id| tok.id_to_token(id).is_some_and(|t| t.contains('}')))
+        .collect();
+    let bias = |id: u32| if closes[id as usize] { close_bias } else { 0.0 };
     let mut c = compiler.compile(grammar).expect("compiles");
-    let run = drive_random(&mut c, tok.get_vocab_size(true), eos, seed, 3000, &|_| 0.0, false)
-        .expect("the constraint runs");
+    let run = drive_random(
+        &mut c,
+        tok.get_vocab_size(true),
+        eos,
+        seed,
+        3000,
+        &bias,
+        false,
+    )
+    .expect("the constraint runs");
     assert!(run.finished, "seed {seed}: not finished in 3000 tokens");
     (tok.decode(&run.tokens, true).expect("decodes"), run.tokens)
 }
@@ -264,7 +288,7 @@ fn default_model_json_schema_runs_parse_and_validate() {
     };
     let grammar = Grammar::JsonSchema(person_schema());
     for seed in 0..8 {
-        let (text, _) = generate(&compiler, &tok, &eos, &grammar, seed);
+        let (text, _) = generate(&compiler, &tok, &eos, &grammar, seed, 0.0);
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         if let Err(e) = check_person(&v) {
             panic!("seed {seed}: {text:?} breaks the schema: {e}");
@@ -278,7 +302,7 @@ fn default_model_json_object_runs_are_objects() {
         return;
     };
     for seed in 0..4 {
-        let (text, _) = generate(&compiler, &tok, &eos, &Grammar::JsonObject, seed);
+        let (text, _) = generate(&compiler, &tok, &eos, &Grammar::JsonObject, seed, 0.9);
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         assert!(v.is_object(), "seed {seed}: {text:?}");
     }
@@ -291,8 +315,16 @@ fn default_model_replay_of_a_prefix_gives_the_live_mask() {
     };
     let grammar = Grammar::JsonSchema(person_schema());
     let mut live = compiler.compile(&grammar).expect("compiles");
-    let run = drive_random(&mut live, tok.get_vocab_size(true), &eos, 7, 3000, &|_| 0.0, true)
-        .expect("the constraint runs");
+    let run = drive_random(
+        &mut live,
+        tok.get_vocab_size(true),
+        &eos,
+        7,
+        3000,
+        &|_| 0.0,
+        true,
+    )
+    .expect("the constraint runs");
     let n = run.tokens.len();
     assert!(n > 4, "run too short to test: {n}");
     for k in [0, 1, n / 3, n / 2, n - 1] {
@@ -306,7 +338,7 @@ fn default_model_replay_of_a_prefix_gives_the_live_mask() {
     }
     // A replay of the whole output is finished, as the live matcher was.
     let whole = TokenConstraint::replay(&compiler, &grammar, &run.tokens).expect("replays");
-    assert_eq!(whole.is_finished() || eos.contains(&run.tokens[n - 1]), true);
+    assert!(whole.is_finished() || eos.contains(&run.tokens[n - 1]));
 }
 
 #[test]
@@ -329,14 +361,14 @@ fn bench_mask_time() {
         return;
     };
     let vocab = tok.get_vocab_size(true);
-    for (name, grammar) in [
-        ("json_schema", Grammar::JsonSchema(person_schema())),
-        ("json_object", Grammar::JsonObject),
+    for (name, grammar, close_bias) in [
+        ("json_schema", Grammar::JsonSchema(person_schema()), 0.0),
+        ("json_object", Grammar::JsonObject, 0.9),
     ] {
         let mut times = Vec::new();
         let mut compile_us = Vec::new();
         for seed in 0..8 {
-            let (_, tokens) = generate(&compiler, &tok, &eos, &grammar, seed);
+            let (_, tokens) = generate(&compiler, &tok, &eos, &grammar, seed, close_bias);
             let t0 = Instant::now();
             let mut c = compiler.compile(&grammar).expect("compiles");
             compile_us.push(t0.elapsed().as_secs_f64() * 1e6);

@@ -34,7 +34,8 @@ impl Grammar {
 
     /// Reads back what [`Grammar::to_record`] wrote.
     pub fn from_record(s: &str) -> Result<Self, ConstraintError> {
-        let v: Value = serde_json::from_str(s).map_err(|e| ConstraintError::Record(e.to_string()))?;
+        let v: Value =
+            serde_json::from_str(s).map_err(|e| ConstraintError::Record(e.to_string()))?;
         let text = |v: &Value| {
             v.get("value")
                 .and_then(Value::as_str)
