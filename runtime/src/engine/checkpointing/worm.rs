@@ -39,13 +39,22 @@ pub enum ResumedRequest {
     /// Continues in the engine; its remaining output arrives here, and the final event's
     /// `Finished` holds the whole output (tokens generated before the checkpoint included).
     Live {
+        /// The request's id.
+        id: u64,
         /// The request's output stream.
         rx: Receiver<Output>,
         /// Tokens in the request's prompt.
         prompt_tokens: usize,
+        /// The front end's bytes journaled with the request ([`crate::engine::Request::tag`]).
+        tag: Vec<u8>,
     },
     /// Delivered before the interruption; the journal holds what was delivered.
-    Finished(FinishedRecord),
+    Finished {
+        /// What was delivered.
+        record: FinishedRecord,
+        /// The front end's bytes journaled with the request.
+        tag: Vec<u8>,
+    },
 }
 
 /// What a resume from disk found, for the front end.
@@ -261,6 +270,7 @@ fn resume_from_disk<F: ForwardModel>(
         tx
     };
     let mut prompt_len: HashMap<u64, usize> = HashMap::new();
+    let mut tags: HashMap<u64, Vec<u8>> = HashMap::new();
     let mut seen = HashSet::new();
     let mut again = Vec::new();
     for req in accepted {
@@ -269,9 +279,15 @@ fn resume_from_disk<F: ForwardModel>(
         }
         prompt_len.insert(req.request_id, req.prompt.len());
         if let Some(f) = finished.get(&req.request_id) {
-            book.requests
-                .insert(req.request_id, ResumedRequest::Finished(f.clone()));
+            book.requests.insert(
+                req.request_id,
+                ResumedRequest::Finished {
+                    record: f.clone(),
+                    tag: req.extra.clone(),
+                },
+            );
         } else {
+            tags.insert(req.request_id, req.extra.clone());
             again.push(req);
         }
     }
@@ -298,8 +314,16 @@ fn resume_from_disk<F: ForwardModel>(
     }
     for (id, rx) in new_rx {
         let prompt_tokens = prompt_len.get(&id).copied().unwrap_or(0);
-        book.requests
-            .insert(id, ResumedRequest::Live { rx, prompt_tokens });
+        let tag = tags.remove(&id).unwrap_or_default();
+        book.requests.insert(
+            id,
+            ResumedRequest::Live {
+                id,
+                rx,
+                prompt_tokens,
+                tag,
+            },
+        );
     }
     Ok(())
 }
