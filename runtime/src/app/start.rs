@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use super::run_dir::{checkpoint_dir, slot_path};
+use super::run_dir::{RunLock, checkpoint_dir, slot_path};
 use super::slot_file::create_slots;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaTuning};
@@ -156,6 +156,8 @@ pub struct Started {
     pub battery: Option<super::battery::BatteryWatcher>,
     /// The slot file other processes steer the engine through (None: no run directory).
     pub slot_path: Option<PathBuf>,
+    /// This process's hold on the run directory (None: no run directory).
+    pub run_lock: Option<RunLock>,
 }
 
 /// Everything an engine needs from a model source.
@@ -233,6 +235,8 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     let per_token = kv_bytes_per_token(&parts.config, backend.kv_dtype().size_bytes()).max(1);
     let num_blocks = (opts.kv_memory_bytes / (per_token * block_size)).max(1);
     // Hashed before the weights move to the backend: receipts name the exact model.
+    // Held as long as the engine runs: no second process resumes or prunes this run meanwhile.
+    let run_lock = opts.run_dir.as_deref().map(RunLock::acquire).transpose()?;
     let worm = match &opts.checkpoints {
         Some(c) => Some(open_worm::<M>(
             c,
@@ -304,6 +308,7 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
         checkpoints,
         battery: None,
         slot_path,
+        run_lock,
     })
 }
 

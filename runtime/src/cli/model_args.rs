@@ -187,7 +187,8 @@ impl ModelArgs {
                 d.clone()
             }
             Some(d) => {
-                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                crate::app::run_dir::private_dir(d)
+                    .with_context(|| format!("creating {}", d.display()))?;
                 d.clone()
             }
             None => create_run_dir(&dirs.state)?,
