@@ -139,6 +139,7 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             resume: args.resume.clone(),
             shutdown: Some(shutdown.clone()),
             checkpoint_by_default: true,
+            ephemeral: false,
         },
     )?;
     let engine = &started.engine;
