@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use crate::checkpoint::journal::{FinishedRecord, JournalScan};
 use crate::engine::checkpointing::core_io::engine_sampling;
+use crate::engine::constraint::Grammar;
 use crate::engine::{Finished, Prompt, Request};
 
 /// One finished request to replay.
@@ -67,6 +68,14 @@ pub fn plan(scan: &JournalScan) -> ReplayPlan {
         } else {
             a.sampling.max_tokens as usize
         };
+        let grammar = match a.sampling.grammar.as_deref().map(Grammar::from_record) {
+            None => None,
+            Some(Ok(g)) => Some(g),
+            Some(Err(e)) => {
+                plan.skipped.push((f.request_id, e.to_string()));
+                continue;
+            }
+        };
         if max_tokens == 0 {
             plan.skipped
                 .push((f.request_id, "aborted before its first token".into()));
@@ -81,6 +90,7 @@ pub fn plan(scan: &JournalScan) -> ReplayPlan {
                 stop: a.sampling.stop.clone(),
                 ignore_eos: a.sampling.ignore_eos,
                 tag: Vec::new(),
+                grammar,
             },
             expected: f.clone(),
         });

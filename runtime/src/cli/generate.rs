@@ -209,6 +209,7 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
             tag: Vec::new(),
+            grammar: None,
         });
     }
     // Together: one journal write, and the engine sees them all in its first step.

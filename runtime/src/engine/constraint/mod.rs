@@ -14,11 +14,13 @@
 mod error;
 mod grammar;
 mod llg;
+mod support;
 mod vocab;
 
 pub use error::ConstraintError;
 pub use grammar::Grammar;
 pub use llg::{GrammarCompiler, TokenConstraint};
+pub use support::{Constrained, GrammarSupport};
 pub use vocab::{GrammarVocab, VocabToken};
 
 #[cfg(test)]
