@@ -14,11 +14,22 @@
 //! - [`metrics`], [`admin`], [`info_routes`]: operations (`/metrics`, `/admin/*`, `/health`, ...)
 
 pub mod admin;
+pub mod completions;
+pub mod engine_link;
 pub mod error;
 pub mod info_routes;
 pub mod metrics;
+pub mod params;
+pub mod pump;
+pub mod reader;
 pub mod registry;
+pub mod render;
+pub mod requests;
+pub mod resume;
+pub mod router;
+pub mod sse;
 pub mod state;
+pub mod submit;
 
 pub use error::ApiError;
 pub use state::{AppState, Phase, PhaseKind, ServerInfo};
