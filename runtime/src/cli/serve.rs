@@ -91,7 +91,6 @@ async fn serve(
     let Started {
         engine,
         chat_template,
-        model_name,
         checkpoints,
         battery: _battery,
         ..
@@ -102,7 +101,7 @@ async fn serve(
             .served_model_name
             .clone()
             .or_else(|| args.model.model.clone())
-            .unwrap_or(model_name),
+            .unwrap_or_else(|| crate::loader::DEFAULT_MODEL.to_string()),
         context_len: engine.limits().context_len,
         created: crate::serve::submit::unix_now(),
         chat_template,

@@ -23,6 +23,9 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The author's name, when given (templates may read `message.name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -31,6 +34,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            name: None,
         }
     }
 }
@@ -84,16 +88,6 @@ impl ChatTemplate {
     pub fn apply(
         &self,
         messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, LoadError> {
-        self.render(Value::from_serialize(messages), add_generation_prompt)
-    }
-
-    /// As [`Self::apply`] with messages as JSON objects (`role`, `content`, and any other keys
-    /// the template reads, e.g. `name`).
-    pub fn apply_values(
-        &self,
-        messages: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String, LoadError> {
         self.render(Value::from_serialize(messages), add_generation_prompt)
@@ -403,5 +397,45 @@ mod tests {
         let err = t.apply(&[ChatMessage::new("bad", "x")], false).unwrap_err();
         assert!(err.to_string().contains("bad role"), "{err}");
         assert!(ChatTemplate::new("{% for %}".into(), "", "").is_err());
+    }
+
+    /// Renderings Jinja2 produces in transformers' environment
+    /// (`fixtures/make_chat_template_fixtures.py` writes them).
+    #[test]
+    fn renders_as_jinja2_in_transformers_environment() {
+        let cases: serde_json::Value =
+            serde_json::from_str(include_str!("fixtures/chat_template_cases.json"))
+                .expect("fixture parses");
+        for case in cases["cases"].as_array().expect("cases") {
+            let name = case["name"].as_str().expect("name");
+            let t = ChatTemplate::new(
+                case["template"].as_str().expect("template").into(),
+                "<s>",
+                "</s>",
+            )
+            .expect("compiles");
+            let messages: Vec<ChatMessage> =
+                serde_json::from_value(case["messages"].clone()).expect("messages");
+            let got = t
+                .apply(&messages, case["add_generation_prompt"] == true)
+                .expect("renders");
+            assert_eq!(
+                got,
+                case["expected"].as_str().expect("expected"),
+                "case {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn strftime_formats_utc_dates() {
+        // Expected as `date -u -d @1709211909 "+%A %B %e %H:%M:%S %j %y %m"` (GNU coreutils) prints.
+        let t = 1_709_211_909;
+        assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
+        assert_eq!(
+            strftime("%A %B %e %H:%M:%S %j %y %m %%", t),
+            "Thursday February 29 13:05:09 060 24 02 %"
+        );
+        assert_eq!(strftime("%d %B %Y", 0), "01 January 1970");
     }
 }

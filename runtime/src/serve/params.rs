@@ -14,7 +14,7 @@ use super::error::ApiError;
 use super::registry::Endpoint;
 use crate::engine::request::MAX_TOP_LOGPROBS;
 use crate::engine::{SamplingParams, TextCodec};
-use crate::loader::ChatTemplate;
+use crate::loader::{ChatMessage, ChatTemplate};
 
 /// Most choices per request (`n` times the number of prompts).
 pub const MAX_CHOICES: usize = 128;
@@ -370,14 +370,12 @@ pub fn chat_prompt(messages: &[Message], cx: &JobContext<'_>) -> Result<String, 
                 texts.join("\n")
             }
         };
-        let mut v = serde_json::json!({"role": m.role, "content": content});
-        if let Some(name) = &m.name {
-            v["name"] = serde_json::Value::String(name.clone());
-        }
-        values.push(v);
+        let mut msg = ChatMessage::new(m.role.clone(), content);
+        msg.name = m.name.clone();
+        values.push(msg);
     }
     template
-        .apply_values(&values, true)
+        .apply(&values, true)
         .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
