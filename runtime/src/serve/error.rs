@@ -206,7 +206,9 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match &e {
             EngineError::EngineStopped => ApiError::unavailable("shutting down", 5),
-            EngineError::InvalidSampling { name, .. } => ApiError::invalid_param(name, e.to_string()),
+            EngineError::InvalidSampling { name, .. } => {
+                ApiError::invalid_param(name, e.to_string())
+            }
             EngineError::Forward(_)
             | EngineError::KvExhausted
             | EngineError::SlotFile { .. }
@@ -229,11 +231,17 @@ mod tests {
         assert_eq!(b["error"]["type"], "invalid_request_error");
         assert_eq!(b["error"]["code"], "model_not_found");
         assert_eq!(b["error"]["param"], "model");
-        assert!(b["error"]["message"].as_str().is_some_and(|m| m.contains("gpt-x")));
+        assert!(
+            b["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("gpt-x"))
+        );
         let res = ApiError::unavailable("suspended", 7).into_response();
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(
-            res.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()),
+            res.headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
             Some("7")
         );
     }

@@ -259,7 +259,15 @@ mod tests {
         assert_eq!(Tag::from_bytes(&t.to_bytes()), Some(t));
         assert_eq!(Tag::from_bytes(b"not json"), None);
         let r = Registry::default();
-        let mk = || Entry::new("x".into(), Endpoint::Completion, 0, serde_json::Value::Null, 1);
+        let mk = || {
+            Entry::new(
+                "x".into(),
+                Endpoint::Completion,
+                0,
+                serde_json::Value::Null,
+                1,
+            )
+        };
         assert!(r.insert(mk()).1);
         assert!(!r.insert(mk()).1);
         assert_eq!(r.len(), 1);
@@ -267,7 +275,13 @@ mod tests {
 
     #[test]
     fn updates_wake_readers_and_done_needs_every_choice() {
-        let e = Entry::new("x".into(), Endpoint::Completion, 0, serde_json::Value::Null, 2);
+        let e = Entry::new(
+            "x".into(),
+            Endpoint::Completion,
+            0,
+            serde_json::Value::Null,
+            2,
+        );
         let rx = e.subscribe();
         e.update(|d| {
             d.choices[0].deltas.push(Delta {
