@@ -80,6 +80,9 @@ pub struct EngineOptions {
     pub cuda_tuning: CudaTuning,
     /// How the model runner runs decode steps (CUDA graphs or eager launches).
     pub runner: RunnerOptions,
+    /// Start with n-gram speculation drafting this many tokens (slot `speculative_draft_len`;
+    /// None: the machine's initial value, or the resumed run's).
+    pub speculative_draft_len: Option<u32>,
 }
 
 /// How the engine checkpoints.
@@ -127,6 +130,7 @@ impl Default for EngineOptions {
             shutdown: None,
             cuda_tuning: CudaTuning::default(),
             runner: RunnerOptions::default(),
+            speculative_draft_len: None,
         }
     }
 }
@@ -288,6 +292,10 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
         },
         durability,
     )?;
+    if let Some(n) = opts.speculative_draft_len {
+        // After a resume's restore, which loads the interrupted run's slots.
+        engine.slots().set_speculative_draft_len(n);
+    }
     Ok(Started {
         engine,
         chat_template: parts.chat_template,
