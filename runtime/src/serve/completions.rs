@@ -96,7 +96,8 @@ fn request_id(headers: &HeaderMap, endpoint: Endpoint) -> Result<String, ApiErro
     }
 }
 
-async fn blocking<T: Send + 'static>(
+/// Runs blocking work (journal writes, tokenization) off the async workers.
+pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -152,21 +153,7 @@ pub async fn reattach(
     let e = entry.clone();
     let mut job = blocking(move || {
         let job = params::parse(e.endpoint, &e.body, &job_context(&s))?;
-        let aborted: Vec<usize> = e
-            .lock()
-            .choices
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| matches!(c.ending, Some(Ending::Aborted | Ending::Lost)))
-            .map(|(i, _)| i)
-            .collect();
-        if !aborted.is_empty() {
-            if s.engine.interrupted() {
-                return Err(ApiError::unavailable("shutting down", 10));
-            }
-            tracing::info!(request = %e.id, choices = aborted.len(), "re-submitting");
-            submit::start(&s, &e, &job, &aborted)?;
-        }
+        submit::restart_aborted(&s, &e)?;
         Ok(job)
     })
     .await?;
@@ -211,7 +198,7 @@ async fn wait_final(
     let mut changed = entry.subscribe();
     loop {
         changed.borrow_and_update();
-        {
+        let lost = {
             let data = entry.lock();
             if data.done() {
                 let head = Head {
@@ -226,17 +213,21 @@ async fn wait_final(
                     st.engine.codec().as_ref(),
                 )));
             }
-            if data
-                .choices
+            data.choices
                 .iter()
                 .any(|c| matches!(c.ending, Some(Ending::Lost | Ending::Aborted)))
-            {
-                return Err(if st.engine.interrupted() {
-                    ApiError::unavailable("shutting down; retry with the same X-Request-Id", 10)
-                } else {
-                    ApiError::internal("the engine stopped before the request finished")
-                });
+        };
+        if lost {
+            if st.engine.interrupted() {
+                return Err(ApiError::unavailable(
+                    "shutting down; retry with the same X-Request-Id",
+                    10,
+                ));
             }
+            // Aborted while this reader waited (another reader's disconnect): go again.
+            let (s, e) = (st.clone(), entry.clone());
+            blocking(move || submit::restart_aborted(&s, &e)).await?;
+            continue;
         }
         if changed.changed().await.is_err() {
             return Err(ApiError::internal("request record closed"));

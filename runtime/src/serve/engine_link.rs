@@ -5,39 +5,42 @@
 //! engine's front-end API grows (request tags, abort, grammars); each function is the one place
 //! that knows how the engine spells it.
 
-use std::sync::mpsc::Receiver;
-
-use crate::engine::{Engine, EngineError, FinishReason, Output, Request};
+use crate::engine::{Engine, EngineError, FinishReason, Request};
 
 use super::error::ApiError;
 
-/// An accepted engine request.
-pub struct Submitted {
-    /// The engine's id, when the engine reports it at submit time.
-    pub id: Option<u64>,
-    /// Its output stream.
-    pub rx: Receiver<Output>,
-}
+pub use crate::engine::handle::Submitted;
 
 /// Journals and queues `requests` together (one group commit), each with its tag.
 pub fn submit(
     engine: &Engine,
     requests: Vec<(Request, Vec<u8>)>,
 ) -> Result<Vec<Submitted>, EngineError> {
-    let reqs = requests.into_iter().map(|(r, _tag)| r).collect();
-    Ok(engine
-        .submit_many(reqs)?
+    let reqs = requests
         .into_iter()
-        .map(|rx| Submitted { id: None, rx })
-        .collect())
+        .map(|(mut r, tag)| {
+            r.tag = tag;
+            r
+        })
+        .collect();
+    engine.submit_many(reqs)
 }
 
 /// Ends engine request `id` (its KV blocks freed within a step); unknown ids are ignored.
-pub fn abort(_engine: &Engine, _id: u64) {}
+pub fn abort(engine: &Engine, id: u64) {
+    if let Err(e) = engine.abort(id) {
+        tracing::debug!(engine_id = id, "abort: {e}");
+    }
+}
 
 /// Whether the engine ended this request because it was aborted.
-pub fn is_abort(_reason: &FinishReason) -> bool {
-    false
+pub fn is_abort(reason: &FinishReason) -> bool {
+    matches!(reason, FinishReason::Abort)
+}
+
+/// Whether a journaled finish reason (OpenAI spelling) is an abort.
+pub fn is_abort_record(reason: &str) -> bool {
+    reason == FinishReason::Abort.as_openai()
 }
 
 /// The structured-output constraint for `response_format`, to be set on every engine request.
@@ -58,9 +61,8 @@ pub fn structured(format: &serde_json::Value) -> Result<(), ApiError> {
     }
 }
 
-/// Applies `logit_bias` and `min_tokens` to an engine request (dropped while the engine lacks them).
-pub fn set_bias_and_min_tokens(_req: &mut Request, bias: &[(u32, f32)], min_tokens: usize) {
-    if !bias.is_empty() || min_tokens > 0 {
-        tracing::debug!("logit_bias / min_tokens not supported by this engine yet; ignored");
-    }
+/// Applies `logit_bias` and `min_tokens` to an engine request.
+pub fn set_bias_and_min_tokens(req: &mut Request, bias: &[(u32, f32)], min_tokens: usize) {
+    req.sampling.logit_bias = bias.to_vec();
+    req.sampling.min_tokens = min_tokens;
 }

@@ -543,6 +543,8 @@ fn build(
             LogprobsMode::Off => None,
             LogprobsMode::Completion(k) | LogprobsMode::Chat(k) => Some(k),
         },
+        logit_bias: logit_bias.clone(),
+        min_tokens,
     };
     sampling.validate().map_err(ApiError::from)?;
     Ok(Job {

@@ -22,6 +22,9 @@ pub struct PumpTarget {
     pub entry: Arc<Entry>,
     /// Which of its choices.
     pub choice: usize,
+    /// The engine request (a choice re-submitted after an abort has a newer one; events of the
+    /// old one are then ignored).
+    pub engine_id: u64,
     /// Metrics hooks.
     pub metrics: Arc<ServerMetrics>,
     /// The engine (to tell a shutdown from a failure when the channel closes).
@@ -43,10 +46,13 @@ fn run(t: PumpTarget, rx: Receiver<Output>) {
     let c = t.choice;
     while let Ok(out) = rx.recv() {
         let finished = out.finished;
-        let engine_id = out.request_id;
+        let mut current = true;
         t.entry.update(|d| {
             let ch = &mut d.choices[c];
-            ch.engine_id = Some(engine_id);
+            if ch.engine_id != Some(t.engine_id) {
+                current = false;
+                return;
+            }
             if !out.tokens.is_empty() || !out.text.is_empty() {
                 let end = ch.tokens() + out.tokens.len();
                 ch.deltas.push(Delta {
@@ -75,6 +81,9 @@ fn run(t: PumpTarget, rx: Receiver<Output>) {
                 });
             }
         });
+        if !current {
+            return;
+        }
         if let Some(f) = finished {
             if let Some(ttft) = f.time_to_first_token {
                 t.metrics.on_first_token(ttft);
@@ -95,8 +104,9 @@ fn run(t: PumpTarget, rx: Receiver<Output>) {
         tracing::warn!(request = %t.entry.id, choice = c, "engine channel closed before the request finished");
     }
     t.entry.update(|d| {
-        if d.choices[c].ending.is_none() {
-            d.choices[c].ending = Some(Ending::Lost);
+        let ch = &mut d.choices[c];
+        if ch.engine_id == Some(t.engine_id) && ch.ending.is_none() {
+            ch.ending = Some(Ending::Lost);
         }
     });
 }

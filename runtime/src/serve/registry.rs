@@ -231,6 +231,20 @@ impl Registry {
             .insert(engine_id, (id.to_string(), choice));
     }
 
+    /// Calls `f` on every request.
+    pub fn for_each(&self, mut f: impl FnMut(&Arc<Entry>)) {
+        let entries: Vec<Arc<Entry>> = self
+            .by_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for e in &entries {
+            f(e);
+        }
+    }
+
     /// Requests held.
     pub fn len(&self) -> usize {
         self.by_id.lock().map(|m| m.len()).unwrap_or(0)

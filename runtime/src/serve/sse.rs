@@ -190,9 +190,20 @@ async fn run(
             return;
         }
         if lost {
-            // Shutting down (or aborted by another reader's disconnect): cut the stream so the
-            // client retries with its id.
-            return;
+            if state.engine.interrupted() {
+                // Shutting down: cut the stream; the client retries with its id after a resume.
+                return;
+            }
+            // Aborted by an earlier reader's disconnect while this one was attaching: go again
+            // (same seed, same tokens); the cursor skips what this client already has.
+            let (s, e) = (state.clone(), entry.clone());
+            if super::completions::blocking(move || super::submit::restart_aborted(&s, &e))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            continue;
         }
         tokio::select! {
             r = changed.changed() => if r.is_err() { return },

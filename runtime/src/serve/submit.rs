@@ -14,7 +14,7 @@ use super::engine_link;
 use super::error::ApiError;
 use super::params::Job;
 use super::pump::{self, PumpTarget};
-use super::registry::{Choice, Endpoint, Entry, Tag};
+use super::registry::{Choice, Ending, Endpoint, Entry, Tag};
 use super::state::AppState;
 use crate::engine::{Prompt, Request};
 
@@ -89,11 +89,23 @@ pub fn start(
         })
         .collect();
     let accepted = Instant::now();
-    let submitted = engine_link::submit(&state.engine, requests)?;
+    let submitted = match engine_link::submit(&state.engine, requests) {
+        Ok(s) => s,
+        Err(e) => {
+            entry.update(|d| {
+                for &i in which {
+                    if d.choices[i].engine_id.is_none() {
+                        d.choices[i].ending = Some(Ending::Aborted);
+                    }
+                }
+            });
+            return Err(e.into());
+        }
+    };
     entry.update(|d| {
         for (&i, s) in which.iter().zip(&submitted) {
             d.choices[i] = Choice {
-                engine_id: s.id,
+                engine_id: Some(s.id),
                 prompt_tokens: job.prompts[i / job.n.max(1)].tokens.len(),
                 ..Choice::default()
             };
@@ -101,12 +113,11 @@ pub fn start(
     });
     for (&i, s) in which.iter().zip(submitted) {
         state.metrics.on_request_start();
-        if let Some(id) = s.id {
-            state.registry.link(id, &entry.id, i);
-        }
+        state.registry.link(s.id, &entry.id, i);
         let target = PumpTarget {
             entry: entry.clone(),
             choice: i,
+            engine_id: s.id,
             metrics: state.metrics.clone(),
             engine: state.engine.clone(),
             accepted,
@@ -116,4 +127,43 @@ pub fn start(
     }
     tracing::info!(request = %entry.id, choices = which.len(), "accepted");
     Ok(())
+}
+
+/// Claims the choices of `entry` that an abort (a client's disconnect) or a lost engine request
+/// ended, and submits them again: same prompt, parameters and seed, so the same tokens. Returns
+/// how many; a second caller finds them claimed. Blocking.
+pub fn restart_aborted(state: &AppState, entry: &Arc<Entry>) -> Result<usize, ApiError> {
+    let claimed: Vec<usize> = {
+        let mut d = entry.lock();
+        let ids: Vec<usize> = d
+            .choices
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| matches!(c.ending, Some(Ending::Aborted | Ending::Lost)))
+            .map(|(i, _)| i)
+            .collect();
+        for &i in &ids {
+            d.choices[i] = Choice::default();
+        }
+        ids
+    };
+    if claimed.is_empty() {
+        return Ok(0);
+    }
+    if state.engine.interrupted() {
+        entry.update(|d| {
+            for &i in &claimed {
+                d.choices[i].ending = Some(Ending::Lost);
+            }
+        });
+        return Err(ApiError::unavailable("shutting down", 10));
+    }
+    let job = super::params::parse(
+        entry.endpoint,
+        &entry.body,
+        &super::completions::job_context(state),
+    )?;
+    tracing::info!(request = %entry.id, choices = claimed.len(), "re-submitting");
+    start(state, entry, &job, &claimed)?;
+    Ok(claimed.len())
 }
