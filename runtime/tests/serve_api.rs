@@ -574,19 +574,24 @@ fn path_of(body: &Value) -> &'static str {
     }
 }
 
+/// Opens every stream of [`bodies`] at once (as the interrupted run does), reads them to the end.
 fn full_texts(addr: &str) -> Vec<String> {
-    bodies()
+    let mut open: Vec<Events> = bodies()
         .iter()
         .map(|(id, b)| {
-            let (ev, done) = Events::open(
+            Events::open(
                 addr,
                 "POST",
                 path_of(b),
                 &[("X-Request-Id", id)],
                 &b.to_string(),
             )
-            .rest();
-            assert!(done, "{id}");
+        })
+        .collect();
+    open.iter_mut()
+        .map(|e| {
+            let (ev, done) = e.rest();
+            assert!(done, "stream ends with [DONE]");
             text_of(&ev, 0)
         })
         .collect()
