@@ -72,16 +72,14 @@ async fn two_hundred_streams_equal_solo_runs() {
         differ[0].1,
         solo[differ[0].0 % PROMPTS.len()]
     );
+    let length = [("finished_reason", "length")];
+    let finished = s.settled("sov_request_success_total", &length, 208.0).await;
+    assert_eq!(finished, Some(208.0), "every request finished by length");
+    let generated = s
+        .settled("sov_generation_tokens_total", &[], 208.0 * 8.0)
+        .await;
+    assert_eq!(generated, Some(208.0 * 8.0));
     let m = s.metrics().await;
-    let length = m.value(
-        "sov_request_success_total",
-        &[("finished_reason", "length")],
-    );
-    assert_eq!(length, Some(208.0), "every request finished by length");
-    assert_eq!(
-        m.value("sov_generation_tokens_total", &[]),
-        Some(208.0 * 8.0)
-    );
     assert_eq!(m.value("sov_num_requests_running", &[]), Some(0.0));
     assert_eq!(m.value("sov_kv_blocks_used", &[]), Some(0.0));
 }

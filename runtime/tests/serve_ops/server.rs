@@ -162,6 +162,58 @@ impl Server {
         (status, res.json().await.unwrap_or(Value::Null))
     }
 
+    /// POSTs a `/v1/completions` body of `len` bytes over a raw connection, reading the answer
+    /// while still writing (a server that refuses by `Content-Length` answers and hangs up before
+    /// taking the body, which an ordinary client reports as a send error); the status and the
+    /// parsed body.
+    pub async fn post_huge(&self, len: usize) -> (u16, Value) {
+        let addr = self.base.trim_start_matches("http://").to_string();
+        let auth = self
+            .key
+            .as_ref()
+            .map(|k| format!("Authorization: Bearer {k}\r\n"))
+            .unwrap_or_default();
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\n{auth}\
+             Content-Type: application/json\r\nContent-Length: {len}\r\n\
+             Connection: close\r\n\r\n"
+        );
+        let answer = tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+            stream
+                .set_read_timeout(Some(Duration::from_secs(60)))
+                .expect("timeout");
+            let mut wr = stream.try_clone().expect("clone");
+            std::thread::spawn(move || {
+                let chunk = vec![b' '; 1 << 16];
+                let mut left = len;
+                let mut ok = wr.write_all(head.as_bytes()).is_ok();
+                while ok && left > 0 {
+                    let n = left.min(chunk.len());
+                    ok = wr.write_all(&chunk[..n]).is_ok();
+                    left -= n;
+                }
+            });
+            let mut answer = Vec::new();
+            let _ = stream.read_to_end(&mut answer);
+            answer
+        })
+        .await
+        .expect("reader thread");
+        let text = String::from_utf8_lossy(&answer);
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .and_then(|(_, b)| serde_json::from_str(b.trim()).ok())
+            .unwrap_or(Value::Null);
+        (status, body)
+    }
+
     /// GET; the status and the body text.
     pub async fn get_text(&self, path: &str) -> (u16, String) {
         let res = self
@@ -177,6 +229,21 @@ impl Server {
         let (status, text) = self.get_text("/metrics").await;
         assert_eq!(status, 200, "/metrics: {text}");
         super::prom::Scrape::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    /// Series `name` (with `labels`) once it reads `want`, or its value after 3 s. The server
+    /// counts a request when its pump thread has seen the end, which may be just after the client
+    /// has read the last byte, and engine counters are published after each engine step, so a
+    /// scrape right after a response may lag by a moment.
+    pub async fn settled(&self, name: &str, labels: &[(&str, &str)], want: f64) -> Option<f64> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let v = self.metrics().await.value(name, labels);
+            if v == Some(want) || t0.elapsed() > Duration::from_secs(3) {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// A streamed `/v1/completions`: the concatenated text of choice 0.
