@@ -16,3 +16,4 @@ pub mod loader;
 pub mod model;
 pub mod runner;
 pub mod scheduler;
+pub mod serve;

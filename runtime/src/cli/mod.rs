@@ -1,6 +1,7 @@
 //! Command-line subcommands of the `sov` binary (clap). `main.rs` only calls [`main_entry`].
 //!
 //! - `generate`: run prompts, stream text ([`generate`])
+//! - `serve`: the OpenAI-compatible HTTP server ([`serve`])
 //! - `bench`: offline serving benchmark ([`bench`])
 //! - `slots get|set`: the live control surface of a running engine ([`slots`])
 //! - `spec check|graph`: the spec compiler without building ([`spec`])
@@ -15,6 +16,7 @@ pub mod generate;
 pub mod keygen;
 pub mod model_args;
 pub mod runs;
+pub mod serve;
 pub mod settings;
 pub mod slots;
 pub mod spec;
@@ -41,6 +43,8 @@ pub struct Cli {
 pub enum Command {
     /// Generate text for one or more prompts, streaming it as it is produced.
     Generate(generate::GenerateArgs),
+    /// Serve an OpenAI-compatible HTTP API whose requests survive restarts.
+    Serve(serve::ServeArgs),
     /// Benchmark serving throughput and latency (vLLM `bench serve` conventions).
     Bench(bench::BenchArgs),
     /// Read or steer a running engine through its slot file.
@@ -77,6 +81,7 @@ pub fn main_entry() -> ExitCode {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Generate(a) => generate::run(a, &cli.global.dirs()?),
+        Command::Serve(a) => serve::run(a, &cli.global.dirs()?),
         Command::Bench(a) => bench::run(a, &cli.global.dirs()?),
         Command::Slots(c) => slots::run(c, &cli.global.dirs()?),
         Command::Spec(c) => spec::run(c),
