@@ -62,13 +62,17 @@ impl Server {
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("sov serve starts");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        // Owned by the Server at once: its Drop kills and reaps the process on every path.
+        let mut server = Server {
+            child: cmd.spawn().expect("sov serve starts"),
+            addr: String::new(),
+        };
+        let mut stderr = BufReader::new(server.child.stderr.take().unwrap());
         let mut line = String::new();
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline && stderr.read_line(&mut line).unwrap_or(0) > 0 {
             if let Some(rest) = line.trim().split("serving on http://").nth(1) {
-                let addr = rest.to_string();
+                server.addr = rest.to_string();
                 std::thread::spawn(move || {
                     let mut sink = String::new();
                     while stderr.read_line(&mut sink).unwrap_or(0) > 0 {
@@ -78,12 +82,11 @@ impl Server {
                         sink.clear();
                     }
                 });
-                return Server { child, addr };
+                return server;
             }
             eprint!("server: {line}");
             line.clear();
         }
-        let _ = child.kill();
         panic!("sov serve never printed its address");
     }
 

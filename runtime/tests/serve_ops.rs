@@ -430,9 +430,16 @@ async fn suspend_pauses_and_resume_serves() {
     let m = s.metrics().await;
     assert_eq!(m.value("sov_num_requests_running", &[]), Some(1.0));
 
-    let (status, body) = s.post("/admin/resume", &json!({})).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["phase"], "ready");
+    // Resume through the slot route (what `sov slots set power_state resume` writes).
+    let res = s
+        .req(Method::PUT, "/admin/slots/power_state")
+        .json(&json!({"value": "resume"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["phase"], "ready", "{body}");
     while !done {
         match stream.chunk().await.unwrap() {
             Some(c) => done = feed(&mut sse, &c, &mut text),
@@ -449,6 +456,18 @@ async fn suspend_pauses_and_resume_serves() {
     let length = [("finished_reason", "length")];
     let finished = s.settled("sov_request_success_total", &length, 2.0).await;
     assert_eq!(finished, Some(2.0), "both requests finished by length");
+
+    // And the plain routes, on an idle server.
+    let (status, body) = s.post("/admin/suspend", &json!({})).await;
+    assert_eq!(
+        (status, &body["phase"]),
+        (200, &json!("suspended")),
+        "{body}"
+    );
+    let (status, body) = s.post("/admin/resume", &json!({})).await;
+    assert_eq!((status, &body["phase"]), (200, &json!("ready")), "{body}");
+    let (status, body) = s.post("/v1/completions", &completion(json!({}))).await;
+    assert_eq!(status, 200, "served after suspend and resume: {body}");
 }
 
 /// Feeds one chunk of a completion stream; appends its text, returns whether `[DONE]` came.
