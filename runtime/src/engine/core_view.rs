@@ -51,6 +51,12 @@ impl<F: ForwardModel> EngineCore<F> {
     }
 
     /// The codec that turns the core's tokens into text.
+    /// Every sequence in the core, running then waiting.
+    pub fn sequences(&self) -> impl Iterator<Item = &Sequence> {
+        self.running.iter().chain(self.waiting.iter())
+    }
+
+    /// The core's tokenizer.
     pub fn codec(&self) -> &dyn TextCodec {
         self.codec.as_ref()
     }

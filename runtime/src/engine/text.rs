@@ -72,6 +72,11 @@ impl TextStream {
         &self.text
     }
 
+    /// The text handed out so far (what the stream's events carried; held-back text excluded).
+    pub fn emitted(&self) -> &str {
+        self.text.get(..self.emitted).unwrap_or_default()
+    }
+
     /// Adds one generated token.
     pub fn push(&mut self, codec: &dyn TextCodec, token: u32) -> Result<TextDelta, String> {
         self.ids.push(token);

@@ -5,6 +5,7 @@
 //! engine's front-end API grows (request tags, abort, grammars); each function is the one place
 //! that knows how the engine spells it.
 
+use crate::engine::constraint::Grammar;
 use crate::engine::{Engine, EngineError, FinishReason, Request};
 
 use super::error::ApiError;
@@ -43,22 +44,12 @@ pub fn is_abort_record(reason: &str) -> bool {
     reason == FinishReason::Abort.as_openai()
 }
 
-/// The structured-output constraint for `response_format`, to be set on every engine request.
-pub fn structured(format: &serde_json::Value) -> Result<(), ApiError> {
-    let kind = format.get("type").and_then(|t| t.as_str()).unwrap_or("");
-    match kind {
-        "text" => Ok(()),
-        "json_object" | "json_schema" => Err(ApiError::invalid_param(
-            "response_format",
-            format!("response_format `{kind}` is not supported yet"),
-        )),
-        other => Err(ApiError::invalid_param(
-            "response_format",
-            format!(
-                "unknown response_format type `{other}` (expected text, json_object or json_schema)"
-            ),
-        )),
-    }
+/// The structured-output constraint for `response_format` (`text`: none; `json_object`,
+/// `json_schema`: a grammar), to be set on every engine request. The grammar is compiled when
+/// the engine accepts the request, so an invalid schema is refused there too (400).
+pub fn structured(format: &serde_json::Value) -> Result<Option<Grammar>, ApiError> {
+    Grammar::from_openai_response_format(format)
+        .map_err(|e| ApiError::invalid_param("response_format", e.to_string()))
 }
 
 /// Applies `logit_bias` and `min_tokens` to an engine request.

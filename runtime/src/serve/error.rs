@@ -209,6 +209,9 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidSampling { name, .. } => {
                 ApiError::invalid_param(name, e.to_string())
             }
+            EngineError::InvalidGrammar(_) => {
+                ApiError::invalid_param("response_format", e.to_string())
+            }
             EngineError::Forward(_)
             | EngineError::KvExhausted
             | EngineError::SlotFile { .. }

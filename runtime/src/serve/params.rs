@@ -220,6 +220,8 @@ pub struct Job {
     pub echo: bool,
     /// Logprobs shape.
     pub logprobs: LogprobsMode,
+    /// Structured output (`response_format`), None: free text.
+    pub grammar: Option<crate::engine::constraint::Grammar>,
 }
 
 impl Job {
@@ -501,9 +503,10 @@ fn build(
             "stop strings must not be empty",
         ));
     }
-    if let Some(f) = &c.response_format {
-        engine_link::structured(f)?;
-    }
+    let grammar = match &c.response_format {
+        Some(f) => engine_link::structured(f)?,
+        None => None,
+    };
     let mut prompts = Vec::with_capacity(texts.len());
     for (tokens, text) in texts {
         let p = tokens.len();
@@ -563,5 +566,6 @@ fn build(
             .unwrap_or(false),
         echo,
         logprobs,
+        grammar,
     })
 }

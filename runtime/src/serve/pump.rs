@@ -46,6 +46,23 @@ fn run(t: PumpTarget, rx: Receiver<Output>) {
     let c = t.choice;
     while let Ok(out) = rx.recv() {
         let finished = out.finished;
+        if let Some(f) = &finished
+            && t.entry.lock().choices[c].engine_id == Some(t.engine_id)
+        {
+            // Counted before the client is released, so a scrape after the answer sees it.
+            if let Some(ttft) = f.time_to_first_token {
+                t.metrics.on_first_token(ttft);
+            }
+            for gap in &f.inter_token_latencies {
+                t.metrics.on_token_gap(*gap);
+            }
+            t.metrics.on_finish(
+                f.reason.as_openai(),
+                t.accepted.elapsed(),
+                f.prompt_tokens,
+                f.output_tokens.len(),
+            );
+        }
         let mut current = true;
         t.entry.update(|d| {
             let ch = &mut d.choices[c];
@@ -84,19 +101,7 @@ fn run(t: PumpTarget, rx: Receiver<Output>) {
         if !current {
             return;
         }
-        if let Some(f) = finished {
-            if let Some(ttft) = f.time_to_first_token {
-                t.metrics.on_first_token(ttft);
-            }
-            for gap in &f.inter_token_latencies {
-                t.metrics.on_token_gap(*gap);
-            }
-            t.metrics.on_finish(
-                f.reason.as_openai(),
-                t.accepted.elapsed(),
-                f.prompt_tokens,
-                f.output_tokens.len(),
-            );
+        if finished.is_some() {
             return;
         }
     }

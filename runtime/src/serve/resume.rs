@@ -89,13 +89,28 @@ pub fn rebuild(state: &AppState, book: &Arc<Mutex<ResumeBook>>) -> Result<Rebuil
                 id,
                 rx,
                 prompt_tokens,
+                output,
+                text,
                 ..
             } => {
+                // What was generated before the checkpoint streams at once; the rest follows.
+                let end = output.len();
+                let deltas = if end == 0 && text.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![Delta {
+                        tokens: output,
+                        text,
+                        logprobs: Vec::new(),
+                        end,
+                    }]
+                };
                 entry.update(|d| {
                     d.choices[tag.choice] = Choice {
                         engine_id: Some(id),
                         prompt_tokens,
-                        prefix_unknown: true,
+                        deltas,
+                        prefix_unknown: false,
                         ..Choice::default()
                     }
                 });

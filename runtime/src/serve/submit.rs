@@ -57,6 +57,7 @@ fn engine_request(job: &Job, i: usize) -> Request {
     r.stop = job.stop.clone();
     r.ignore_eos = job.ignore_eos;
     engine_link::set_bias_and_min_tokens(&mut r, &job.logit_bias, job.min_tokens);
+    r.grammar = job.grammar.clone();
     r
 }
 

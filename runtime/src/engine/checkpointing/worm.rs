@@ -47,6 +47,11 @@ pub enum ResumedRequest {
         prompt_tokens: usize,
         /// The front end's bytes journaled with the request ([`crate::engine::Request::tag`]).
         tag: Vec<u8>,
+        /// Tokens generated before the checkpoint it continues from (delivered then; the stream
+        /// carries only what follows), empty when it starts again from its prompt.
+        output: Vec<u32>,
+        /// The text of `output` as it was delivered.
+        text: String,
     },
     /// Delivered before the interruption; the journal holds what was delivered.
     Finished {
@@ -313,8 +318,13 @@ fn resume_from_disk<F: ForwardModel>(
             }
         }
     }
+    let mut prefixes: HashMap<u64, (Vec<u32>, String)> = core
+        .sequences()
+        .map(|s| (s.id, (s.output().to_vec(), s.text.emitted().to_string())))
+        .collect();
     for (id, rx) in new_rx {
         let prompt_tokens = prompt_len.get(&id).copied().unwrap_or(0);
+        let (output, text) = prefixes.remove(&id).unwrap_or_default();
         let tag = tags.remove(&id).unwrap_or_default();
         book.requests.insert(
             id,
@@ -323,6 +333,8 @@ fn resume_from_disk<F: ForwardModel>(
                 rx,
                 prompt_tokens,
                 tag,
+                output,
+                text,
             },
         );
     }
