@@ -62,6 +62,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             key: &key,
             policy: policy.as_ref(),
             anchor,
+            head: None,
         },
     ) {
         Err(e) => {

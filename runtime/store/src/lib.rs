@@ -48,23 +48,28 @@
 
 #![warn(missing_docs)]
 
+pub mod attest;
 pub mod audit;
 pub mod blockstore;
 pub mod digest;
 pub mod driver;
 pub mod error;
+mod frame;
 mod fsutil;
+pub mod head;
 // rkyv's `Archive` derive emits `JournalRecordResolver` with undocumented fields for the named
 // variants (`Checkpoint`, `Session`), and a lint level on the enum does not reach that sibling
 // item, so the module allows it; everything written by hand in `journal` is documented.
 #[allow(missing_docs)]
 pub mod journal;
 pub mod keys;
+pub mod merkle;
 pub mod note;
 pub mod policy;
 pub mod receipt;
 pub mod snapshot;
 pub mod store;
+pub mod tlog;
 pub mod witness;
 
 #[cfg(any(test, feature = "test-fixtures"))]
@@ -73,6 +78,7 @@ pub mod fixture;
 #[cfg(test)]
 mod tests;
 
+pub use attest::ResponseReceipt;
 pub use audit::{Anchor, Audit, AuditOptions, audit};
 pub use digest::{Digest, block_hash, kv_root};
 pub use error::{CheckpointError, Result};
@@ -81,4 +87,4 @@ pub use policy::Policy;
 pub use snapshot::{
     FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot, Snapshot, StoreCommit,
 };
-pub use store::{CheckpointStore, ReceiptInfo, Restored};
+pub use store::{CheckpointStore, Platform, ReceiptInfo, Restored};

@@ -95,6 +95,7 @@ mod tests {
                     key: &vk,
                     policy: Some(p),
                     anchor: None,
+                    head: None,
                 },
             )
         };
@@ -115,6 +116,7 @@ mod tests {
                 key: &vk,
                 policy: None,
                 anchor: None,
+                head: None,
             },
         )
         .unwrap();
