@@ -143,3 +143,33 @@ pub fn verify(
         head,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn verify_never_panics_on_garbage(
+            index in any::<u64>(),
+            leaf in proptest::collection::vec(any::<u8>(), 0..200),
+            head in ".{0,200}",
+            proof in proptest::collection::vec("[A-Za-z0-9+/=]{0,48}", 0..8),
+            json in ".{0,300}",
+        ) {
+            let key = ed25519_dalek::SigningKey::from_bytes(&[3; 32]).verifying_key();
+            let r = ResponseReceipt {
+                format: RECEIPT_FORMAT.into(),
+                leaf_index: index,
+                leaf: Base64::encode_string(&leaf),
+                head,
+                proof,
+            };
+            let _ = verify(&r, &key, &[1, 2], "x");
+            if let Ok(r) = serde_json::from_str::<ResponseReceipt>(&json) {
+                let _ = verify(&r, &key, &[], "");
+            }
+        }
+    }
+}
