@@ -33,7 +33,7 @@ pub fn run_batch(
     let mut done = Vec::new();
     for (i, rx) in receivers.iter().enumerate() {
         let finished = loop {
-            let out = rx.recv()?;
+            let out = rx.rx.recv()?;
             if let Some(f) = out.finished {
                 break f;
             }

@@ -173,7 +173,7 @@ pub fn run(
     for (i, rx) in receivers.iter().enumerate() {
         let mut n = 0;
         let done = loop {
-            let out = rx.recv().map_err(|_| RunError::StreamEnded(i))?;
+            let out = rx.rx.recv().map_err(|_| RunError::StreamEnded(i))?;
             n += 1;
             if let Some(f) = out.finished {
                 break f;

@@ -117,7 +117,7 @@ fn the_default_machine_admits_between_decode_steps() {
     .expect("start");
     let engine = started.engine;
     for rx in engine.submit_many(requests()).expect("submit") {
-        while rx.recv().expect("stream").finished.is_none() {}
+        while rx.rx.recv().expect("stream").finished.is_none() {}
     }
     let admits = admits_from(&engine.trace());
     assert!(admits.contains(&"generate"), "{admits:?}");

@@ -79,14 +79,14 @@ fn requests(sampling: &SamplingParams, max_tokens: usize) -> Vec<Request> {
 
 fn alone(started: &Started, reqs: &[Request]) -> Vec<Vec<u32>> {
     reqs.iter()
-        .map(|r| wait(&started.engine.submit(r.clone()).unwrap()).output_tokens)
+        .map(|r| wait(&started.engine.submit(r.clone()).unwrap().rx).output_tokens)
         .collect()
 }
 
 fn together(started: &Started, reqs: &[Request]) -> Vec<Finished> {
     let rxs: Vec<_> = reqs
         .iter()
-        .map(|r| started.engine.submit(r.clone()).unwrap())
+        .map(|r| started.engine.submit(r.clone()).unwrap().rx)
         .collect();
     rxs.iter().map(wait).collect()
 }

@@ -10,6 +10,7 @@
 pub mod battery;
 pub mod dirs;
 pub mod run_dir;
+pub mod runs;
 pub mod slot_file;
 pub mod start;
 

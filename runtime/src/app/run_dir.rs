@@ -1,7 +1,15 @@
 //! Where a running engine keeps its files: a run directory under sov's state directory
 //! ([`super::dirs::SovDirs::state`]) holding the slot file and the checkpoint directory;
 //! `<state>/current-run` names the newest run so `sov slots` finds it without arguments.
+//!
+//! Design: the journal in a run directory holds every prompt and answer, so run directories (and
+//! the state directory above them) are created private to their owner (0700), and an existing one
+//! that others can read is reported. A process using a run directory holds its [`RunLock`] (an
+//! advisory lock on `<run>/lock`), so a second engine cannot resume the same run at the same time
+//! and `sov runs prune` never deletes a run in use.
 
+use std::fs::{DirBuilder, File, OpenOptions, TryLockError};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -26,10 +34,11 @@ pub fn create_run_dir(state_dir: &Path) -> Result<PathBuf, EngineError> {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let dir = state_dir
-        .join("runs")
-        .join(format!("{secs}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    private_dir(state_dir)?;
+    let runs = state_dir.join("runs");
+    private_dir(&runs)?;
+    let dir = runs.join(format!("{secs}-{}", std::process::id()));
+    private_dir(&dir)?;
     let pointer = current_run_pointer(state_dir);
     std::fs::write(&pointer, dir.display().to_string()).map_err(|e| io_err(&pointer, e))?;
     Ok(dir)
@@ -50,4 +59,116 @@ pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
 /// The slot file of a run directory.
 pub fn slot_path(run_dir: &Path) -> PathBuf {
     run_dir.join("slots")
+}
+
+/// Creates `dir` (and missing parents) with mode 0700; an existing directory is kept as it is,
+/// with a warning when group or others may read it (see [`is_shared`]).
+pub fn private_dir(dir: &Path) -> Result<(), EngineError> {
+    match DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) => return Err(io_err(dir, e)),
+    }
+    if is_shared(dir)? {
+        tracing::warn!(
+            "{} can be read by other users (mode {:o}); the journal in a run directory holds every prompt and answer: chmod 700 it",
+            dir.display(),
+            mode_of(dir)? & 0o777
+        );
+    }
+    Ok(())
+}
+
+fn mode_of(path: &Path) -> Result<u32, EngineError> {
+    Ok(std::fs::metadata(path)
+        .map_err(|e| io_err(path, e))?
+        .permissions()
+        .mode())
+}
+
+/// Whether group or others have any access to `path`.
+pub fn is_shared(path: &Path) -> Result<bool, EngineError> {
+    Ok(mode_of(path)? & 0o077 != 0)
+}
+
+/// The lock file of a run directory.
+pub fn lock_path(run_dir: &Path) -> PathBuf {
+    run_dir.join("lock")
+}
+
+/// An exclusive advisory lock on a run directory, held while an engine uses it (released on drop
+/// or when the process dies, however it dies).
+#[derive(Debug)]
+pub struct RunLock {
+    _file: File,
+    dir: PathBuf,
+}
+
+impl RunLock {
+    /// Takes the lock of `run_dir`, failing at once if another process holds it.
+    pub fn acquire(run_dir: &Path) -> Result<Self, EngineError> {
+        let path = lock_path(run_dir);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| io_err(&path, e))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self {
+                _file: file,
+                dir: run_dir.to_path_buf(),
+            }),
+            Err(TryLockError::WouldBlock) => Err(EngineError::SlotFile {
+                path: run_dir.display().to_string(),
+                reason: "the run directory is in use by another sov process".into(),
+            }),
+            Err(TryLockError::Error(e)) => Err(io_err(&path, e)),
+        }
+    }
+
+    /// Whether some process holds `run_dir`'s lock now (false when it has none).
+    pub fn is_held(run_dir: &Path) -> bool {
+        let Ok(file) = File::open(lock_path(run_dir)) else {
+            return false;
+        };
+        matches!(file.try_lock_shared(), Err(TryLockError::WouldBlock))
+    }
+
+    /// The locked run directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_dirs_are_private_and_locked_by_one_process_at_a_time() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = create_run_dir(state.path()).unwrap();
+        for d in [state.path().join("runs"), dir.clone()] {
+            assert_eq!(mode_of(&d).unwrap() & 0o777, 0o700, "{}", d.display());
+        }
+        assert!(!RunLock::is_held(&dir));
+        let lock = RunLock::acquire(&dir).unwrap();
+        assert_eq!(mode_of(&lock_path(&dir)).unwrap() & 0o777, 0o600);
+        assert!(RunLock::is_held(&dir));
+        let err = RunLock::acquire(&dir).unwrap_err();
+        assert!(err.to_string().contains("in use"), "{err}");
+        drop(lock);
+        assert!(!RunLock::is_held(&dir));
+        RunLock::acquire(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_readable_directory_is_reported_as_shared() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(is_shared(d.path()).unwrap());
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(!is_shared(d.path()).unwrap());
+    }
 }

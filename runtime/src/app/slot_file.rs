@@ -6,6 +6,7 @@
 //! torn slot; multi-slot fields (the receipt digest) are written slot by slot.
 
 use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
@@ -40,6 +41,7 @@ impl SlotFile {
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(path)
             .map_err(|e| err(path, e))?;
         file.set_len(SLOT_FILE_LEN).map_err(|e| err(path, e))?;

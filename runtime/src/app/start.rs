@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use super::run_dir::{checkpoint_dir, slot_path};
+use super::run_dir::{RunLock, checkpoint_dir, slot_path};
 use super::slot_file::create_slots;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaTuning};
@@ -80,6 +80,9 @@ pub struct EngineOptions {
     pub cuda_tuning: CudaTuning,
     /// How the model runner runs decode steps (CUDA graphs or eager launches).
     pub runner: RunnerOptions,
+    /// Start with n-gram speculation drafting this many tokens (slot `speculative_draft_len`;
+    /// None: the machine's initial value, or the resumed run's).
+    pub speculative_draft_len: Option<u32>,
 }
 
 /// How the engine checkpoints.
@@ -127,6 +130,7 @@ impl Default for EngineOptions {
             shutdown: None,
             cuda_tuning: CudaTuning::default(),
             runner: RunnerOptions::default(),
+            speculative_draft_len: None,
         }
     }
 }
@@ -152,6 +156,8 @@ pub struct Started {
     pub battery: Option<super::battery::BatteryWatcher>,
     /// The slot file other processes steer the engine through (None: no run directory).
     pub slot_path: Option<PathBuf>,
+    /// This process's hold on the run directory (None: no run directory).
+    pub run_lock: Option<RunLock>,
 }
 
 /// Everything an engine needs from a model source.
@@ -229,6 +235,8 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     let per_token = kv_bytes_per_token(&parts.config, backend.kv_dtype().size_bytes()).max(1);
     let num_blocks = (opts.kv_memory_bytes / (per_token * block_size)).max(1);
     // Hashed before the weights move to the backend: receipts name the exact model.
+    // Held as long as the engine runs: no second process resumes or prunes this run meanwhile.
+    let run_lock = opts.run_dir.as_deref().map(RunLock::acquire).transpose()?;
     let worm = match &opts.checkpoints {
         Some(c) => Some(open_worm::<M>(
             c,
@@ -288,6 +296,10 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
         },
         durability,
     )?;
+    if let Some(n) = opts.speculative_draft_len {
+        // After a resume's restore, which loads the interrupted run's slots.
+        engine.slots().set_speculative_draft_len(n);
+    }
     Ok(Started {
         engine,
         chat_template: parts.chat_template,
@@ -296,6 +308,7 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
         checkpoints,
         battery: None,
         slot_path,
+        run_lock,
     })
 }
 

@@ -179,9 +179,10 @@ fn run_requests(
                         },
                         stop: Vec::new(),
                         ignore_eos: args.ignore_eos,
+                        tag: Vec::new(),
                     };
                     let submitted = Instant::now();
-                    match engine.submit(request).ok().and_then(collect) {
+                    match engine.submit(request).ok().and_then(|s| collect(s.rx)) {
                         Some((f, end)) if !matches!(f.reason, FinishReason::Error(_)) => {
                             if let Ok(mut r) = results.lock() {
                                 r.push((f, end.duration_since(submitted)));
@@ -255,8 +256,9 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
         sampling: SamplingParams::greedy(),
         stop: Vec::new(),
         ignore_eos: true,
+        tag: Vec::new(),
     })?;
-    collect(warm).context("warm-up request failed")?;
+    collect(warm.rx).context("warm-up request failed")?;
     let total_input_tokens: usize = work.iter().map(|w| w.0.len()).sum();
     let max_concurrency = args.concurrency.unwrap_or(work.len());
     let before = engine.stats();

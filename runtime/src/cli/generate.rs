@@ -160,13 +160,13 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             book.restore_time.as_secs_f64() * 1e3,
             book.requests
                 .values()
-                .filter(|r| matches!(r, ResumedRequest::Finished(_)))
+                .filter(|r| matches!(r, ResumedRequest::Finished { .. }))
                 .count()
         );
         for r in std::mem::take(&mut book.requests).into_values() {
             pending.push(match r {
                 ResumedRequest::Live { rx, .. } => Pending::Live(rx),
-                ResumedRequest::Finished(f) => Pending::Journaled(f),
+                ResumedRequest::Finished { record, .. } => Pending::Journaled(record),
             });
         }
     }
@@ -203,14 +203,20 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
                 frequency_penalty: args.frequency_penalty,
                 presence_penalty: args.presence_penalty,
                 seed: args.seed.map(|s| s.wrapping_add(i as u64)),
-                logprobs: None,
+                ..SamplingParams::default()
             },
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
+            tag: Vec::new(),
         });
     }
     // Together: one journal write, and the engine sees them all in its first step.
-    pending.extend(engine.submit_many(requests)?.into_iter().map(Pending::Live));
+    pending.extend(
+        engine
+            .submit_many(requests)?
+            .into_iter()
+            .map(|s| Pending::Live(s.rx)),
+    );
     if let Some(c) = &started.checkpoints
         && args.resume.is_none()
     {

@@ -5,12 +5,14 @@
 //! - `slots get|set`: the live control surface of a running engine ([`slots`])
 //! - `spec check|graph`: the spec compiler without building ([`spec`])
 //! - `keygen`, `verify`: checkpoint receipt keys and chain verification ([`keygen`], [`verify`])
+//! - `runs list|prune`: the run directories in sov's state directory ([`runs`])
 
 pub mod bench;
 pub mod bench_stats;
 pub mod generate;
 pub mod keygen;
 pub mod model_args;
+pub mod runs;
 pub mod settings;
 pub mod slots;
 pub mod spec;
@@ -49,6 +51,9 @@ pub enum Command {
     Keygen(keygen::KeygenArgs),
     /// Verify a checkpoint directory's receipt chain.
     Verify(verify::VerifyArgs),
+    /// List or prune the run directories in sov's state directory.
+    #[command(subcommand)]
+    Runs(runs::RunsCommand),
 }
 
 /// Parses the command line, runs the command, reports errors on stderr.
@@ -73,5 +78,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Spec(c) => spec::run(c),
         Command::Keygen(a) => keygen::run(a, &cli.global.dirs()?),
         Command::Verify(a) => verify::run(a),
+        Command::Runs(c) => runs::run(c, &cli.global.dirs()?),
     }
 }

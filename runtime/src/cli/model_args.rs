@@ -88,6 +88,12 @@ pub struct ModelArgs {
     #[arg(long, env = "SOV_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set,
           value_parser = clap::builder::BoolishValueParser::new(), value_name = "BOOL")]
     pub cuda_graphs: bool,
+    /// Start with n-gram (prompt-lookup) speculation drafting up to N tokens per step (0 = off;
+    /// at most 16). Output is identical either way; only the number of forward passes changes.
+    /// Writes slot `speculative_draft_len`, which `sov slots set` can change later.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(0..=crate::engine::speculative::MAX_DRAFT_LEN as i64))]
+    pub speculative_draft_len: Option<u32>,
 }
 
 /// GPU arithmetic on the command line (see [`ModelArgs::precision`]).
@@ -181,7 +187,8 @@ impl ModelArgs {
                 d.clone()
             }
             Some(d) => {
-                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                crate::app::run_dir::private_dir(d)
+                    .with_context(|| format!("creating {}", d.display()))?;
                 d.clone()
             }
             None => create_run_dir(&dirs.state)?,
@@ -226,6 +233,7 @@ impl ModelArgs {
             runner: RunnerOptions {
                 cuda_graphs: self.cuda_graphs,
             },
+            speculative_draft_len: self.speculative_draft_len,
         };
         let mut started = match self.machine {
             MachineChoice::Seed => start_engine::<seed::Scheduler>(parts, &opts)?,

@@ -101,7 +101,14 @@ pub fn advance(
         }
         None => {
             let (prompt, output) = s.tokens.split_at(s.prompt_len);
-            sample(row.logits, &s.sampling, prompt, output, &mut s.rng)
+            sample(
+                row.logits,
+                &s.sampling,
+                prompt,
+                output,
+                &cfg.eos_ids,
+                &mut s.rng,
+            )
         }
     };
     append(s, sampled, cfg, codec, now)

@@ -102,6 +102,19 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) checkpoint_hook: Option<Box<dyn CheckpointHook<F>>>,
     /// Output events on their way to the request streams.
     pub(crate) outbox: Outbox,
+    /// Totals since start: prompt tokens queued, tokens generated, preemptions.
+    pub(crate) totals: TokenTotals,
+}
+
+/// Running totals the engine reports in its stats (and a server in its metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TokenTotals {
+    /// Prompt tokens of the requests queued.
+    pub prompt_tokens: u64,
+    /// Tokens generated and delivered.
+    pub generation_tokens: u64,
+    /// Sequences preempted (their KV dropped, recomputed later).
+    pub preemptions: u64,
 }
 
 impl<F: ForwardModel> EngineCore<F> {
@@ -131,6 +144,7 @@ impl<F: ForwardModel> EngineCore<F> {
             machine_state: "",
             checkpoint_hook: None,
             outbox: Outbox::inline(),
+            totals: TokenTotals::default(),
         }
     }
 
@@ -147,7 +161,13 @@ impl<F: ForwardModel> EngineCore<F> {
 
     /// Queues an accepted sequence.
     pub fn enqueue(&mut self, seq: Sequence) {
+        self.totals.prompt_tokens += seq.prompt_len as u64;
         self.waiting.push_back(seq);
+    }
+
+    /// Prompt tokens queued, tokens generated and preemptions so far.
+    pub fn totals(&self) -> TokenTotals {
+        self.totals
     }
 
     /// Nothing waiting or running.
@@ -411,15 +431,11 @@ impl<F: ForwardModel> EngineCore<F> {
     }
 
     /// How running sequence `i`'s next token is chosen: by the model where its logits are when
-    /// it is their plain argmax (greedy, no penalties, no logprobs: the host sampler would take
-    /// `argmax` of the unchanged row), else by the host sampler from the downloaded row.
+    /// it is their plain argmax ([`super::SamplingParams::is_plain_argmax`]: the host sampler would
+    /// take `argmax` of the unchanged row), else by the host sampler from the downloaded row.
     fn row_pick(&self, i: usize) -> RowPick {
-        let p = &self.running[i].sampling;
-        let plain = p.logprobs.is_none()
-            && p.repetition_penalty == 1.0
-            && p.frequency_penalty == 0.0
-            && p.presence_penalty == 0.0;
-        if p.is_greedy() && plain {
+        let s = &self.running[i];
+        if s.sampling.is_plain_argmax(s.output().len()) {
             RowPick::Argmax
         } else {
             RowPick::Logits
@@ -546,11 +562,13 @@ impl<F: ForwardModel> EngineCore<F> {
         let s = &self.running[i];
         let gone = self.outbox.is_gone(s.id);
         if let Some(event) = adv.event {
+            self.totals.generation_tokens += event.tokens.len() as u64;
             self.outbox.push(&s.tx, event);
         }
         match (adv.reason, gone) {
             (Some(r), _) => Some(r),
-            (None, true) => Some(FinishReason::Error("receiver dropped".into())),
+            // Nobody listens any more: the client went away.
+            (None, true) => Some(FinishReason::Abort),
             (None, false) => None,
         }
     }
@@ -597,6 +615,7 @@ impl<F: ForwardModel> EngineCore<F> {
             seq.computed = 0;
             seq.prefilled = false;
             seq.preemptions += 1;
+            self.totals.preemptions += 1;
             self.waiting.push_front(seq);
         }
     }
@@ -630,12 +649,36 @@ impl<F: ForwardModel> EngineCore<F> {
         // are forgotten.
         self.outbox.settle();
         finished.sort_by_key(|f| std::cmp::Reverse(f.0));
-        let mut leaving = Vec::with_capacity(finished.len());
-        for (i, reason) in finished {
-            let mut s = self.running.remove(i);
+        let leaving = finished
+            .into_iter()
+            .map(|(i, reason)| (self.running.remove(i), reason))
+            .collect();
+        self.finish_all(leaving);
+    }
+
+    /// Ends request `id` with [`FinishReason::Abort`] wherever it is (running or waiting): its
+    /// blocks are freed, it is journaled as delivered, its stream gets the final event. Unknown
+    /// (finished) ids are ignored.
+    pub fn abort(&mut self, id: u64) {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.retire(vec![(i, FinishReason::Abort)]);
+        } else if let Some(s) = self
+            .waiting
+            .iter()
+            .position(|s| s.id == id)
+            .and_then(|i| self.waiting.remove(i))
+        {
+            self.outbox.settle();
+            self.finish_all(vec![(s, FinishReason::Abort)]);
+        }
+    }
+
+    /// Frees the blocks of sequences that left the engine, journals them and queues their final
+    /// events, then hands this step's events over for delivery.
+    fn finish_all(&mut self, mut leaving: Vec<(Sequence, FinishReason)>) {
+        for (s, _) in &mut leaving {
             self.blocks.release(&mut s.block_table);
             self.outbox.forget(s.id);
-            leaving.push((s, reason));
         }
         // The slots show the freed blocks before any client hears that its request finished.
         self.publish();

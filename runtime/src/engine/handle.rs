@@ -118,11 +118,35 @@ pub struct EngineStats {
     pub busy_time: Duration,
     /// Host time of decode steps outside the forward pass, by phase (part of `busy_time`).
     pub decode_host: DecodeHostTimes,
+    /// Prompt tokens of the requests queued so far.
+    pub prompt_tokens: u64,
+    /// Tokens generated and delivered so far.
+    pub generation_tokens: u64,
+    /// Preemptions so far (a sequence's KV dropped and recomputed later).
+    pub preemptions: u64,
+}
+
+/// What the handle sends the engine thread.
+enum Inbound {
+    /// An accepted request (already journaled).
+    Admit(Box<Sequence>),
+    /// End this request now ([`Engine::abort`]).
+    Abort(u64),
+}
+
+/// An accepted request: the id the engine gave it and its output stream (the last event has
+/// `finished` set).
+#[derive(Debug)]
+pub struct Submitted {
+    /// The request's id (unique within the run; journaled).
+    pub id: u64,
+    /// The request's output events.
+    pub rx: Receiver<Output>,
 }
 
 /// A running engine.
 pub struct Engine {
-    tx: Option<Sender<Sequence>>,
+    tx: Option<Sender<Inbound>>,
     codec: Arc<dyn TextCodec>,
     limits: IntakeLimits,
     next_id: AtomicU64,
@@ -191,7 +215,7 @@ impl Engine {
             max_tokens_cap,
             eos_ids: config.eos_ids.clone(),
         };
-        let (tx, rx) = mpsc::channel::<Sequence>();
+        let (tx, rx) = mpsc::channel::<Inbound>();
         let trace = Arc::new(Mutex::new(Vec::new()));
         let mut core = EngineCore::new(model, codec.clone(), core_cfg, slots.clone());
         core.deliver_on_own_thread();
@@ -247,31 +271,21 @@ impl Engine {
         })
     }
 
-    /// Validates and queues `request`; its outputs arrive on the returned channel, the last one
-    /// with `finished` set. A bad request is refused here and disturbs nothing else.
-    pub fn submit(&self, request: Request) -> Result<Receiver<Output>, EngineError> {
-        let (out_tx, out_rx) = mpsc::channel();
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let seq = build_sequence(id, request, self.codec.as_ref(), &self.limits, out_tx)?;
-        let tx = self.tx.as_ref().ok_or(EngineError::EngineStopped)?;
-        if let Some(journal) = &self.journal {
-            journal.accept(&seq)?;
-        }
-        tx.send(seq).map_err(|_| EngineError::EngineStopped)?;
-        Ok(out_rx)
+    /// Validates, journals and queues `request`; its outputs arrive on the returned stream. A bad
+    /// request is refused here and disturbs nothing else.
+    pub fn submit(&self, request: Request) -> Result<Submitted, EngineError> {
+        let mut all = self.submit_many(vec![request])?;
+        all.pop().ok_or(EngineError::EngineStopped)
     }
 
     /// Submits several requests together: all are validated first (one bad request refuses them
     /// all), journaled with one durable write, then queued back to back, so they reach the engine
     /// in the same step, as `submit` in a loop would without a journal.
-    pub fn submit_many(
-        &self,
-        requests: Vec<Request>,
-    ) -> Result<Vec<Receiver<Output>>, EngineError> {
+    pub fn submit_many(&self, requests: Vec<Request>) -> Result<Vec<Submitted>, EngineError> {
         let mut seqs = Vec::with_capacity(requests.len());
-        let mut receivers = Vec::with_capacity(requests.len());
+        let mut submitted = Vec::with_capacity(requests.len());
         for request in requests {
-            let (out_tx, out_rx) = mpsc::channel();
+            let (out_tx, rx) = mpsc::channel();
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             seqs.push(build_sequence(
                 id,
@@ -280,16 +294,28 @@ impl Engine {
                 &self.limits,
                 out_tx,
             )?);
-            receivers.push(out_rx);
+            submitted.push(Submitted { id, rx });
         }
         let tx = self.tx.as_ref().ok_or(EngineError::EngineStopped)?;
         if let Some(journal) = &self.journal {
             journal.accept_all(&seqs)?;
         }
         for seq in seqs {
-            tx.send(seq).map_err(|_| EngineError::EngineStopped)?;
+            tx.send(Inbound::Admit(Box::new(seq)))
+                .map_err(|_| EngineError::EngineStopped)?;
         }
-        Ok(receivers)
+        Ok(submitted)
+    }
+
+    /// Ends request `id` at the engine's next step: it finishes with [`FinishReason::Abort`]
+    /// (journaled as delivered, reason `abort`), its KV blocks are freed and its stream gets the
+    /// final event. Unknown and already finished ids are ignored.
+    ///
+    /// [`FinishReason::Abort`]: super::FinishReason::Abort
+    pub fn abort(&self, id: u64) -> Result<(), EngineError> {
+        let tx = self.tx.as_ref().ok_or(EngineError::EngineStopped)?;
+        tx.send(Inbound::Abort(id))
+            .map_err(|_| EngineError::EngineStopped)
     }
 
     /// Whether the engine stopped because `shutdown` was raised (after its last checkpoint).
@@ -373,6 +399,14 @@ fn resume_first<M: Machine, F: ForwardModel>(
     Ok(())
 }
 
+/// Applies one message from the handle to the core (between steps).
+fn take<F: ForwardModel>(core: &mut EngineCore<F>, msg: Inbound) {
+    match msg {
+        Inbound::Admit(seq) => core.enqueue(*seq),
+        Inbound::Abort(id) => core.abort(id),
+    }
+}
+
 /// How the engine loop is told to stop, and how it says it stopped on request.
 struct Stop {
     /// Drop of the handle: leave at once.
@@ -386,7 +420,7 @@ struct Stop {
 fn run_loop<M: Machine, F: ForwardModel>(
     mut machine: M,
     mut core: EngineCore<F>,
-    rx: Receiver<Sequence>,
+    rx: Receiver<Inbound>,
     slots: Slots,
     trace: Option<Arc<Mutex<Vec<TraceEntry>>>>,
     stop: Stop,
@@ -411,7 +445,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
         if wait {
             if open {
                 match rx.recv_timeout(IDLE_POLL) {
-                    Ok(seq) => core.enqueue(seq),
+                    Ok(msg) => take(&mut core, msg),
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => open = false,
                 }
@@ -421,7 +455,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
         }
         while open {
             match rx.try_recv() {
-                Ok(seq) => core.enqueue(seq),
+                Ok(msg) => take(&mut core, msg),
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => open = false,
             }
@@ -450,6 +484,10 @@ fn run_loop<M: Machine, F: ForwardModel>(
                     (stats.checkpoints, stats.restores) = core.checkpoint_counts();
                     stats.checkpoint_time = core.checkpoint_time();
                     (stats.spec_proposed, stats.spec_accepted) = core.speculation_counts();
+                    let totals = core.totals();
+                    stats.prompt_tokens = totals.prompt_tokens;
+                    stats.generation_tokens = totals.generation_tokens;
+                    stats.preemptions = totals.preemptions;
                     if let Ok(mut shared) = live.lock() {
                         *shared = stats;
                     }
@@ -489,7 +527,11 @@ fn run_loop<M: Machine, F: ForwardModel>(
     core.publish();
     let (checkpoints, restores) = core.checkpoint_counts();
     let (spec_proposed, spec_accepted) = core.speculation_counts();
+    let totals = core.totals();
     Ok(EngineStats {
+        prompt_tokens: totals.prompt_tokens,
+        generation_tokens: totals.generation_tokens,
+        preemptions: totals.preemptions,
         decode_steps: core.decode_steps(),
         checkpoints,
         restores,

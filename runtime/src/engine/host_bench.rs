@@ -129,7 +129,7 @@ fn run_batch(label: &str, sampling: SamplingParams, output: usize) {
             .map(|rx| {
                 scope.spawn(move || {
                     let mut n = 0;
-                    for out in rx {
+                    for out in rx.rx {
                         n += out.tokens.len();
                         if out.finished.is_some() {
                             break;

@@ -51,6 +51,17 @@ pub fn build_sequence(
             vocab_size: limits.vocab_size,
         });
     }
+    if let Some(&(token, _)) = req
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|(t, _)| *t as usize >= limits.vocab_size)
+    {
+        return Err(EngineError::TokenOutOfVocab {
+            token,
+            vocab_size: limits.vocab_size,
+        });
+    }
     if prompt.len() + 1 > limits.context_len {
         return Err(EngineError::PromptTooLong {
             prompt_tokens: prompt.len(),
@@ -85,5 +96,6 @@ pub fn build_sequence(
         inter_token: Vec::new(),
         preemptions: 0,
         draft: Vec::new(),
+        tag: req.tag,
     })
 }

@@ -32,7 +32,7 @@ pub mod text;
 pub use codec::{ByteCodec, TextCodec};
 pub use error::EngineError;
 pub use forward::ForwardModel;
-pub use handle::{Engine, EngineConfig, EngineStats, TraceEntry};
+pub use handle::{Engine, EngineConfig, EngineStats, Submitted, TraceEntry};
 pub use host_times::DecodeHostTimes;
 pub use output::{FinishReason, Finished, Output};
 pub use request::{Prompt, Request, SamplingParams};

@@ -16,17 +16,20 @@ pub enum FinishReason {
     Length,
     /// The sequence filled the model's (or the KV cache's) context.
     ContextLength,
+    /// The client aborted the request ([`super::Engine::abort`]); its blocks were freed.
+    Abort,
     /// The engine failed while running this request (others keep running).
     Error(String),
 }
 
 impl FinishReason {
     /// The OpenAI / vLLM spelling: `stop` (EOS or stop string), `length` (max_tokens or context),
-    /// `error`.
+    /// `abort`, `error`.
     pub fn as_openai(&self) -> &'static str {
         match self {
             FinishReason::Eos | FinishReason::Stop => "stop",
             FinishReason::Length | FinishReason::ContextLength => "length",
+            FinishReason::Abort => "abort",
             FinishReason::Error(_) => "error",
         }
     }

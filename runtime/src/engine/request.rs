@@ -38,6 +38,12 @@ pub struct SamplingParams {
     /// Return the log-probability of each chosen token and of the `n` most likely ones (`Some(0)`:
     /// chosen token only).
     pub logprobs: Option<usize>,
+    /// OpenAI's `logit_bias`: added to these tokens' logits before sampling, each in [-100, 100]
+    /// (-100 in effect bans a token, 100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// End-of-sequence tokens are suppressed until this many tokens were generated (vLLM's
+    /// `min_tokens`; stop strings still apply).
+    pub min_tokens: usize,
 }
 
 impl Default for SamplingParams {
@@ -52,6 +58,8 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             seed: None,
             logprobs: None,
+            logit_bias: Vec::new(),
+            min_tokens: 0,
         }
     }
 }
@@ -116,12 +124,36 @@ impl SamplingParams {
         {
             return Err(bad("logprobs", n, "at most 20 top logprobs"));
         }
+        if let Some(&(token, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !b.is_finite() || b.abs() > 100.0)
+        {
+            return Err(bad(
+                "logit_bias",
+                format!("{token}: {bias}"),
+                "each bias must be in [-100, 100]",
+            ));
+        }
         Ok(())
     }
 
     /// True when sampling reduces to argmax.
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
+    }
+
+    /// True when the next token, `generated` tokens into the output, is the plain argmax of the
+    /// model's logits: greedy, and nothing (penalty, bias, EOS suppression, logprobs) changes or
+    /// reads the row, so the model may pick it where the logits are.
+    pub fn is_plain_argmax(&self, generated: usize) -> bool {
+        self.is_greedy()
+            && self.logprobs.is_none()
+            && self.repetition_penalty == 1.0
+            && self.frequency_penalty == 0.0
+            && self.presence_penalty == 0.0
+            && self.logit_bias.is_empty()
+            && generated >= self.min_tokens
     }
 }
 
@@ -140,6 +172,9 @@ pub struct Request {
     pub stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens (benchmarks).
     pub ignore_eos: bool,
+    /// The front end's own bytes about this request (e.g. a server's request id and body),
+    /// journaled with it and handed back when a run resumes; the engine does not read them.
+    pub tag: Vec<u8>,
 }
 
 impl Request {
@@ -151,6 +186,7 @@ impl Request {
             sampling: SamplingParams::default(),
             stop: Vec::new(),
             ignore_eos: false,
+            tag: Vec::new(),
         }
     }
 
@@ -203,7 +239,7 @@ mod tests {
         r.max_tokens = 0;
         assert_eq!(r.validate(), Err(EngineError::ZeroMaxTokens));
         type Edit = fn(&mut SamplingParams);
-        let cases: [(&str, Edit); 9] = [
+        let cases: [(&str, Edit); 11] = [
             ("temperature", |s| s.temperature = -0.5),
             ("temperature", |s| s.temperature = f32::NAN),
             ("top_p", |s| s.top_p = 0.0),
@@ -213,6 +249,10 @@ mod tests {
             ("frequency_penalty", |s| s.frequency_penalty = f32::INFINITY),
             ("presence_penalty", |s| s.presence_penalty = 3.0),
             ("logprobs", |s| s.logprobs = Some(21)),
+            ("logit_bias", |s| s.logit_bias = vec![(3, 100.5)]),
+            ("logit_bias", |s| {
+                s.logit_bias = vec![(1, 0.0), (3, f32::NAN)]
+            }),
         ];
         for (name, edit) in cases {
             let mut r = req();

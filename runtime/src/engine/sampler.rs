@@ -161,13 +161,33 @@ fn filtered_candidates(scaled: &[f32], p: &SamplingParams) -> Vec<(u32, f32)> {
     }
 }
 
+/// Adds `p.logit_bias`, and bans the end-of-sequence tokens `eos_ids` while fewer than
+/// `p.min_tokens` tokens were generated (`generated` so far).
+fn apply_bias(logits: &mut [f32], p: &SamplingParams, generated: usize, eos_ids: &[u32]) {
+    for &(token, bias) in &p.logit_bias {
+        if let Some(logit) = logits.get_mut(token as usize) {
+            *logit += bias;
+        }
+    }
+    if generated < p.min_tokens {
+        for &eos in eos_ids {
+            if let Some(logit) = logits.get_mut(eos as usize) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
 /// Samples one token from `logits` (`[vocab]`) for a request with parameters `p`, given its prompt
-/// and the tokens it has generated so far. Takes exactly one draw from `rng`.
+/// and the tokens it has generated so far (`eos_ids`: the end-of-sequence tokens `min_tokens`
+/// holds back). Takes exactly one draw from `rng`. Logprobs are those of the model's distribution,
+/// before penalties and bias (as vLLM reports them by default).
 pub fn sample(
     logits: &[f32],
     p: &SamplingParams,
     prompt: &[u32],
     output: &[u32],
+    eos_ids: &[u32],
     rng: &mut SampleRng,
 ) -> Sampled {
     let u = rng.next_uniform();
@@ -187,6 +207,7 @@ pub fn sample(
     };
     let mut work = logits.to_vec(); // [vocab]
     apply_penalties(&mut work, p, prompt, output);
+    apply_bias(&mut work, p, output.len(), eos_ids);
     let token = if p.is_greedy() {
         argmax(&work)
     } else {
@@ -234,7 +255,7 @@ mod tests {
         let mut rng = SampleRng::new(99);
         let mut h = vec![0.0; logits.len()];
         for _ in 0..draws {
-            h[sample(logits, p, &[], &[], &mut rng).token as usize] += 1.0 / draws as f64;
+            h[sample(logits, p, &[], &[], &[], &mut rng).token as usize] += 1.0 / draws as f64;
         }
         h
     }
@@ -251,7 +272,7 @@ mod tests {
         let logits = [0.5, 2.0, 2.0, -1.0];
         let mut rng = SampleRng::new(1);
         assert_eq!(
-            sample(&logits, &SamplingParams::greedy(), &[], &[], &mut rng).token,
+            sample(&logits, &SamplingParams::greedy(), &[], &[], &[], &mut rng).token,
             1
         );
         assert_eq!(rng.counter, 1, "greedy still takes one draw");
@@ -320,6 +341,41 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_and_min_tokens_steer_the_choice() {
+        let logits = [2.0, 1.0, 0.5];
+        let mut rng = SampleRng::new(0);
+        let biased = SamplingParams {
+            logit_bias: vec![(2, 5.0), (7, 1.0)], // an id past the vocabulary is ignored
+            ..SamplingParams::greedy()
+        };
+        assert_eq!(sample(&logits, &biased, &[], &[], &[], &mut rng).token, 2);
+        let banned = SamplingParams {
+            logit_bias: vec![(0, -100.0)],
+            ..SamplingParams::greedy()
+        };
+        assert_eq!(sample(&logits, &banned, &[], &[], &[], &mut rng).token, 1);
+        // Token 0 as EOS: held back until two tokens exist, then allowed again.
+        let min2 = SamplingParams {
+            min_tokens: 2,
+            ..SamplingParams::greedy()
+        };
+        assert_eq!(sample(&logits, &min2, &[], &[5], &[0], &mut rng).token, 1);
+        assert_eq!(
+            sample(&logits, &min2, &[], &[5, 5], &[0], &mut rng).token,
+            0
+        );
+        // Logprobs stay those of the model's distribution.
+        let lp = SamplingParams {
+            logprobs: Some(0),
+            ..biased
+        };
+        let s = sample(&logits, &lp, &[], &[], &[], &mut rng);
+        let lse = log_sum_exp(&logits);
+        assert_eq!(s.logprob, Some(0.5 - lse));
+        assert!(!lp.is_plain_argmax(0) && !min2.is_plain_argmax(1) && min2.is_plain_argmax(2));
+    }
+
+    #[test]
     fn penalties_follow_hf_and_openai() {
         let logits = [2.0, -2.0, 1.0];
         let p = SamplingParams {
@@ -343,7 +399,7 @@ mod tests {
             repetition_penalty: 4.0,
             ..SamplingParams::greedy()
         };
-        assert_eq!(sample(&logits, &p, &[], &[0], &mut rng).token, 2);
+        assert_eq!(sample(&logits, &p, &[], &[0], &[], &mut rng).token, 2);
     }
 
     #[test]
@@ -353,7 +409,7 @@ mod tests {
             logprobs: Some(2),
             ..SamplingParams::greedy()
         };
-        let s = sample(&logits, &p, &[], &[], &mut SampleRng::new(0));
+        let s = sample(&logits, &p, &[], &[], &[], &mut SampleRng::new(0));
         let want = softmax(&logits);
         assert_eq!(s.token, 1);
         assert!((s.logprob.unwrap_or(0.0) as f64 - want[1].ln()).abs() < 1e-5);
@@ -376,11 +432,11 @@ mod tests {
                 seed: 5,
                 counter: start,
             };
-            sample(&logits, &p, &[], &[], &mut rng).token
+            sample(&logits, &p, &[], &[], &[], &mut rng).token
         };
         let mut rng = SampleRng::new(5);
         let seq: Vec<u32> = (0..8)
-            .map(|_| sample(&logits, &p, &[], &[], &mut rng).token)
+            .map(|_| sample(&logits, &p, &[], &[], &[], &mut rng).token)
             .collect();
         assert_eq!(run(6), seq[6]);
         assert!(seq.iter().any(|&t| t != seq[0]), "draws vary: {seq:?}");

@@ -48,6 +48,8 @@ pub struct Sequence {
     pub preemptions: u32,
     /// Speculative tokens proposed by the last `draft` action, checked by the next `verify`.
     pub draft: Vec<u32>,
+    /// The front end's bytes about the request ([`super::Request::tag`]), journaled with it.
+    pub tag: Vec<u8>,
 }
 
 impl Sequence {

@@ -310,6 +310,7 @@ fn trace_checkpoints_every_checkpoint_every_decode_steps() {
             engine
                 .submit(request(i, 10, 3 * every, SamplingParams::greedy()))
                 .unwrap()
+                .rx
         })
         .collect();
     for rx in &rxs {
@@ -365,7 +366,8 @@ fn bad_requests_are_refused_and_the_engine_keeps_serving() {
     .unwrap();
     let good = engine
         .submit(request(0, 10, 40, SamplingParams::greedy()))
-        .unwrap();
+        .unwrap()
+        .rx;
     let bad: Vec<Request> = vec![
         Request::new(Prompt::Text(String::new()), 5),
         Request::new(Prompt::Tokens(vec![]), 5),
@@ -422,7 +424,8 @@ fn bad_requests_are_refused_and_the_engine_keeps_serving() {
     }
     let after = engine
         .submit(request(2, 10, 5, SamplingParams::greedy()))
-        .unwrap();
+        .unwrap()
+        .rx;
     assert_eq!(collect(&good).0.len(), 40);
     assert_eq!(collect(&after).0.len(), 5);
 }
@@ -441,7 +444,8 @@ fn context_length_finishes_a_sequence() {
     .unwrap();
     let rx = engine
         .submit(request(0, 20, 100, SamplingParams::greedy()))
-        .unwrap();
+        .unwrap()
+        .rx;
     let (tokens, f) = collect(&rx);
     assert_eq!((tokens.len(), f.reason), (10, FinishReason::ContextLength));
 }
@@ -480,7 +484,8 @@ fn slot_writes_steer_a_running_engine() {
             sampling: SamplingParams::greedy(),
             ..Request::new(Prompt::Tokens(rep), 200)
         })
-        .unwrap();
+        .unwrap()
+        .rx;
     // Wait for generation to start, then suspend from outside.
     let first = rx.recv_timeout(Duration::from_secs(10)).unwrap();
     outside.set_power_state(PowerState::Suspend);
@@ -564,9 +569,79 @@ fn submit_many_validates_all_journals_together_and_runs_each() {
                 .map(|i| request(i, 5 + i, 6, SamplingParams::greedy()))
                 .collect(),
         )
-        .unwrap();
+        .unwrap()
+        .into_iter()
+        .map(|s| s.rx)
+        .collect::<Vec<_>>();
     assert_eq!(journal.0.lock().unwrap().len(), 3);
     for rx in &rxs {
         assert_eq!(collect(rx).1.reason, FinishReason::Length);
     }
+}
+
+#[test]
+fn abort_ends_running_and_waiting_requests_and_frees_their_blocks() {
+    let mut model = FakeModel::new(VOCAB, 64, BS);
+    model.delay = Duration::from_millis(2);
+    let engine = Engine::start::<Scheduler, _>(
+        model,
+        Arc::new(ByteCodec),
+        EngineConfig {
+            num_blocks: 64,
+            max_batch: 1, // the second request waits behind the first
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let running = engine
+        .submit(request(0, 20, 400, SamplingParams::greedy()))
+        .unwrap();
+    let waiting = engine
+        .submit(request(1, 20, 400, SamplingParams::greedy()))
+        .unwrap();
+    running
+        .rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the first request starts");
+    engine.abort(waiting.id).unwrap();
+    engine.abort(running.id).unwrap();
+    engine.abort(9_999).unwrap(); // unknown: ignored
+    let (tokens, f) = collect(&running.rx);
+    assert_eq!(f.reason, FinishReason::Abort);
+    assert!(tokens.len() < 399, "stopped early: {}", tokens.len());
+    let (tokens, f) = collect(&waiting.rx);
+    assert_eq!((tokens.len(), f.reason), (0, FinishReason::Abort));
+    assert_eq!(engine.slots().kv_blocks_used(), 0, "blocks freed");
+    assert_eq!(engine.slots().batch_size(), 0);
+    // The engine keeps serving.
+    let after = engine
+        .submit(request(2, 10, 5, SamplingParams::greedy()))
+        .unwrap();
+    assert_eq!(collect(&after.rx).1.reason, FinishReason::Length);
+    engine.abort(after.id).unwrap(); // already finished: ignored
+}
+
+#[test]
+fn min_tokens_holds_back_eos_until_reached() {
+    let run = |min_tokens: usize| {
+        let mut s = Stepper::new(64);
+        s.core.model.eos = Some((299, 13)); // EOS (id 299) is the argmax from 13 tokens on
+        let rx = s.submit(request(
+            0,
+            10,
+            50,
+            SamplingParams {
+                min_tokens,
+                ..SamplingParams::greedy()
+            },
+        ));
+        s.run_until_idle(1_000);
+        collect(&rx)
+    };
+    let (free, f) = run(0);
+    assert_eq!(f.reason, FinishReason::Eos);
+    let (held, f) = run(free.len() + 3);
+    assert_eq!(f.reason, FinishReason::Eos);
+    assert_eq!(held.len(), free.len() + 4, "{held:?}");
+    assert!(!held[..free.len() + 3].contains(&299));
 }

@@ -85,6 +85,7 @@ pub use error::{CheckpointError, Result};
 pub use journal::{FinishedRecord, Journal, JournalRecord, RequestRecord};
 pub use policy::Policy;
 pub use snapshot::{
-    FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot, Snapshot, StoreCommit,
+    FinishState, KvLayout, KvMode, LogitBias, SamplingParams, SequenceSnapshot, Snapshot,
+    StoreCommit,
 };
 pub use store::{CheckpointStore, Platform, ReceiptInfo, Restored};

@@ -73,6 +73,22 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
     /// Keep generating past the end-of-sequence token.
     pub ignore_eos: bool,
+    /// Added to the logits of these tokens before sampling (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<LogitBias>,
+    /// End-of-sequence tokens are suppressed until this many tokens were generated.
+    pub min_tokens: u32,
+    /// The grammar the output must match, in the engine's record form (None: unconstrained); a
+    /// restored request rebuilds its matcher from it by replaying its output.
+    pub grammar: Option<String>,
+}
+
+/// One entry of a request's logit bias.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct LogitBias {
+    /// The token id.
+    pub token: u32,
+    /// Added to its logit.
+    pub bias: f32,
 }
 
 impl SamplingParams {
@@ -91,6 +107,9 @@ impl SamplingParams {
             max_tokens,
             stop: Vec::new(),
             ignore_eos: false,
+            logit_bias: Vec::new(),
+            min_tokens: 0,
+            grammar: None,
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::checkpoint::driver::{
 };
 use crate::checkpoint::journal::RequestRecord;
 use crate::checkpoint::snapshot::{
-    FinishState, KvLayout, KvMode, SamplingParams, SequenceSnapshot,
+    FinishState, KvLayout, KvMode, LogitBias, SamplingParams, SequenceSnapshot,
 };
 use crate::checkpoint::store::Restored;
 use crate::checkpoint::{CheckpointError, Result};
@@ -49,6 +49,13 @@ pub fn sampling_of(seq: &Sequence, stops: Vec<String>) -> SamplingParams {
         max_tokens: u32::try_from(seq.max_tokens).unwrap_or(u32::MAX),
         stop: stops,
         ignore_eos: seq.ignore_eos,
+        logit_bias: s
+            .logit_bias
+            .iter()
+            .map(|&(token, bias)| LogitBias { token, bias })
+            .collect(),
+        min_tokens: u32::try_from(s.min_tokens).unwrap_or(u32::MAX),
+        grammar: None,
     }
 }
 
@@ -64,6 +71,8 @@ pub fn engine_sampling(p: &SamplingParams) -> EngineSampling {
         presence_penalty: p.presence_penalty,
         seed: Some(p.seed),
         logprobs: p.logprobs.map(|n| n as usize),
+        logit_bias: p.logit_bias.iter().map(|b| (b.token, b.bias)).collect(),
+        min_tokens: p.min_tokens as usize,
     }
 }
 
@@ -79,7 +88,7 @@ pub fn request_record(seq: &Sequence, stops: Vec<String>) -> RequestRecord {
         prompt: seq.prompt().to_vec(),
         sampling: sampling_of(seq, stops),
         accepted_ms,
-        extra: Vec::new(),
+        extra: seq.tag.clone(),
     }
 }
 
@@ -240,6 +249,8 @@ fn rebuild_sequence(
         inter_token: Vec::new(),
         preemptions: 0,
         draft: Vec::new(),
+        // Already journaled with its request; a resume reads it from there.
+        tag: Vec::new(),
     })
 }
 

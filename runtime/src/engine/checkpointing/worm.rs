@@ -39,13 +39,22 @@ pub enum ResumedRequest {
     /// Continues in the engine; its remaining output arrives here, and the final event's
     /// `Finished` holds the whole output (tokens generated before the checkpoint included).
     Live {
+        /// The request's id.
+        id: u64,
         /// The request's output stream.
         rx: Receiver<Output>,
         /// Tokens in the request's prompt.
         prompt_tokens: usize,
+        /// The front end's bytes journaled with the request ([`crate::engine::Request::tag`]).
+        tag: Vec<u8>,
     },
     /// Delivered before the interruption; the journal holds what was delivered.
-    Finished(FinishedRecord),
+    Finished {
+        /// What was delivered.
+        record: FinishedRecord,
+        /// The front end's bytes journaled with the request.
+        tag: Vec<u8>,
+    },
 }
 
 /// What a resume from disk found, for the front end.
@@ -261,6 +270,7 @@ fn resume_from_disk<F: ForwardModel>(
         tx
     };
     let mut prompt_len: HashMap<u64, usize> = HashMap::new();
+    let mut tags: HashMap<u64, Vec<u8>> = HashMap::new();
     let mut seen = HashSet::new();
     let mut again = Vec::new();
     for req in accepted {
@@ -269,9 +279,15 @@ fn resume_from_disk<F: ForwardModel>(
         }
         prompt_len.insert(req.request_id, req.prompt.len());
         if let Some(f) = finished.get(&req.request_id) {
-            book.requests
-                .insert(req.request_id, ResumedRequest::Finished(f.clone()));
+            book.requests.insert(
+                req.request_id,
+                ResumedRequest::Finished {
+                    record: f.clone(),
+                    tag: req.extra.clone(),
+                },
+            );
         } else {
+            tags.insert(req.request_id, req.extra.clone());
             again.push(req);
         }
     }
@@ -298,8 +314,16 @@ fn resume_from_disk<F: ForwardModel>(
     }
     for (id, rx) in new_rx {
         let prompt_tokens = prompt_len.get(&id).copied().unwrap_or(0);
-        book.requests
-            .insert(id, ResumedRequest::Live { rx, prompt_tokens });
+        let tag = tags.remove(&id).unwrap_or_default();
+        book.requests.insert(
+            id,
+            ResumedRequest::Live {
+                id,
+                rx,
+                prompt_tokens,
+                tag,
+            },
+        );
     }
     Ok(())
 }
@@ -358,6 +382,77 @@ mod tests {
             mode: KvMode::Recompute,
             resume,
         }
+    }
+
+    /// An engine over the fake model checkpointing (recompute mode) into `dir`.
+    fn engine(dir: &Path, resume: bool) -> (crate::engine::Engine, Arc<Mutex<ResumeBook>>) {
+        use crate::engine::codec::ByteCodec;
+        use crate::engine::fake::FakeModel;
+        use crate::engine::handle::{Durability, Engine, EngineConfig};
+        use crate::scheduler::seed::Scheduler;
+        let worm = open(config(dir, 2, resume)).unwrap();
+        let mut model = FakeModel::new(300, 64, 16);
+        model.delay = std::time::Duration::from_millis(2);
+        let engine = Engine::start_durable::<Scheduler, _>(
+            model,
+            Arc::new(ByteCodec),
+            EngineConfig {
+                num_blocks: 64,
+                ..EngineConfig::default()
+            },
+            Some(Durability {
+                hook: Box::new(worm.hook),
+                journal: Some(worm.acceptor),
+                resume,
+            }),
+        )
+        .unwrap();
+        (engine, worm.book)
+    }
+
+    #[test]
+    fn tags_and_aborts_come_back_on_resume() {
+        use crate::engine::{FinishReason, Prompt, Request, SamplingParams};
+        let dir = tempfile::tempdir().unwrap();
+        let request = |tag: &[u8], max_tokens| Request {
+            sampling: SamplingParams::greedy(),
+            tag: tag.to_vec(),
+            ..Request::new(Prompt::Tokens(vec![5, 6, 7]), max_tokens)
+        };
+        let (short, long, aborted) = {
+            let (engine, _) = engine(dir.path(), false);
+            let mut s = engine
+                .submit_many(vec![
+                    request(b"short", 3),
+                    request(b"long", 5_000),
+                    request(b"aborted", 5_000),
+                ])
+                .unwrap();
+            let (aborted, long, short) = (s.pop().unwrap(), s.pop().unwrap(), s.pop().unwrap());
+            let done = |rx: &Receiver<Output>| loop {
+                if let Some(f) = rx.recv().unwrap().finished {
+                    break f;
+                }
+            };
+            assert_eq!(done(&short.rx).reason, FinishReason::Length);
+            engine.abort(aborted.id).unwrap();
+            assert_eq!(done(&aborted.rx).reason, FinishReason::Abort);
+            (short.id, long.id, aborted.id)
+            // Dropped here, unfinished: as a crash would leave it (nothing checkpointed).
+        };
+        let (_engine, book) = engine(dir.path(), true);
+        let book = book.lock().unwrap();
+        let tag_of = |id| match book.requests.get(&id) {
+            Some(ResumedRequest::Finished { record, tag }) => (record.reason.clone(), tag.clone()),
+            Some(ResumedRequest::Live { tag, id: live, .. }) => {
+                assert_eq!(*live, id);
+                ("live".into(), tag.clone())
+            }
+            None => panic!("request {id} lost"),
+        };
+        assert_eq!(tag_of(short), ("length".into(), b"short".to_vec()));
+        assert_eq!(tag_of(aborted), ("abort".into(), b"aborted".to_vec()));
+        assert_eq!(tag_of(long), ("live".into(), b"long".to_vec()));
     }
 
     #[test]
