@@ -343,6 +343,48 @@ impl CheckpointStore {
         self.log.newest_note.as_deref()
     }
 
+    /// Receipts of every request's newest signed `Finished` record against the newest head, by
+    /// request id (one journal scan; for a resume reporting requests finished before it).
+    pub fn signed_receipts(&self) -> Result<HashMap<u64, ResponseReceipt>> {
+        let Some(note) = self.log.newest_note.as_deref() else {
+            return Ok(HashMap::new());
+        };
+        let scan = journal::scan(&self.dir)?;
+        let mut newest: HashMap<u64, usize> = HashMap::new();
+        for (i, (_, r)) in scan
+            .records
+            .iter()
+            .enumerate()
+            .take(self.log.signed as usize)
+        {
+            if let JournalRecord::Finished(f) = r {
+                newest.insert(f.request_id, i);
+            }
+        }
+        let mut out = HashMap::with_capacity(newest.len());
+        for (id, i) in newest {
+            out.insert(id, self.receipt_at(&scan.records[i].1, i, note)?);
+        }
+        Ok(out)
+    }
+
+    fn receipt_at(
+        &self,
+        record: &JournalRecord,
+        index: usize,
+        note: &str,
+    ) -> Result<ResponseReceipt> {
+        let body = journal::encode_body(record)?;
+        if self.log.tree.leaves().get(index) != Some(&leaf_hash(&body)) {
+            return Err(CheckpointError::corrupt(
+                JOURNAL_FILE,
+                None,
+                format!("record {index} changed since the store was opened"),
+            ));
+        }
+        ResponseReceipt::build(&self.log.tree, index as u64, &body, note, self.log.signed)
+    }
+
     /// The receipt of request `request_id`'s newest signed `Finished` record, against the newest
     /// head (for reporting a request finished before an interruption); None when it has none.
     pub fn receipt_for(&self, request_id: u64) -> Result<Option<ResponseReceipt>> {
@@ -362,15 +404,7 @@ impl CheckpointStore {
         let Some((index, (_, record))) = found else {
             return Ok(None);
         };
-        let body = journal::encode_body(record)?;
-        if self.log.tree.leaves().get(index) != Some(&leaf_hash(&body)) {
-            return Err(CheckpointError::corrupt(
-                JOURNAL_FILE,
-                None,
-                format!("record {index} changed since the store was opened"),
-            ));
-        }
-        ResponseReceipt::build(&self.log.tree, index as u64, &body, note, self.log.signed).map(Some)
+        self.receipt_at(record, index, note).map(Some)
     }
 
     /// Records this engine process in the journal (model and spec digests), after checking them

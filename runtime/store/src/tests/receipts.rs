@@ -62,6 +62,11 @@ fn receipts_verify_offline_and_catch_edits_other_runs_and_keys() {
         assert_eq!(Some(r.head.as_str()), store.newest_head());
     }
     assert!(store.receipt_for(9).unwrap().is_none(), "9 never finished");
+    let all = store.signed_receipts().unwrap();
+    assert_eq!(all.len(), 2);
+    for (f, _) in &done {
+        attest::verify(&all[&f.request_id], &vk, &f.output, &f.text).unwrap();
+    }
 }
 
 #[test]
