@@ -20,9 +20,10 @@ use anyhow::Context;
 
 use crate::app::run_dir::checkpoint_dir;
 use crate::checkpoint::attest::{self, ResponseReceipt};
+use crate::checkpoint::audit::audit_known;
 use crate::checkpoint::digest::{from_hex, to_hex};
 use crate::checkpoint::journal::JournalRecord;
-use crate::checkpoint::{Anchor, Audit, AuditOptions, Policy, audit, keys};
+use crate::checkpoint::{Anchor, Audit, AuditOptions, Policy, keys};
 
 /// Arguments of `sov verify`.
 #[derive(clap::Args, Debug, Clone)]
@@ -113,14 +114,14 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     } else {
         arg_dir.clone()
     };
-    match audit(
+    match audit_known(
         &dir,
         AuditOptions {
             key: &key,
             policy: policy.as_ref(),
             anchor,
-            head: head_note.as_deref(),
         },
+        head_note.as_deref(),
     ) {
         Err(e) => {
             eprintln!("FAIL {}: {e}", dir.display());

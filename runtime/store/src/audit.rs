@@ -80,9 +80,6 @@ pub struct AuditOptions<'a> {
     /// Expected chain head; the audit fails if the chain is shorter (rollback) or differs there
     /// (fork).
     pub anchor: Option<Anchor>,
-    /// A signed tree head note known from outside (a client's receipt, a witness): the log must
-    /// hold it (a shorter log is a rollback, another root a fork).
-    pub head: Option<&'a str>,
 }
 
 /// One verified checkpoint of the chain.
@@ -253,6 +250,12 @@ fn list(dir: &Path, key: &VerifyingKey) -> Result<Listing> {
 
 /// Verify the whole directory; the first problem found is returned as the error.
 pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
+    audit_known(dir, opts, None)
+}
+
+/// [`audit`], also requiring the log to hold `head`, a signed tree head note known from outside
+/// (a client's receipt, a witness): a shorter log is a rollback, another root a fork.
+pub fn audit_known(dir: &Path, opts: AuditOptions<'_>, head: Option<&str>) -> Result<Audit> {
     let listing = list(dir, opts.key)?;
     let n = listing.receipts.keys().next_back().copied().unwrap_or(0);
     for h in 1..=n {
@@ -515,7 +518,7 @@ pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
             ),
         ));
     }
-    if let Some(text) = opts.head {
+    if let Some(text) = head {
         tlog::check_known_head(&log, text, opts.key)?;
     }
     let warnings = fsutil::exposure(dir)?;

@@ -7,8 +7,12 @@
 //! blocks.idx              append-only 56-byte entries: hash, offset, len, checksum
 //! snapshot-00000001.snap  rkyv snapshot + commit point (index entries, segment and journal length)
 //! receipt-00000001.note   C2SP signed note: height, prev digest, spec, model, snapshot, KV root, time
-//! journal.log             append-only checksummed records: accepted requests, checkpoint markers
+//! journal.log             append-only checksummed records: sessions, accepted and finished
+//!                         requests, checkpoint markers; each record is a leaf of the log
+//! heads.log               append-only signed tree heads (C2SP tlog-checkpoint notes) of the RFC
+//!                         6962 Merkle tree over the journal, with the leaf hashes each one added
 //! ```
+//! Directories are created 0700 and files 0600 (they hold every prompt and answer).
 //! Heights start at 1; receipt N's `prev` is the digest of receipt N-1's body (zeros at 1).
 //!
 //! # API for an engine
@@ -36,7 +40,8 @@
 //! implements); the adapter that binds it to sov's engine lives on the engine side
 //! (`sov::engine::checkpointing`).
 //!
-//! Anyone holding the public key checks a directory with [`audit::audit`] (what `sov verify` runs).
+//! Anyone holding the public key checks a directory with [`audit::audit`] (what `sov verify` runs),
+//! and a client checks a response's [`ResponseReceipt`] offline with [`attest::verify`].
 //!
 //! # Design
 //! Full KV blocks never change, so they are hashed (BLAKE3) and stored once; a checkpoint costs

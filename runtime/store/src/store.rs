@@ -157,7 +157,6 @@ impl CheckpointStore {
                 key: &vk,
                 policy: None,
                 anchor,
-                head: None,
             },
         )?;
         let recovered = audit.torn.describe();

@@ -95,7 +95,6 @@ mod tests {
                     key: &vk,
                     policy: Some(p),
                     anchor: None,
-                    head: None,
                 },
             )
         };
@@ -116,7 +115,6 @@ mod tests {
                 key: &vk,
                 policy: None,
                 anchor: None,
-                head: None,
             },
         )
         .unwrap();

@@ -4,20 +4,21 @@
 
 use std::path::Path;
 
+use crate::audit::audit_known;
 use crate::fixture::{MODEL, SPEC, build, files, key, restore};
 use crate::journal::{self, JOURNAL_FILE, JournalRecord};
 use crate::tlog::{self, HEADS_FILE};
-use crate::{AuditOptions, CheckpointStore, audit};
+use crate::{AuditOptions, CheckpointStore};
 
 fn check(dir: &Path, head: Option<&str>) -> crate::Result<crate::Audit> {
-    audit(
+    audit_known(
         dir,
         AuditOptions {
             key: &key().verifying_key(),
             policy: None,
             anchor: None,
-            head,
         },
+        head,
     )
 }
 

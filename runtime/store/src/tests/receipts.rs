@@ -89,7 +89,6 @@ fn run_directories_are_private_and_exposure_is_warned() {
         key: k,
         policy: None,
         anchor: None,
-        head: None,
     };
     let vk = key().verifying_key();
     assert!(audit(&dir, opts(&vk)).unwrap().warnings.is_empty());

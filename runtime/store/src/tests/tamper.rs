@@ -15,7 +15,6 @@ fn check(dir: &Path) -> crate::Result<crate::Audit> {
             key: &key().verifying_key(),
             policy: None,
             anchor: None,
-            head: None,
         },
     )
 }
@@ -220,7 +219,6 @@ fn rollback_is_caught_by_journal_or_anchor() {
         key: &key().verifying_key(),
         policy: None,
         anchor: Some(anchor),
-        head: None,
     };
     let e = audit(old.path(), opts).unwrap_err();
     assert!(e.to_string().contains("rollback"), "{e}");

@@ -124,7 +124,6 @@ fn crash_at_any_point_of_a_checkpoint_recovers() {
                 key: &key().verifying_key(),
                 policy: None,
                 anchor: None,
-                head: None,
             },
         )
         .unwrap_or_else(|e| panic!("{case}: after recovery: {e}"));
