@@ -9,6 +9,7 @@
 
 pub mod battery;
 pub mod dirs;
+pub mod reproduce;
 pub mod run_dir;
 pub mod runs;
 pub mod slot_file;

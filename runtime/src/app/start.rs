@@ -18,6 +18,7 @@ use crate::checkpoint::{Anchor, KvMode, keys};
 use crate::engine::EngineError;
 use crate::engine::checkpointing::{self, ResumeBook, Worm, WormConfig};
 use crate::engine::codec::{ByteCodec, TextCodec};
+use crate::engine::constraint::GrammarSupport;
 use crate::engine::handle::{Durability, Engine, EngineConfig};
 use crate::engine::hook::{CheckpointHook, RequestJournal};
 use crate::loader::tensor::{HostData, HostTensor};
@@ -25,6 +26,7 @@ use crate::loader::{ChatTemplate, LoadedModel};
 use crate::model::LlamaModel;
 use crate::model::config::LlamaConfig;
 use crate::model::random::{WeightDtype, random_weights};
+use crate::runner::grammar_vocab::grammar_vocab;
 use crate::runner::{LlamaRunner, RunnerBackend, RunnerOptions, TokenizerCodec};
 use crate::scheduler::Machine;
 
@@ -174,15 +176,21 @@ pub struct ModelParts {
     pub chat_template: Option<ChatTemplate>,
     /// The model's display name.
     pub name: String,
+    /// Structured output over the model's vocabulary (None: the tokenizer gives none).
+    pub grammar: Option<Arc<GrammarSupport>>,
 }
 
 impl From<LoadedModel> for ModelParts {
     fn from(m: LoadedModel) -> Self {
+        let eos = m.eos_token_ids.clone();
+        let tokenizer = m.tokenizer.inner().clone();
+        let grammar = GrammarSupport::new(move || grammar_vocab(&tokenizer, &eos));
         let codec = TokenizerCodec {
             tokenizer: m.tokenizer,
             add_special: m.add_bos,
         };
         Self {
+            grammar: Some(Arc::new(grammar)),
             config: m.config,
             tensors: m.tensors,
             codec: Arc::new(codec),
@@ -204,6 +212,7 @@ impl ModelParts {
             eos_ids: Vec::new(),
             chat_template: None,
             name: name.into(),
+            grammar: None,
         }
     }
 }
@@ -292,6 +301,7 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
             eos_ids: parts.eos_ids,
             trace: opts.trace,
             slots,
+            grammar: parts.grammar,
             shutdown: opts.shutdown.clone(),
         },
         durability,

@@ -180,6 +180,7 @@ fn run_requests(
                         stop: Vec::new(),
                         ignore_eos: args.ignore_eos,
                         tag: Vec::new(),
+                        grammar: None,
                     };
                     let submitted = Instant::now();
                     match engine.submit(request).ok().and_then(|s| collect(s.rx)) {
@@ -257,6 +258,7 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
         stop: Vec::new(),
         ignore_eos: true,
         tag: Vec::new(),
+        grammar: None,
     })?;
     collect(warm.rx).context("warm-up request failed")?;
     let total_input_tokens: usize = work.iter().map(|w| w.0.len()).sum();

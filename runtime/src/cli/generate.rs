@@ -141,6 +141,7 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             resume: args.resume.clone(),
             shutdown: Some(shutdown.clone()),
             checkpoint_by_default: true,
+            ephemeral: false,
         },
     )?;
     let engine = &started.engine;
@@ -210,6 +211,7 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
             tag: Vec::new(),
+            grammar: None,
         });
     }
     // Together: one journal write, and the engine sees them all in its first step.

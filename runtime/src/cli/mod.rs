@@ -5,8 +5,10 @@
 //! - `slots get|set`: the live control surface of a running engine ([`slots`])
 //! - `spec check|graph`: the spec compiler without building ([`spec`])
 //! - `keygen`, `verify`: checkpoint receipt keys and chain verification ([`keygen`], [`verify`])
+//! - `audit`: re-execute a run's finished requests and compare ([`audit`])
 //! - `runs list|prune`: the run directories in sov's state directory ([`runs`])
 
+pub mod audit;
 pub mod bench;
 pub mod bench_stats;
 pub mod generate;
@@ -51,6 +53,8 @@ pub enum Command {
     Keygen(keygen::KeygenArgs),
     /// Verify a checkpoint directory's receipt chain.
     Verify(verify::VerifyArgs),
+    /// Re-execute every finished request of a run and compare it token for token.
+    Audit(audit::AuditArgs),
     /// List or prune the run directories in sov's state directory.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
@@ -78,6 +82,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Spec(c) => spec::run(c),
         Command::Keygen(a) => keygen::run(a, &cli.global.dirs()?),
         Command::Verify(a) => verify::run(a),
+        Command::Audit(a) => audit::run(a, &cli.global.dirs()?),
         Command::Runs(c) => runs::run(c, &cli.global.dirs()?),
     }
 }

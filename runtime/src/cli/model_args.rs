@@ -128,6 +128,8 @@ pub struct StartExtras {
     /// Checkpoint when `--checkpoint` is not given, in the machine's mode (its `checkpoint_kv`
     /// constant). False: off unless asked.
     pub checkpoint_by_default: bool,
+    /// Leave nothing on disk: no run directory, no slot file, no checkpoints (`sov audit`).
+    pub ephemeral: bool,
 }
 
 impl ModelArgs {
@@ -155,43 +157,74 @@ impl ModelArgs {
         )
     }
 
+    /// The model's weights, config and tokenizer as `--model` names them (a `random:SHAPE`
+    /// builds random weights), with the time loading took.
+    pub fn load_parts(&self, dirs: &SovDirs) -> anyhow::Result<ModelParts> {
+        Ok(
+            match self
+                .model
+                .as_deref()
+                .and_then(|m| m.strip_prefix("random:"))
+            {
+                Some(shape) => {
+                    let config = match shape {
+                        "tiny" => tiny_config(),
+                        "llama3-8b" => llama3_8b_config(),
+                        other => {
+                            anyhow::bail!(
+                                "unknown random shape `{other}` (expected tiny or llama3-8b)"
+                            )
+                        }
+                    };
+                    ModelParts::random(config, 0, WeightDtype::BF16, &format!("random {shape}"))
+                }
+                None => {
+                    let path = resolve_model(self.model.as_deref(), &dirs.cache)?;
+                    load_model(&path, true)
+                        .with_context(|| format!("loading {}", path.display()))?
+                        .into()
+                }
+            },
+        )
+    }
+
+    /// `SPEC_DIGEST` of the machine `--machine` picks.
+    pub fn spec_digest(&self) -> crate::checkpoint::Digest {
+        use crate::scheduler::Machine;
+        match self.machine {
+            MachineChoice::Seed => seed::Scheduler::SPEC_DIGEST,
+            MachineChoice::Laptop => laptop::Scheduler::SPEC_DIGEST,
+        }
+    }
+
     /// [`Self::start`] with checkpoints, resume and a shutdown flag.
     pub fn start_with(&self, dirs: &SovDirs, extras: StartExtras) -> anyhow::Result<Started> {
-        let trace = extras.trace;
         let t0 = Instant::now();
-        let parts: ModelParts = match self
-            .model
-            .as_deref()
-            .and_then(|m| m.strip_prefix("random:"))
-        {
-            Some(shape) => {
-                let config = match shape {
-                    "tiny" => tiny_config(),
-                    "llama3-8b" => llama3_8b_config(),
-                    other => {
-                        anyhow::bail!("unknown random shape `{other}` (expected tiny or llama3-8b)")
-                    }
-                };
-                ModelParts::random(config, 0, WeightDtype::BF16, &format!("random {shape}"))
-            }
-            None => {
-                let path = resolve_model(self.model.as_deref(), &dirs.cache)?;
-                load_model(&path, true)
-                    .with_context(|| format!("loading {}", path.display()))?
-                    .into()
-            }
-        };
+        let parts = self.load_parts(dirs)?;
+        self.start_parts(parts, dirs, extras, t0)
+    }
+
+    /// Starts an engine on `parts` (loaded at `t0`) as the other options say.
+    pub fn start_parts(
+        &self,
+        parts: ModelParts,
+        dirs: &SovDirs,
+        extras: StartExtras,
+        t0: Instant,
+    ) -> anyhow::Result<Started> {
+        let trace = extras.trace;
         let run_dir = match extras.resume.as_ref().or(self.run_dir.as_ref()) {
+            None if extras.ephemeral => None,
             Some(d) if extras.resume.is_some() => {
                 anyhow::ensure!(d.is_dir(), "--resume {}: not a directory", d.display());
-                d.clone()
+                Some(d.clone())
             }
             Some(d) => {
                 crate::app::run_dir::private_dir(d)
                     .with_context(|| format!("creating {}", d.display()))?;
-                d.clone()
+                Some(d.clone())
             }
-            None => create_run_dir(&dirs.state)?,
+            None => Some(create_run_dir(&dirs.state)?),
         };
         let device = self.device();
         let opts = EngineOptions {
@@ -202,8 +235,9 @@ impl ModelArgs {
             max_context: self.max_context,
             precise: self.precision == PrecisionChoice::F32,
             trace,
-            run_dir: Some(run_dir.clone()),
+            run_dir: run_dir.clone(),
             checkpoints: match self.checkpoint {
+                _ if run_dir.is_none() => None,
                 None if extras.checkpoint_by_default => Some(CheckpointOptions {
                     mode: None,
                     key: self.key.clone(),
@@ -259,7 +293,10 @@ impl ModelArgs {
             device,
             t0.elapsed().as_secs_f64(),
             self.kv_memory_mb,
-            run_dir.join("slots").display()
+            match &started.slot_path {
+                Some(p) => p.display().to_string(),
+                None => "in memory".into(),
+            }
         );
         if let Some(c) = &started.checkpoints {
             for r in &c.recovered {

@@ -101,8 +101,20 @@ pub fn advance(
         }
         None => {
             let (prompt, output) = s.tokens.split_at(s.prompt_len);
+            let masked; // [vocab], for a constrained row
+            let logits = match s.constraint.as_mut() {
+                Some(c) => {
+                    let mut row_copy = row.logits.to_vec();
+                    if let Err(e) = c.matcher.mask_logits(&mut row_copy) {
+                        return failed(format!("grammar: {e}"));
+                    }
+                    masked = row_copy;
+                    &masked[..]
+                }
+                None => row.logits,
+            };
             sample(
-                row.logits,
+                logits,
                 &s.sampling,
                 prompt,
                 output,
@@ -114,7 +126,16 @@ pub fn advance(
     append(s, sampled, cfg, codec, now)
 }
 
-/// Appends `sampled` to `s`, detokenizes it and says whether `s` finished.
+/// A sequence that cannot continue: it ends with `why`, no event.
+fn failed(why: String) -> Advanced {
+    Advanced {
+        reason: Some(FinishReason::Error(why)),
+        event: None,
+    }
+}
+
+/// Appends `sampled` to `s` (advancing its grammar matcher, if any), detokenizes it and says
+/// whether `s` finished.
 pub fn append(
     s: &mut Sequence,
     sampled: Sampled,
@@ -123,6 +144,11 @@ pub fn append(
     now: Instant,
 ) -> Advanced {
     let token = sampled.token;
+    if let Some(c) = s.constraint.as_mut()
+        && let Err(e) = c.matcher.commit(token)
+    {
+        return failed(format!("grammar: {e}"));
+    }
     s.tokens.push(token);
     s.note_token_time(now);
     let is_eos = !s.ignore_eos && cfg.eos_ids.contains(&token);
@@ -143,7 +169,13 @@ pub fn append(
     };
     let reason = if is_eos {
         Some(FinishReason::Eos)
-    } else if stopped {
+    } else if stopped
+        || s.constraint
+            .as_ref()
+            .is_some_and(|c| c.matcher.is_finished())
+    {
+        // A complete grammar allows only EOS next: end here (before min_tokens, which it
+        // overrides), as a stop.
         Some(FinishReason::Stop)
     } else if s.output().len() >= s.max_tokens {
         Some(FinishReason::Length)

@@ -14,6 +14,7 @@ use std::time::Instant;
 use super::advance::{Advanced, RowInput, advance, advance_all};
 use super::blocks::BlockManager;
 use super::codec::TextCodec;
+use super::constraint::GrammarSupport;
 use super::error::EngineError;
 use super::forward::{ForwardModel, PickedRows, RowPick, pick_on_host};
 use super::hook::CheckpointHook;
@@ -104,6 +105,8 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) outbox: Outbox,
     /// Totals since start: prompt tokens queued, tokens generated, preemptions.
     pub(crate) totals: TokenTotals,
+    /// Structured output, to rebuild restored requests' matchers (None: no grammar support).
+    pub(crate) grammar: Option<Arc<GrammarSupport>>,
 }
 
 /// Running totals the engine reports in its stats (and a server in its metrics).
@@ -145,6 +148,7 @@ impl<F: ForwardModel> EngineCore<F> {
             checkpoint_hook: None,
             outbox: Outbox::inline(),
             totals: TokenTotals::default(),
+            grammar: None,
         }
     }
 
@@ -152,6 +156,16 @@ impl<F: ForwardModel> EngineCore<F> {
     /// overlaps the next forward pass (see [`super::outbox`]); the engine thread does this.
     pub fn deliver_on_own_thread(&mut self) {
         self.outbox = Outbox::with_courier();
+    }
+
+    /// Gives the core structured-output support (restored requests rebuild their matchers).
+    pub fn set_grammar(&mut self, grammar: Option<Arc<GrammarSupport>>) {
+        self.grammar = grammar;
+    }
+
+    /// The core's structured-output support, if any.
+    pub fn grammar(&self) -> Option<&GrammarSupport> {
+        self.grammar.as_deref()
     }
 
     /// The settings the core was built with.
@@ -435,7 +449,7 @@ impl<F: ForwardModel> EngineCore<F> {
     /// take `argmax` of the unchanged row), else by the host sampler from the downloaded row.
     fn row_pick(&self, i: usize) -> RowPick {
         let s = &self.running[i];
-        if s.sampling.is_plain_argmax(s.output().len()) {
+        if s.constraint.is_none() && s.sampling.is_plain_argmax(s.output().len()) {
             RowPick::Argmax
         } else {
             RowPick::Logits

@@ -71,6 +71,10 @@ pub enum EngineError {
     /// The engine thread failed: it could not start, panicked, or the machine cannot resume.
     #[error("scheduler: {0}")]
     Scheduler(String),
+    /// A structured-output grammar (JSON schema, regex, Lark) was refused, or this engine has
+    /// no grammar support; holds why.
+    #[error("response format: {0}")]
+    InvalidGrammar(String),
     /// Opening, writing or restoring a checkpoint failed; holds the cause.
     #[error("checkpoint: {0}")]
     Checkpoint(String),

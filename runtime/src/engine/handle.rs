@@ -13,12 +13,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::codec::TextCodec;
+use super::constraint::GrammarSupport;
 use super::core::{CoreConfig, EngineCore};
 use super::error::EngineError;
 use super::forward::ForwardModel;
 use super::hook::{CheckpointHook, RequestJournal};
 use super::host_times::DecodeHostTimes;
-use super::intake::{IntakeLimits, build_sequence};
+use super::intake::{IntakeLimits, bind_grammar, build_sequence};
 use super::output::Output;
 use super::request::Request;
 use super::sequence::Sequence;
@@ -45,6 +46,9 @@ pub struct EngineConfig {
     /// The live control surface the engine publishes to and obeys, e.g. mapped from a slot file
     /// by the application so another process can steer it (None: fresh slots in heap memory).
     pub slots: Option<Slots>,
+    /// Structured output ([`super::Request::grammar`]): the model's vocabulary as a grammar
+    /// matcher needs it (None: requests with a grammar are refused).
+    pub grammar: Option<Arc<GrammarSupport>>,
     /// Set (by a signal handler) to stop serving: the engine raises `power_state = suspend`, runs
     /// one more step (the machine's suspend interrupt checkpoints) and exits its loop.
     pub shutdown: Option<Arc<AtomicBool>>,
@@ -71,6 +75,7 @@ impl Default for EngineConfig {
             eos_ids: Vec::new(),
             trace: false,
             slots: None,
+            grammar: None,
             shutdown: None,
         }
     }
@@ -155,6 +160,7 @@ pub struct Engine {
     abort: Arc<AtomicBool>,
     interrupted: Arc<AtomicBool>,
     journal: Option<Arc<dyn RequestJournal>>,
+    grammar: Option<Arc<GrammarSupport>>,
     stats: Arc<Mutex<EngineStats>>,
     thread: Option<JoinHandle<Result<EngineStats, EngineError>>>,
 }
@@ -218,6 +224,7 @@ impl Engine {
         let (tx, rx) = mpsc::channel::<Inbound>();
         let trace = Arc::new(Mutex::new(Vec::new()));
         let mut core = EngineCore::new(model, codec.clone(), core_cfg, slots.clone());
+        core.set_grammar(config.grammar.clone());
         core.deliver_on_own_thread();
         let mut machine = M::new();
         let mut journal = None;
@@ -266,6 +273,7 @@ impl Engine {
             abort,
             interrupted,
             journal,
+            grammar: config.grammar.clone(),
             stats,
             thread: Some(thread),
         })
@@ -284,16 +292,15 @@ impl Engine {
     pub fn submit_many(&self, requests: Vec<Request>) -> Result<Vec<Submitted>, EngineError> {
         let mut seqs = Vec::with_capacity(requests.len());
         let mut submitted = Vec::with_capacity(requests.len());
-        for request in requests {
+        for mut request in requests {
             let (out_tx, rx) = mpsc::channel();
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            seqs.push(build_sequence(
-                id,
-                request,
-                self.codec.as_ref(),
-                &self.limits,
-                out_tx,
-            )?);
+            let grammar = request.grammar.take();
+            let mut seq = build_sequence(id, request, self.codec.as_ref(), &self.limits, out_tx)?;
+            if let Some(g) = grammar {
+                bind_grammar(&mut seq, g, self.grammar.as_deref())?;
+            }
+            seqs.push(seq);
             submitted.push(Submitted { id, rx });
         }
         let tx = self.tx.as_ref().ok_or(EngineError::EngineStopped)?;

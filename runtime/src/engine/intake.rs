@@ -6,6 +6,7 @@ use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 use super::codec::TextCodec;
+use super::constraint::{Grammar, GrammarSupport};
 use super::error::EngineError;
 use super::output::Output;
 use super::request::{Prompt, Request};
@@ -38,6 +39,12 @@ pub fn build_sequence(
 ) -> Result<Sequence, EngineError> {
     let arrival = Instant::now();
     req.validate()?;
+    if req.grammar.is_some() {
+        // The handle binds grammars ([`bind_grammar`]); a plain intake has no compiler.
+        return Err(EngineError::InvalidGrammar(
+            "this engine has no structured-output support".into(),
+        ));
+    }
     let prompt = match req.prompt {
         Prompt::Text(t) => codec.encode(&t).map_err(EngineError::Tokenizer)?,
         Prompt::Tokens(t) => t,
@@ -97,5 +104,25 @@ pub fn build_sequence(
         preemptions: 0,
         draft: Vec::new(),
         tag: req.tag,
+        constraint: None,
     })
+}
+
+/// Gives `seq` a matcher for `grammar` (compiled here, on the caller's thread: a bad schema is
+/// refused before anything is journaled or queued).
+pub fn bind_grammar(
+    seq: &mut Sequence,
+    grammar: Grammar,
+    support: Option<&GrammarSupport>,
+) -> Result<(), EngineError> {
+    let support = support.ok_or_else(|| {
+        EngineError::InvalidGrammar(
+            "structured output needs the model's tokenizer; this engine has none".into(),
+        )
+    })?;
+    let bound = support
+        .bind(grammar)
+        .map_err(|e| EngineError::InvalidGrammar(e.to_string()))?;
+    seq.constraint = Some(bound);
+    Ok(())
 }

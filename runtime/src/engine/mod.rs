@@ -12,6 +12,7 @@ pub mod bind;
 pub mod blocks;
 pub mod checkpointing;
 pub mod codec;
+pub mod constraint;
 pub mod core;
 pub mod core_view;
 pub mod error;

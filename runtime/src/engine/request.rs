@@ -175,6 +175,9 @@ pub struct Request {
     /// The front end's own bytes about this request (e.g. a server's request id and body),
     /// journaled with it and handed back when a run resumes; the engine does not read them.
     pub tag: Vec<u8>,
+    /// Structured output: the text must match this grammar (None: free text). Needs an engine
+    /// with grammar support ([`super::EngineConfig::grammar`]).
+    pub grammar: Option<super::constraint::Grammar>,
 }
 
 impl Request {
@@ -187,6 +190,7 @@ impl Request {
             stop: Vec::new(),
             ignore_eos: false,
             tag: Vec::new(),
+            grammar: None,
         }
     }
 

@@ -50,6 +50,8 @@ pub struct Sequence {
     pub draft: Vec<u32>,
     /// The front end's bytes about the request ([`super::Request::tag`]), journaled with it.
     pub tag: Vec<u8>,
+    /// Structured output: the grammar and its matcher (None: free text).
+    pub constraint: Option<super::constraint::Constrained>,
 }
 
 impl Sequence {

@@ -18,6 +18,7 @@
 
 mod cuda;
 pub mod decode_graphs;
+pub mod grammar_vocab;
 mod kv_io;
 mod llama_runner;
 #[cfg(test)]

@@ -24,6 +24,7 @@ use crate::checkpoint::snapshot::{
 };
 use crate::checkpoint::store::Restored;
 use crate::checkpoint::{CheckpointError, Result};
+use crate::engine::constraint::{Grammar, GrammarSupport};
 use crate::engine::core::EngineCore;
 use crate::engine::core_view::{CoreParts, NoRoom};
 use crate::engine::forward::ForwardModel;
@@ -55,7 +56,7 @@ pub fn sampling_of(seq: &Sequence, stops: Vec<String>) -> SamplingParams {
             .map(|&(token, bias)| LogitBias { token, bias })
             .collect(),
         min_tokens: u32::try_from(s.min_tokens).unwrap_or(u32::MAX),
-        grammar: None,
+        grammar: seq.constraint.as_ref().map(|c| c.grammar.to_record()),
     }
 }
 
@@ -213,8 +214,25 @@ impl KvBlockIo for NoKv {
 fn rebuild_sequence(
     snap: &SequenceSnapshot,
     codec: &dyn TextCodec,
+    grammar: Option<&GrammarSupport>,
     tx: Sender<Output>,
 ) -> Result<Sequence> {
+    let constraint = match &snap.sampling.grammar {
+        None => None,
+        Some(record) => {
+            let usage = |e: String| {
+                CheckpointError::Usage(format!("request {}: grammar: {e}", snap.request_id))
+            };
+            let g = Grammar::from_record(record).map_err(|e| usage(e.to_string()))?;
+            let support =
+                grammar.ok_or_else(|| usage("this engine has no structured output".into()))?;
+            Some(
+                support
+                    .rebind(g, &snap.output)
+                    .map_err(|e| usage(e.to_string()))?,
+            )
+        }
+    };
     let [seed, counter] = snap.rng_state[..] else {
         return Err(CheckpointError::Usage(format!(
             "request {}: RNG state is not [seed, counter]",
@@ -251,6 +269,7 @@ fn rebuild_sequence(
         draft: Vec::new(),
         // Already journaled with its request; a resume reads it from there.
         tag: Vec::new(),
+        constraint,
     })
 }
 
@@ -275,7 +294,7 @@ pub fn restore_core<F: ForwardModel>(
     }
     for snap in &restored.snapshot.sequences {
         max_id = max_id.max(snap.request_id);
-        let seq = rebuild_sequence(snap, core.codec(), tx(snap.request_id))?;
+        let seq = rebuild_sequence(snap, core.codec(), core.grammar(), tx(snap.request_id))?;
         if use_kv && snap.finish == FinishState::Running {
             let written = core.admit_with_kv(seq, |model, table| match kv(model) {
                 Some(io) => write_sequence_kv(restored, snap, table, io),
@@ -307,7 +326,7 @@ pub fn restore_core<F: ForwardModel>(
             continue;
         }
         max_id = max_id.max(req.request_id);
-        let seq = fresh_sequence(req, core.codec(), tx(req.request_id))?;
+        let seq = fresh_sequence(req, core.codec(), core.grammar(), tx(req.request_id))?;
         core.requeue_for_recompute(seq);
     }
     core.set_decode_steps(restored.snapshot.step);
@@ -319,6 +338,7 @@ pub fn restore_core<F: ForwardModel>(
 pub fn fresh_sequence(
     req: &RequestRecord,
     codec: &dyn TextCodec,
+    grammar: Option<&GrammarSupport>,
     tx: Sender<Output>,
 ) -> Result<Sequence> {
     let snap = SequenceSnapshot {
@@ -332,7 +352,7 @@ pub fn fresh_sequence(
         tail: Vec::new(),
         tail_tokens: 0,
     };
-    rebuild_sequence(&snap, codec, tx)
+    rebuild_sequence(&snap, codec, grammar, tx)
 }
 
 /// For models without KV access (`Recompute` mode only): pass as the `kv` argument.

@@ -14,10 +14,11 @@ use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
 use crate::checkpoint::fixture::{MODEL, SPEC, key};
 use crate::checkpoint::{CheckpointStore, KvMode};
 use crate::engine::codec::ByteCodec;
+use crate::engine::constraint::{Grammar, GrammarSupport, GrammarVocab, VocabToken};
 use crate::engine::core::{CoreConfig, EngineCore};
 use crate::engine::fake::FakeModel;
 use crate::engine::forward::ForwardModel;
-use crate::engine::intake::{IntakeLimits, build_sequence};
+use crate::engine::intake::{IntakeLimits, bind_grammar, build_sequence};
 use crate::engine::output::Output;
 use crate::engine::{Prompt, Request, SamplingParams};
 use crate::model::LlamaModel;
@@ -56,7 +57,8 @@ fn rig<F: ForwardModel>(model: F) -> Rig<F> {
         block_size: BS,
         max_tokens_cap: 2048,
     };
-    let core = EngineCore::new(model, Arc::new(ByteCodec), cfg, slots.clone());
+    let mut core = EngineCore::new(model, Arc::new(ByteCodec), cfg, slots.clone());
+    core.set_grammar(Some(Arc::new(byte_grammar(vocab))));
     Rig {
         core,
         machine: Scheduler::new(),
@@ -66,6 +68,21 @@ fn rig<F: ForwardModel>(model: F) -> Rig<F> {
     }
 }
 
+/// Structured output over the byte codec: ids 0..256 are bytes, the last id of the vocabulary
+/// ends a sequence, ids between have no text.
+fn byte_grammar(vocab: usize) -> GrammarSupport {
+    GrammarSupport::new(move || {
+        let tokens = (0..vocab)
+            .map(|id| VocabToken {
+                bytes: if id < 256 { vec![id as u8] } else { Vec::new() },
+                special: id == vocab - 1,
+            })
+            .collect();
+        GrammarVocab::new(tokens, vec![vocab as u32 - 1])
+    })
+}
+
+/// Four requests: greedy, seeded, greedy constrained to a JSON object, seeded.
 fn requests(vocab: usize) -> Vec<Request> {
     (0..4u64)
         .map(|i| {
@@ -84,6 +101,9 @@ fn requests(vocab: usize) -> Vec<Request> {
                     ..SamplingParams::default()
                 }
             };
+            if i == 2 {
+                r.grammar = Some(Grammar::JsonObject);
+            }
             r
         })
         .collect()
@@ -92,7 +112,12 @@ fn requests(vocab: usize) -> Vec<Request> {
 impl<F: ForwardModel> Rig<F> {
     fn submit(&mut self, id: u64, req: Request, store: Option<&mut Checkpointer>) {
         let (tx, rx) = mpsc::channel();
-        let seq = build_sequence(id, req, &ByteCodec, &self.limits, tx).unwrap();
+        let mut req = req;
+        let grammar = req.grammar.take();
+        let mut seq = build_sequence(id, req, &ByteCodec, &self.limits, tx).unwrap();
+        if let Some(g) = grammar {
+            bind_grammar(&mut seq, g, self.core.grammar()).unwrap();
+        }
         if let Some(cp) = store {
             cp.accept(&request_record(&seq, Vec::new())).unwrap();
         }
@@ -140,6 +165,15 @@ fn exact_resume<F: ForwardModel>(
         reference.submit(i as u64 + 1, r.clone(), None);
     }
     let want = reference.finish();
+    // Request 3 followed its grammar: bytes of a JSON object (an EOS at most at the end).
+    let json: Vec<u8> = want[&3]
+        .iter()
+        .take_while(|&&t| (t as usize) < 256)
+        .map(|&t| t as u8)
+        .collect();
+    assert!(json.len() + 1 >= want[&3].len(), "{:?}", want[&3]);
+    let text = String::from_utf8_lossy(&json);
+    assert!(text.trim_start().starts_with('{'), "{text:?}");
 
     let dir = tempfile::tempdir().unwrap();
     let mut cp = Checkpointer::new(

@@ -336,8 +336,9 @@ fn resume_from_disk<F: ForwardModel>(
         }
         None => {
             for req in &again {
-                let seq = fresh_sequence(req, core.codec(), channel(req.request_id))
-                    .map_err(engine_err)?;
+                let seq =
+                    fresh_sequence(req, core.codec(), core.grammar(), channel(req.request_id))
+                        .map_err(engine_err)?;
                 core.enqueue(seq);
             }
         }
