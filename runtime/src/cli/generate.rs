@@ -18,7 +18,7 @@ use std::sync::mpsc::Receiver;
 use super::model_args::{ModelArgs, StartExtras};
 use crate::app::SovDirs;
 use crate::app::start::Started;
-use crate::checkpoint::FinishedRecord;
+use crate::checkpoint::{FinishedRecord, ResponseReceipt};
 use crate::engine::checkpointing::ResumedRequest;
 use crate::engine::{Finished, Output, Prompt, Request, SamplingParams};
 use crate::loader::ChatMessage;
@@ -93,7 +93,7 @@ enum Pending {
     Journaled(FinishedRecord),
 }
 
-fn finished_json(id: u64, f: &Finished) -> serde_json::Value {
+fn finished_json(id: u64, f: &Finished, receipt: Option<ResponseReceipt>) -> serde_json::Value {
     json!({
         "request_id": id,
         "prompt_tokens": f.prompt_tokens,
@@ -103,10 +103,11 @@ fn finished_json(id: u64, f: &Finished) -> serde_json::Value {
         "finish_detail": format!("{:?}", f.reason),
         "ttft_ms": f.time_to_first_token.map(|d| d.as_secs_f64() * 1e3),
         "preemptions": f.preemptions,
+        "receipt": receipt,
     })
 }
 
-fn journaled_json(f: &FinishedRecord) -> serde_json::Value {
+fn journaled_json(f: &FinishedRecord, receipt: Option<ResponseReceipt>) -> serde_json::Value {
     json!({
         "request_id": f.request_id,
         "tokens": f.output,
@@ -114,6 +115,7 @@ fn journaled_json(f: &FinishedRecord) -> serde_json::Value {
         "finish_reason": f.reason,
         "finish_detail": f.detail,
         "resumed": "finished before the interruption",
+        "receipt": receipt,
     })
 }
 
@@ -230,13 +232,18 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         );
     }
     let stream = pending.len() == 1 && args.resume.is_none() && !args.json;
+    // Each finished request's receipt (`sov verify --response` checks it offline).
+    let receipts = started.checkpoints.as_ref().map(|c| c.book.clone());
+    let take_receipt = |id: u64| -> Option<ResponseReceipt> {
+        receipts.as_ref()?.lock().ok()?.receipts.remove(&id)
+    };
     let mut stdout = std::io::stdout().lock();
     let mut all_ok = true;
     for source in pending {
         let rx = match source {
             Pending::Journaled(f) => {
                 if args.json {
-                    writeln!(stdout, "{}", journaled_json(&f))?;
+                    writeln!(stdout, "{}", journaled_json(&f, take_receipt(f.request_id)))?;
                 } else {
                     writeln!(stdout, "{}\n---", f.text)?;
                 }
@@ -270,7 +277,7 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             all_ok = false;
         }
         if args.json {
-            writeln!(stdout, "{}", finished_json(id, &finished))?;
+            writeln!(stdout, "{}", finished_json(id, &finished, take_receipt(id)))?;
         } else if stream {
             writeln!(stdout)?;
         } else {

@@ -1,10 +1,17 @@
-//! `sov verify DIR --key PUBKEY [--policy FILE] [--head HEIGHT:DIGEST]`: audit a checkpoint
-//! directory (every receipt, signature, chain link, snapshot digest, stored block and journal
-//! record; see `checkpoint::audit`) and print a summary.
+//! `sov verify DIR --key PUBKEY [--policy FILE] [--head HEIGHT:DIGEST | --head NOTE]`: audit a
+//! checkpoint directory (every receipt, signature, chain link, snapshot digest, stored block,
+//! journal record and the verifiable log over them: signed heads, consistency proofs, every signed
+//! leaf; see `checkpoint::audit`) and print a summary. `--head` with a file holding a signed head
+//! note (or a response JSON line with a receipt) catches a rollback of the whole directory.
 //!
-//! Exit status: 0 the directory verifies; 1 a problem, named by file, height and what is wrong;
-//! 3 the chain verifies but an interrupted checkpoint left uncommitted bytes (sov discards them on
-//! resume; the newest receipt is the state resume will use).
+//! `sov verify --response FILE --key PUBKEY`: check, offline and without the run directory, a file
+//! of JSON objects (one per line, as `sov generate --json` prints them): each one's `tokens` and
+//! `text` are the leaf of its `receipt`, the leaf is in the signed tree (RFC 6962 inclusion proof),
+//! the head's signature verifies (`checkpoint::attest`).
+//!
+//! Exit status: 0 the directory (or every response) verifies; 1 a problem, named by file, height
+//! or line and what is wrong; 3 the chain verifies but an interrupted checkpoint left uncommitted
+//! bytes (sov discards them on resume; the newest receipt is the state resume will use).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,64 +19,124 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::app::run_dir::checkpoint_dir;
+use crate::checkpoint::attest::{self, ResponseReceipt};
+use crate::checkpoint::audit::audit_known;
 use crate::checkpoint::digest::{from_hex, to_hex};
 use crate::checkpoint::journal::JournalRecord;
-use crate::checkpoint::{Anchor, Audit, AuditOptions, Policy, audit, keys};
+use crate::checkpoint::{Anchor, Audit, AuditOptions, Policy, keys};
 
 /// Arguments of `sov verify`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct VerifyArgs {
     /// Checkpoint directory to verify (or a run directory holding one in `checkpoints/`).
-    pub dir: PathBuf,
+    #[arg(required_unless_present = "response", conflicts_with = "response")]
+    pub dir: Option<PathBuf>,
+    /// Check the receipts of a file of responses (JSON lines with `tokens`, `text`, `receipt`)
+    /// offline instead of a directory.
+    #[arg(long)]
+    pub response: Option<PathBuf>,
     /// Public key of the engine: a C2SP verifier-key line (checkpoint.pub) or an SPKI PEM file.
     #[arg(long)]
     pub key: PathBuf,
     /// Witness policy file (`witness <vkey>` lines and `quorum <k>`); every receipt must be quorate.
     #[arg(long)]
     pub policy: Option<PathBuf>,
-    /// Expected chain head `HEIGHT:DIGEST` (e.g. from slots 7..15 or a witness) to detect rollback.
+    /// Expected head: `HEIGHT:DIGEST` of the receipt chain (e.g. from slots 7..15 or a witness),
+    /// or a file holding a signed tree head note (or a response JSON line with a `receipt`) that
+    /// the log must contain; either detects a rollback.
     #[arg(long)]
     pub head: Option<String>,
 }
 
-fn parse_head(text: &str) -> anyhow::Result<Anchor> {
+/// What `--head` named.
+#[derive(Debug)]
+enum KnownHead {
+    Chain(Anchor),
+    Note(String),
+}
+
+fn parse_anchor(text: &str) -> anyhow::Result<Anchor> {
     let (h, d) = text
         .split_once(':')
-        .context("--head must be HEIGHT:DIGEST")?;
+        .context("--head must be HEIGHT:DIGEST or a file with a signed head")?;
     let height = h.parse::<u64>().context("--head height is not a number")?;
     let digest = from_hex(d).context("--head digest must be 64 lowercase hex digits")?;
     Ok(Anchor { height, digest })
 }
 
+fn parse_head(text: &str) -> anyhow::Result<KnownHead> {
+    if let Ok(a) = parse_anchor(text) {
+        return Ok(KnownHead::Chain(a));
+    }
+    let path = std::path::Path::new(text);
+    if !path.is_file() {
+        return parse_anchor(text).map(KnownHead::Chain);
+    }
+    let body = std::fs::read_to_string(path).with_context(|| format!("reading {text}"))?;
+    if body.trim_start().starts_with('{') {
+        let line = body.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{text}: not JSON"))?;
+        let note = v
+            .get("receipt")
+            .unwrap_or(&v)
+            .get("head")
+            .and_then(|h| h.as_str())
+            .with_context(|| format!("{text}: no receipt head in the first JSON line"))?;
+        return Ok(KnownHead::Note(note.to_string()));
+    }
+    Ok(KnownHead::Note(body))
+}
+
 /// Run `sov verify`.
 pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let key = keys::load_public(&args.key)?;
+    if let Some(file) = &args.response {
+        return verify_responses(file, &key);
+    }
+    let Some(arg_dir) = args.dir.clone() else {
+        anyhow::bail!("give a directory or --response FILE");
+    };
     let policy = args.policy.as_deref().map(Policy::load).transpose()?;
-    let anchor = args.head.as_deref().map(parse_head).transpose()?;
-    if !args.dir.is_dir() {
-        eprintln!("FAIL {}: not a directory", args.dir.display());
+    let known = args.head.as_deref().map(parse_head).transpose()?;
+    let (anchor, head_note) = match known {
+        Some(KnownHead::Chain(a)) => (Some(a), None),
+        Some(KnownHead::Note(n)) => (None, Some(n)),
+        None => (None, None),
+    };
+    if !arg_dir.is_dir() {
+        eprintln!("FAIL {}: not a directory", arg_dir.display());
         return Ok(ExitCode::from(1));
     }
-    let inner = checkpoint_dir(&args.dir);
+    let inner = checkpoint_dir(&arg_dir);
     let dir = if inner.is_dir() {
         inner
     } else {
-        args.dir.clone()
+        arg_dir.clone()
     };
-    match audit(
+    match audit_known(
         &dir,
         AuditOptions {
             key: &key,
             policy: policy.as_ref(),
             anchor,
         },
+        head_note.as_deref(),
     ) {
         Err(e) => {
             eprintln!("FAIL {}: {e}", dir.display());
             Ok(ExitCode::from(1))
         }
         Ok(a) => {
-            print!("{}", summary(&args, &a, policy.as_ref()));
+            print!("{}", summary(&arg_dir, &a, policy.as_ref()));
+            if head_note.is_some() {
+                println!(
+                    "known head: contained in the log (consistency proof to the newest head valid)"
+                );
+            }
+            for w in &a.warnings {
+                println!("WARN {w}");
+            }
             if a.torn.is_clean() {
                 println!("OK");
                 Ok(ExitCode::SUCCESS)
@@ -87,9 +154,71 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Check every response line of `file` (see the module doc); prints one line per response.
+fn verify_responses(
+    file: &std::path::Path,
+    key: &ed25519_dalek::VerifyingKey,
+) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut failed = 0usize;
+    let mut checked = 0usize;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        checked += 1;
+        match verify_response_line(line, key) {
+            Ok(v) => println!(
+                "OK line {}: request {} ({}), leaf {} of {} signed by {} (spec {}, model {})",
+                n + 1,
+                v.request_id,
+                v.reason,
+                v.leaf_index,
+                v.head.size,
+                v.head.origin,
+                &to_hex(&v.head.spec)[..16],
+                &to_hex(&v.head.model)[..16]
+            ),
+            Err(e) => {
+                failed += 1;
+                println!("FAIL line {}: {e:#}", n + 1);
+            }
+        }
+    }
+    if checked == 0 {
+        println!("FAIL {}: no responses", file.display());
+        return Ok(ExitCode::from(1));
+    }
+    Ok(if failed == 0 {
+        println!("OK {checked} responses");
+        ExitCode::SUCCESS
+    } else {
+        println!("FAIL {failed} of {checked} responses");
+        ExitCode::from(1)
+    })
+}
+
+fn verify_response_line(
+    line: &str,
+    key: &ed25519_dalek::VerifyingKey,
+) -> anyhow::Result<attest::VerifiedResponse> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        tokens: Vec<u32>,
+        text: String,
+        receipt: Option<ResponseReceipt>,
+    }
+    let l: Line = serde_json::from_str(line).context("not a response JSON object")?;
+    let r = l
+        .receipt
+        .context("no receipt (was the run checkpointed?)")?;
+    Ok(attest::verify(&r, key, &l.tokens, &l.text)?)
+}
+
 /// The human summary of a verified directory.
-fn summary(args: &VerifyArgs, a: &Audit, policy: Option<&Policy>) -> String {
-    let mut out = format!("checkpoint directory {}\n", args.dir.display());
+fn summary(dir: &std::path::Path, a: &Audit, policy: Option<&Policy>) -> String {
+    let mut out = format!("checkpoint directory {}\n", dir.display());
     let blocks: u64 = a.entries.iter().map(|e| u64::from(e.len)).sum();
     let snapshots: u64 = a.chain.iter().map(|l| l.snapshot_bytes).sum();
     match a.head() {
@@ -138,6 +267,21 @@ fn summary(args: &VerifyArgs, a: &Audit, policy: Option<&Policy>) -> String {
         "journal: {} records, {accepted} requests accepted ({after} after the newest checkpoint), {finished} finished, markers agree\n",
         a.journal.records.len()
     ));
+    match a.log.newest() {
+        None => out.push_str(&format!(
+            "log: {} records, no signed head yet\n",
+            a.log.tree.size()
+        )),
+        Some(h) => out.push_str(&format!(
+            "log: {} records, {} signed heads (every signature, consistency proof and signed leaf valid); newest: {} size {} root {}; {} records after it (unsigned)\n",
+            a.log.tree.size(),
+            a.log.heads.len(),
+            h.origin,
+            h.size,
+            to_hex(&h.root),
+            a.log.unsigned()
+        )),
+    }
     if let Some(p) = policy {
         let min = a.chain.iter().map(|l| l.cosignatures).min().unwrap_or(0);
         out.push_str(&format!(
@@ -156,7 +300,8 @@ mod tests {
 
     fn args(dir: &std::path::Path, key: PathBuf) -> VerifyArgs {
         VerifyArgs {
-            dir: dir.to_path_buf(),
+            dir: Some(dir.to_path_buf()),
+            response: None,
             key,
             policy: None,
             head: None,
@@ -193,6 +338,59 @@ mod tests {
         );
         std::fs::write(dir.path().join("blocks.seg"), b"x").unwrap();
         assert_eq!(run(args(dir.path(), key)).unwrap(), ExitCode::from(1));
+    }
+
+    #[test]
+    fn responses_verify_offline_and_a_known_head_catches_a_rollback() {
+        let keydir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (_, done) = fixture::build_with_receipts(dir.path());
+        let key = pubkey(keydir.path(), &fixture::key());
+        let lines: Vec<String> = done
+            .iter()
+            .map(|(f, r)| {
+                serde_json::json!({"request_id": f.request_id, "tokens": f.output, "text": f.text, "receipt": r})
+                    .to_string()
+            })
+            .collect();
+        let file = keydir.path().join("responses.jsonl");
+        let respond = |body: &str, key: &PathBuf| {
+            std::fs::write(&file, body).unwrap();
+            run(VerifyArgs {
+                dir: None,
+                response: Some(file.clone()),
+                key: key.clone(),
+                policy: None,
+                head: None,
+            })
+            .unwrap()
+        };
+        assert_eq!(respond(&lines.join("\n"), &key), ExitCode::SUCCESS);
+        let edited = lines[1].replacen("\"text\":\"eight\"", "\"text\":\"eighT\"", 1);
+        assert_ne!(edited, lines[1]);
+        assert_eq!(respond(&edited, &key), ExitCode::from(1));
+        let other = pubkey(keydir.path(), &fixture::other_key());
+        assert_eq!(respond(&lines[0], &other), ExitCode::from(1));
+        assert_eq!(respond("", &key), ExitCode::from(1));
+        // The response line doubles as a known head: the directory holds it.
+        let mut a = args(dir.path(), key.clone());
+        a.head = Some(file.display().to_string());
+        std::fs::write(&file, &lines[1]).unwrap();
+        assert_eq!(run(a.clone()).unwrap(), ExitCode::SUCCESS);
+        // Another directory signed by the same key does not hold that head.
+        let old = tempfile::tempdir().unwrap();
+        let mut store = crate::checkpoint::CheckpointStore::open(
+            old.path(),
+            fixture::key(),
+            fixture::SPEC,
+            fixture::MODEL,
+        )
+        .unwrap();
+        store.accept(&fixture::request(7)).unwrap();
+        store.finish(&[fixture::finished(7, "x")]).unwrap();
+        drop(store);
+        a.dir = Some(old.path().to_path_buf());
+        assert_eq!(run(a).unwrap(), ExitCode::from(1));
     }
 
     #[test]

@@ -9,10 +9,14 @@
 //! re-hashes to its block; every block a snapshot names was committed by then; the journal's
 //! records are intact and its checkpoint markers agree with the receipts (a receipt rolled back or
 //! replaced disagrees); an optional anchor (height, digest) — e.g. from slots 7..15 or a witness —
-//! pins the head; an optional witness policy requires k valid cosignatures per receipt.
+//! pins the head; an optional witness policy requires k valid cosignatures per receipt. The
+//! verifiable log over the journal ([`super::tlog::audit_log`]): every signed head, consistency
+//! between consecutive heads, every signed leaf against its journal record, each head's checkpoint
+//! line against the receipt chain; an optional known head note (a client's, a witness's) must be
+//! in the log (else rollback or fork). Group- or other-accessible files are warned about.
 //!
 //! What is tolerated (a crash mid-checkpoint, reported as torn): bytes past the newest commit in the
-//! index, segment and journal, leftover `*.tmp` files, and one snapshot at height n+1 with no
+//! index, segment, journal and heads log, leftover `*.tmp` files, and one snapshot at height n+1 with no
 //! receipt. The writer discards these on open; nothing committed is ever rewritten.
 
 use std::collections::{BTreeMap, HashMap};
@@ -28,6 +32,7 @@ use super::journal::{self, JOURNAL_FILE, JournalScan};
 use super::policy::Policy;
 use super::receipt::{self, SignedReceipt};
 use super::snapshot::{self, StoreCommit};
+use super::tlog::{self, HEADS_FILE, LogAudit};
 
 /// File name of the receipt at `height`.
 pub fn receipt_name(height: u64) -> String {
@@ -101,6 +106,8 @@ pub struct Torn {
     pub segment_bytes: u64,
     /// Bytes at the end of `journal.log` that do not form an intact record.
     pub journal_bytes: u64,
+    /// Bytes at the end of `heads.log` that do not form an intact record.
+    pub heads_bytes: u64,
     /// Names of leftover temporary files in the directory.
     pub tmp_files: Vec<String>,
     /// Name of a snapshot at the next height that has no receipt.
@@ -120,6 +127,7 @@ impl Torn {
             (INDEX_FILE, self.index_bytes),
             (SEGMENT_FILE, self.segment_bytes),
             (JOURNAL_FILE, self.journal_bytes),
+            (HEADS_FILE, self.heads_bytes),
         ] {
             if n > 0 {
                 out.push(format!(
@@ -150,6 +158,12 @@ pub struct Audit {
     pub journal: JournalScan,
     /// Uncommitted leftovers the audit found (not errors).
     pub torn: Torn,
+    /// The verified log over the journal.
+    pub log: LogAudit,
+    /// Bytes of intact records in `heads.log`.
+    pub log_valid_len: u64,
+    /// Privacy warnings (group- or other-accessible directory or files); not errors.
+    pub warnings: Vec<String>,
 }
 
 impl Audit {
@@ -205,7 +219,7 @@ fn list(dir: &Path, key: &VerifyingKey) -> Result<Listing> {
             listing.snapshots.insert(h, name);
         } else if name.ends_with(TMP_SUFFIX) {
             listing.tmp_files.push(name);
-        } else if [SEGMENT_FILE, INDEX_FILE, JOURNAL_FILE].contains(&name.as_str()) {
+        } else if [SEGMENT_FILE, INDEX_FILE, JOURNAL_FILE, HEADS_FILE].contains(&name.as_str()) {
         } else {
             // A stray receipt under another name is a fork candidate: say so when it parses.
             let text = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
@@ -236,6 +250,12 @@ fn list(dir: &Path, key: &VerifyingKey) -> Result<Listing> {
 
 /// Verify the whole directory; the first problem found is returned as the error.
 pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
+    audit_known(dir, opts, None)
+}
+
+/// [`audit`], also requiring the log to hold `head`, a signed tree head note known from outside
+/// (a client's receipt, a witness): a shorter log is a rollback, another root a fork.
+pub fn audit_known(dir: &Path, opts: AuditOptions<'_>, head: Option<&str>) -> Result<Audit> {
     let listing = list(dir, opts.key)?;
     let n = listing.receipts.keys().next_back().copied().unwrap_or(0);
     for h in 1..=n {
@@ -457,6 +477,52 @@ pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
     }
     torn.journal_bytes = journal.torn_bytes;
 
+    // The verifiable log: heads, consistency, every signed leaf against its record.
+    let heads = tlog::scan(dir)?;
+    let log = tlog::audit_log(&journal, &heads, opts.key)?;
+    torn.heads_bytes = heads.torn_bytes;
+    for (k, h) in log.heads.iter().enumerate() {
+        let Some(c) = &h.checkpoint else { continue };
+        let link = (c.height >= 1 && c.height <= n).then(|| &chain[c.height as usize - 1]);
+        let agrees = link.is_some_and(|l| {
+            l.receipt.digest == c.receipt
+                && l.receipt.body.snapshot == c.snapshot
+                && l.receipt.body.kv_root == c.kv_root
+        });
+        if !agrees {
+            return Err(corrupt(
+                &receipt_name(c.height),
+                Some(c.height),
+                format!(
+                    "signed head {} names checkpoint {} with other digests (receipts rolled back, replaced or removed)",
+                    k + 1,
+                    c.height
+                ),
+            ));
+        }
+    }
+    // Each checkpoint's head is signed before the next checkpoint starts.
+    let named = log
+        .heads
+        .iter()
+        .filter_map(|h| h.checkpoint.as_ref().map(|c| c.height))
+        .max()
+        .unwrap_or(0);
+    if n >= 2 && named < n - 1 {
+        return Err(corrupt(
+            HEADS_FILE,
+            Some(n - 1),
+            format!(
+                "no signed head names checkpoint {} although receipts up to {n} exist (heads removed)",
+                n - 1
+            ),
+        ));
+    }
+    if let Some(text) = head {
+        tlog::check_known_head(&log, text, opts.key)?;
+    }
+    let warnings = fsutil::exposure(dir)?;
+
     if let Some(a) = opts.anchor {
         if a.height > n {
             return Err(corrupt(
@@ -481,6 +547,9 @@ pub fn audit(dir: &Path, opts: AuditOptions<'_>) -> Result<Audit> {
         entries,
         journal,
         torn,
+        log,
+        log_valid_len: heads.valid_len,
+        warnings,
     })
 }
 

@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::attest::ResponseReceipt;
 use super::digest::{Digest, block_hash};
 use super::error::{CheckpointError, Result};
 use super::journal::{FinishedRecord, RequestRecord};
@@ -133,9 +134,20 @@ impl Checkpointer {
         self.store.accept_all(requests)
     }
 
-    /// Journal finished requests (one fsync) before their final events are delivered.
+    /// Journal finished requests (one fsync) and sign a head over them before their final events
+    /// are delivered.
     pub fn finished(&mut self, records: &[FinishedRecord]) -> Result<()> {
         self.store.finished(records)
+    }
+
+    /// [`Self::finished`], returning each request's receipt (see [`CheckpointStore::finish`]).
+    pub fn finish(&mut self, records: &[FinishedRecord]) -> Result<Vec<ResponseReceipt>> {
+        self.store.finish(records)
+    }
+
+    /// The underlying store, mutably (platform names, receipts).
+    pub fn store_mut(&mut self) -> &mut CheckpointStore {
+        &mut self.store
     }
 
     /// Take a checkpoint of `engine`, reading KV through `kv` in `Blocks` mode.

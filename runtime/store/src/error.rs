@@ -52,6 +52,9 @@ pub enum CheckpointError {
         /// What is wrong with it.
         what: String,
     },
+    /// A per-response receipt does not verify (edited response, other run, other key).
+    #[error("receipt does not verify: {0}")]
+    Receipt(String),
     /// The caller asked for something the store cannot do (e.g. a snapshot naming an absent block).
     #[error("{0}")]
     Usage(String),

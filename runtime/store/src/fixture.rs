@@ -1,5 +1,6 @@
 //! A small real checkpoint directory for the whole-directory tests: three checkpoints over two
-//! sequences with shared and new blocks, journaled requests before and after the last checkpoint.
+//! sequences with shared and new blocks, journaled requests before and after the last checkpoint,
+//! two finished requests with their receipts, and the signed heads over it all.
 
 use std::path::Path;
 
@@ -7,7 +8,8 @@ use ed25519_dalek::SigningKey;
 
 use crate::snapshot::{FinishState, KvLayout, KvMode, SequenceSnapshot};
 use crate::{
-    CheckpointStore, Digest, ReceiptInfo, RequestRecord, SamplingParams, Snapshot, block_hash,
+    CheckpointStore, Digest, FinishedRecord, ReceiptInfo, RequestRecord, ResponseReceipt,
+    SamplingParams, Snapshot, block_hash,
 };
 
 pub const SPEC: Digest = [0x51; 32];
@@ -62,17 +64,51 @@ pub fn checkpoint(store: &mut CheckpointStore, k: u8) -> ReceiptInfo {
     store.write(&snapshot_at(k), &refs).unwrap()
 }
 
-/// The standard directory: request 7, 8 accepted; checkpoints 1..=3; request 9 accepted after.
+/// What request `id` delivered in the fixture.
+pub fn finished(id: u64, text: &str) -> FinishedRecord {
+    FinishedRecord {
+        request_id: id,
+        output: text.bytes().map(u32::from).collect(),
+        text: text.into(),
+        reason: "stop".into(),
+        detail: "Eos".into(),
+    }
+}
+
+/// The standard directory: a session; request 7, 8 accepted; 7 finished; checkpoints 1, 2;
+/// 8 finished; checkpoint 3; request 9 accepted after (the unsigned tail).
 pub fn build(dir: &Path) -> Vec<ReceiptInfo> {
+    build_with_receipts(dir).0
+}
+
+/// [`build`], also returning the finished records with their receipts.
+pub fn build_with_receipts(
+    dir: &Path,
+) -> (Vec<ReceiptInfo>, Vec<(FinishedRecord, ResponseReceipt)>) {
+    build_texts(dir, ["seven", "eight"])
+}
+
+/// [`build_with_receipts`] with these texts for requests 7 and 8.
+pub fn build_texts(
+    dir: &Path,
+    texts: [&str; 2],
+) -> (Vec<ReceiptInfo>, Vec<(FinishedRecord, ResponseReceipt)>) {
     let mut store = CheckpointStore::open(dir, key(), SPEC, MODEL).unwrap();
+    store.begin_session().unwrap();
     store.accept(&request(7)).unwrap();
     store.accept(&request(8)).unwrap();
+    let mut done = Vec::new();
+    let f7 = finished(7, texts[0]);
+    done.push((f7.clone(), store.finish(&[f7]).unwrap().remove(0)));
     let mut infos = Vec::new();
-    for k in 1..=3 {
+    for k in 1..=2 {
         infos.push(checkpoint(&mut store, k));
     }
+    let f8 = finished(8, texts[1]);
+    done.push((f8.clone(), store.finish(&[f8]).unwrap().remove(0)));
+    infos.push(checkpoint(&mut store, 3));
     store.accept(&request(9)).unwrap();
-    infos
+    (infos, done)
 }
 
 /// All regular files of a directory with their bytes, sorted by name.

@@ -1,9 +1,58 @@
 //! Small durable-file helpers: write-once files (temp, fsync, rename, fsync directory) and
 //! append-then-fsync for the append-only logs.
+//!
+//! Privacy: a run directory holds every prompt and answer, so directories are created 0700 and
+//! files 0600 (the umask can only narrow these), and [`exposure`] names any group- or
+//! other-accessible one (like ssh does for keys).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+
+/// Mode of every file the store creates.
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of every directory the store creates.
+pub const DIR_MODE: u32 = 0o700;
+
+/// Create `dir` (and missing parents) with mode 0700; an existing one is left as it is.
+pub fn create_private_dir(dir: &Path) -> Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)
+        .map_err(|e| CheckpointError::io(dir, e))
+}
+
+/// Warnings for `dir` and the files in it that group or others may access (empty when private).
+pub fn exposure(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mode = |p: &Path| -> Result<u32> {
+        fs::metadata(p)
+            .map(|m| m.permissions().mode() & 0o777)
+            .map_err(|e| CheckpointError::io(p, e))
+    };
+    let m = mode(dir)?;
+    if m & 0o077 != 0 {
+        out.push(format!(
+            "{}: directory mode {m:o} lets group or others read prompts and answers; run: chmod 700 {}",
+            dir.display(),
+            dir.display()
+        ));
+    }
+    for entry in fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))? {
+        let path = entry.map_err(|e| CheckpointError::io(dir, e))?.path();
+        let m = mode(&path)?;
+        if m & 0o077 != 0 {
+            out.push(format!(
+                "{}: mode {m:o} lets group or others read it; run: chmod 600 {}",
+                path.display(),
+                path.display()
+            ));
+        }
+    }
+    Ok(out)
+}
 
 use super::error::{CheckpointError, Result};
 
@@ -32,6 +81,7 @@ pub fn write_once(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
         .write(true)
         .create(true)
         .truncate(true)
+        .mode(FILE_MODE)
         .open(&tmp)
         .map_err(|e| CheckpointError::io(&tmp, e))?;
     f.write_all(bytes)
@@ -47,6 +97,7 @@ pub fn open_append(path: &Path) -> Result<File> {
     OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(FILE_MODE)
         .open(path)
         .map_err(|e| CheckpointError::io(path, e))
 }

@@ -2,26 +2,25 @@
 //! so a request accepted after the newest checkpoint survives a crash, and a marker per checkpoint
 //! mirrors each receipt's digest (a later rollback or fork of the receipts then disagrees with it).
 //!
-//! Record framing: `[magic "SOVJ"][len u32][header check 4][body check 8][body: rkyv]` (little-endian;
-//! checks are keyed BLAKE3). A record cut short at the end of the file is a torn write and is dropped;
-//! any complete record that fails its checks is corruption. The body is validated with bytecheck.
+//! Framing: [`super::frame`] under magic `SOVJ`. A record cut short at the end of the file is a torn
+//! write and is dropped; any complete record that fails its checks is corruption. The body is
+//! validated with bytecheck. Each record's body bytes are a leaf of the verifiable log
+//! ([`super::tlog`]): the scan also returns their RFC 6962 leaf hashes.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use rkyv::{Archive, Deserialize, Serialize, rancor};
 
-use super::digest::{Digest, record_checksum};
+use super::digest::Digest;
 use super::error::{CheckpointError, Result};
-use super::fsutil;
+use super::merkle::{Hash, leaf_hash};
 use super::snapshot::SamplingParams;
+use super::{frame, fsutil};
 
 /// File name of the journal.
 pub const JOURNAL_FILE: &str = "journal.log";
 const MAGIC: &[u8; 4] = b"SOVJ";
-const HEADER_LEN: usize = 20;
-/// Largest record body accepted when reading (guards allocation on a corrupted length).
-const MAX_BODY: u32 = 256 << 20;
 
 /// A request as accepted by the engine.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -80,22 +79,16 @@ pub enum JournalRecord {
     },
 }
 
+/// The canonical body bytes of a record (what the log's leaf is).
+pub fn encode_body(record: &JournalRecord) -> Result<Vec<u8>> {
+    rkyv::to_bytes::<rancor::Error>(record)
+        .map(|b| b.to_vec())
+        .map_err(|e| CheckpointError::Usage(format!("journal record serialization failed: {e}")))
+}
+
 /// Encode one framed record.
 pub fn encode_record(record: &JournalRecord) -> Result<Vec<u8>> {
-    let body = rkyv::to_bytes::<rancor::Error>(record)
-        .map_err(|e| CheckpointError::Usage(format!("journal record serialization failed: {e}")))?;
-    let len = u32::try_from(body.len())
-        .ok()
-        .filter(|&l| l <= MAX_BODY)
-        .ok_or_else(|| CheckpointError::Usage("journal record too large".into()))?;
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&len.to_le_bytes());
-    let hcheck = record_checksum(&[MAGIC, &len.to_le_bytes()]);
-    out.extend_from_slice(&hcheck[..4]);
-    out.extend_from_slice(&record_checksum(&[&body]));
-    out.extend_from_slice(&body);
-    Ok(out)
+    frame::encode(MAGIC, &encode_body(record)?)
 }
 
 /// Decode a record body (validated). Never panics.
@@ -109,8 +102,10 @@ pub fn decode_body(body: &[u8]) -> Result<JournalRecord> {
 /// The parsed journal.
 #[derive(Debug, Clone, Default)]
 pub struct JournalScan {
-    /// (byte offset, record), in file order.
+    /// (byte offset, record), in file order; a record's position is its leaf index.
     pub records: Vec<(u64, JournalRecord)>,
+    /// RFC 6962 leaf hash of each record's body, in file order.
+    pub leaves: Vec<Hash>,
     /// Bytes of complete, valid records.
     pub valid_len: u64,
     /// Bytes after `valid_len` belonging to a torn final record (0 when none).
@@ -154,45 +149,18 @@ impl JournalScan {
 
 /// Parse journal bytes: all complete records must be valid; only the last may be torn.
 pub fn scan_bytes(bytes: &[u8]) -> Result<JournalScan> {
-    let corrupt = |at: usize, what: &str| {
-        CheckpointError::corrupt(JOURNAL_FILE, None, format!("record at byte {at}: {what}"))
+    let frames = frame::scan(bytes, MAGIC, JOURNAL_FILE)?;
+    let mut scan = JournalScan {
+        valid_len: frames.valid_len,
+        torn_bytes: frames.torn_bytes,
+        ..JournalScan::default()
     };
-    let mut scan = JournalScan::default();
-    let mut at = 0usize;
-    while at < bytes.len() {
-        let rest = &bytes[at..];
-        if rest.len() < HEADER_LEN {
-            // Only a torn header may be short, and it must still be a prefix of a plausible header.
-            if !MAGIC.starts_with(&rest[..rest.len().min(4)]) {
-                return Err(corrupt(at, "bad magic"));
-            }
-            scan.torn_bytes = rest.len() as u64;
-            break;
-        }
-        if &rest[..4] != MAGIC {
-            return Err(corrupt(at, "bad magic"));
-        }
-        let len_bytes = [rest[4], rest[5], rest[6], rest[7]];
-        if record_checksum(&[MAGIC, &len_bytes])[..4] != rest[8..12] {
-            return Err(corrupt(at, "header checksum mismatch"));
-        }
-        let len = u32::from_le_bytes(len_bytes);
-        if len > MAX_BODY {
-            return Err(corrupt(at, "length too large"));
-        }
-        let end = HEADER_LEN + len as usize;
-        if rest.len() < end {
-            scan.torn_bytes = rest.len() as u64;
-            break;
-        }
-        let body = &rest[HEADER_LEN..end];
-        if record_checksum(&[body])[..] != rest[12..20] {
-            return Err(corrupt(at, "body checksum mismatch"));
-        }
-        let record = decode_body(body).map_err(|e| corrupt(at, &e.to_string()))?;
-        scan.records.push((at as u64, record));
-        at += end;
-        scan.valid_len = at as u64;
+    for (at, body) in frames.bodies {
+        let record = decode_body(body).map_err(|e| {
+            CheckpointError::corrupt(JOURNAL_FILE, None, format!("record at byte {at}: {e}"))
+        })?;
+        scan.records.push((at, record));
+        scan.leaves.push(leaf_hash(body));
     }
     Ok(scan)
 }
@@ -237,24 +205,25 @@ impl Journal {
     /// Appends `records` with one write and one fsync (group commit); returns the offset of the
     /// first. A crash mid-write leaves a torn tail that the next open discards.
     pub fn append_all(&mut self, records: &[JournalRecord]) -> Result<u64> {
-        let mut bytes = Vec::new();
-        for r in records {
-            bytes.extend(encode_record(r)?);
-        }
-        if self.file.is_none() {
-            self.file = Some(fsutil::open_append(&self.path)?);
-        }
-        let at = self.len;
-        if let Some(f) = self.file.as_mut() {
-            fsutil::append_sync(f, &self.path, &bytes)?;
-        }
-        self.len += bytes.len() as u64;
-        Ok(at)
+        let bodies = records
+            .iter()
+            .map(encode_body)
+            .collect::<Result<Vec<_>>>()?;
+        self.append_bodies(&bodies)
     }
 
     /// Append a record and fsync before returning; returns its byte offset.
     pub fn append(&mut self, record: &JournalRecord) -> Result<u64> {
-        let bytes = encode_record(record)?;
+        self.append_all(std::slice::from_ref(record))
+    }
+
+    /// Appends records already encoded with [`encode_body`] (one write, one fsync); returns the
+    /// offset of the first.
+    pub fn append_bodies(&mut self, bodies: &[Vec<u8>]) -> Result<u64> {
+        let mut bytes = Vec::new();
+        for b in bodies {
+            bytes.extend(frame::encode(MAGIC, b)?);
+        }
         if self.file.is_none() {
             self.file = Some(fsutil::open_append(&self.path)?);
         }

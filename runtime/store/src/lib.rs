@@ -7,8 +7,12 @@
 //! blocks.idx              append-only 56-byte entries: hash, offset, len, checksum
 //! snapshot-00000001.snap  rkyv snapshot + commit point (index entries, segment and journal length)
 //! receipt-00000001.note   C2SP signed note: height, prev digest, spec, model, snapshot, KV root, time
-//! journal.log             append-only checksummed records: accepted requests, checkpoint markers
+//! journal.log             append-only checksummed records: sessions, accepted and finished
+//!                         requests, checkpoint markers; each record is a leaf of the log
+//! heads.log               append-only signed tree heads (C2SP tlog-checkpoint notes) of the RFC
+//!                         6962 Merkle tree over the journal, with the leaf hashes each one added
 //! ```
+//! Directories are created 0700 and files 0600 (they hold every prompt and answer).
 //! Heights start at 1; receipt N's `prev` is the digest of receipt N-1's body (zeros at 1).
 //!
 //! # API for an engine
@@ -36,7 +40,8 @@
 //! implements); the adapter that binds it to sov's engine lives on the engine side
 //! (`sov::engine::checkpointing`).
 //!
-//! Anyone holding the public key checks a directory with [`audit::audit`] (what `sov verify` runs).
+//! Anyone holding the public key checks a directory with [`audit::audit`] (what `sov verify` runs),
+//! and a client checks a response's [`ResponseReceipt`] offline with [`attest::verify`].
 //!
 //! # Design
 //! Full KV blocks never change, so they are hashed (BLAKE3) and stored once; a checkpoint costs
@@ -48,23 +53,28 @@
 
 #![warn(missing_docs)]
 
+pub mod attest;
 pub mod audit;
 pub mod blockstore;
 pub mod digest;
 pub mod driver;
 pub mod error;
+mod frame;
 mod fsutil;
+pub mod head;
 // rkyv's `Archive` derive emits `JournalRecordResolver` with undocumented fields for the named
 // variants (`Checkpoint`, `Session`), and a lint level on the enum does not reach that sibling
 // item, so the module allows it; everything written by hand in `journal` is documented.
 #[allow(missing_docs)]
 pub mod journal;
 pub mod keys;
+pub mod merkle;
 pub mod note;
 pub mod policy;
 pub mod receipt;
 pub mod snapshot;
 pub mod store;
+pub mod tlog;
 pub mod witness;
 
 #[cfg(any(test, feature = "test-fixtures"))]
@@ -73,6 +83,7 @@ pub mod fixture;
 #[cfg(test)]
 mod tests;
 
+pub use attest::ResponseReceipt;
 pub use audit::{Anchor, Audit, AuditOptions, audit};
 pub use digest::{Digest, block_hash, kv_root};
 pub use error::{CheckpointError, Result};
@@ -82,4 +93,4 @@ pub use snapshot::{
     FinishState, KvLayout, KvMode, LogitBias, SamplingParams, SequenceSnapshot, Snapshot,
     StoreCommit,
 };
-pub use store::{CheckpointStore, ReceiptInfo, Restored};
+pub use store::{CheckpointStore, Platform, ReceiptInfo, Restored};

@@ -4,7 +4,13 @@
 //! 1. new KV blocks appended to `blocks.seg`, fsync; their entries appended to `blocks.idx`, fsync;
 //! 2. `snapshot-N.snap` written to a temp name, fsync, renamed, directory fsync (the payload);
 //! 3. `receipt-N.note` (signed) the same way — the checkpoint exists from this moment;
-//! 4. a checkpoint marker appended to `journal.log`, fsync.
+//! 4. a checkpoint marker appended to `journal.log`, fsync;
+//! 5. a signed tree head over the whole journal appended to `heads.log`, fsync.
+//!
+//! Every journal append (accepted, finished, markers, sessions) adds leaves to the verifiable log
+//! ([`super::tlog`]); a head is signed at every checkpoint and at every group commit of finished
+//! requests (one Ed25519 signature each), after the records are durable and before the engine
+//! delivers the answers, and each finished request gets a [`ResponseReceipt`].
 //!
 //! Opening audits the whole directory (see [`super::audit`]) and refuses anything tampered with;
 //! a torn write (crash during 1–4) leaves only uncommitted leftovers, which opening discards.
@@ -14,14 +20,18 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::SigningKey;
 
+use super::attest::ResponseReceipt;
 use super::audit::{self, Anchor, Audit, AuditOptions, receipt_name, snapshot_name};
 use super::blockstore::{BlockStore, ENTRY_LEN, INDEX_FILE, SEGMENT_FILE};
 use super::digest::{Digest, block_hash, kv_root, snapshot_digest, to_hex};
 use super::error::{CheckpointError, Result};
 use super::fsutil;
+use super::head::{self, HeadCheckpoint, TreeHead, origin_for};
 use super::journal::{self, FinishedRecord, JOURNAL_FILE, Journal, JournalRecord, RequestRecord};
+use super::merkle::{Tree, leaf_hash};
 use super::receipt::{self, ReceiptBody};
 use super::snapshot::{self, KvMode, Snapshot, StoreCommit};
+use super::tlog::{HEADS_FILE, HeadRecord, HeadsLog};
 
 /// What the engine mirrors after a checkpoint: slot 7 the height, 8..15 the digest, 16..31 the
 /// signature (see [`ReceiptInfo::slot_words`]).
@@ -87,7 +97,29 @@ pub struct CheckpointStore {
     journal: Journal,
     head: Option<Head>,
     recovered: Vec<String>,
+    warnings: Vec<String>,
     poisoned: bool,
+    log: LogState,
+}
+
+/// Where the engine runs, for the heads' `sov-backend` / `sov-precision` lines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Platform {
+    /// Compute backend name (e.g. `cpu`, `cuda`).
+    pub backend: Option<String>,
+    /// Numeric precision name (e.g. `f32`, `bf16`).
+    pub precision: Option<String>,
+}
+
+/// The verifiable log as the store continues it.
+struct LogState {
+    heads: HeadsLog,
+    tree: Tree,
+    /// Leaves covered by the newest signed head.
+    signed: u64,
+    newest_note: Option<String>,
+    checkpoint: Option<HeadCheckpoint>,
+    platform: Platform,
 }
 
 fn now_ms() -> u64 {
@@ -117,7 +149,7 @@ impl CheckpointStore {
         model_digest: Digest,
         anchor: Option<Anchor>,
     ) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
+        fsutil::create_private_dir(dir)?;
         let vk = key.verifying_key();
         let audit = audit::audit(
             dir,
@@ -128,12 +160,28 @@ impl CheckpointStore {
             },
         )?;
         let recovered = audit.torn.describe();
+        let warnings = audit.warnings.clone();
         Self::discard_torn(dir, &audit)?;
         let head = audit.head().map(|l| Head {
             height: l.receipt.body.height,
             digest: l.receipt.digest,
         });
-        Ok(Self {
+        let log = LogState {
+            heads: HeadsLog::new(dir),
+            tree: audit.log.tree.clone(),
+            signed: audit.log.signed,
+            newest_note: audit.log.newest_note.clone(),
+            checkpoint: audit.head().map(|l| HeadCheckpoint {
+                height: l.receipt.body.height,
+                receipt: l.receipt.digest,
+                snapshot: l.receipt.body.snapshot,
+                kv_root: l.receipt.body.kv_root,
+            }),
+            platform: Platform::default(),
+        };
+        let mut store = Self {
+            log,
+            warnings,
             dir: dir.to_path_buf(),
             key,
             spec_digest,
@@ -143,7 +191,13 @@ impl CheckpointStore {
             head,
             recovered,
             poisoned: false,
-        })
+        };
+        if audit.log.tail_awaits_head {
+            // A crash came between those records and their head: sign it now, so nothing else is
+            // journaled after them unsigned.
+            store.sign_head()?;
+        }
+        Ok(store)
     }
 
     /// Remove what an interrupted checkpoint left behind: only bytes past the newest commit and
@@ -161,6 +215,7 @@ impl CheckpointStore {
         )?;
         fsutil::truncate_tail(&dir.join(SEGMENT_FILE), audit.segment_len())?;
         fsutil::truncate_tail(&dir.join(JOURNAL_FILE), audit.journal.valid_len)?;
+        fsutil::truncate_tail(&dir.join(HEADS_FILE), audit.log_valid_len)?;
         fsutil::sync_dir(dir)
     }
 
@@ -172,6 +227,11 @@ impl CheckpointStore {
     /// Descriptions of torn leftovers discarded at open (empty after a clean shutdown).
     pub fn recovered(&self) -> &[String] {
         &self.recovered
+    }
+
+    /// Privacy warnings found at open: the directory or files in it that group or others may read.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Height of the newest checkpoint (0 when none).
@@ -195,7 +255,155 @@ impl CheckpointStore {
             .iter()
             .map(|r| JournalRecord::Accepted(r.clone()))
             .collect();
-        self.journal.append_all(&records).map(|_| ())
+        self.append_records(&records).map(|_| ())
+    }
+
+    /// Append records to the journal (one write, one fsync) and their leaves to the log; returns
+    /// the first one's leaf index and the records' body bytes.
+    /// (Refused after a failed write: see [`Self::check_poisoned`].)
+    fn append_records(&mut self, records: &[JournalRecord]) -> Result<(u64, Vec<Vec<u8>>)> {
+        self.check_poisoned()?;
+        self.append_unchecked(records)
+    }
+
+    fn check_poisoned(&self) -> Result<()> {
+        if self.poisoned {
+            return Err(CheckpointError::Usage(
+                "a previous journal or checkpoint write failed; reopen the store".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn append_unchecked(&mut self, records: &[JournalRecord]) -> Result<(u64, Vec<Vec<u8>>)> {
+        let bodies = records
+            .iter()
+            .map(journal::encode_body)
+            .collect::<Result<Vec<_>>>()?;
+        self.journal.append_bodies(&bodies)?;
+        let first = self.log.tree.size();
+        for b in &bodies {
+            self.log.tree.push(leaf_hash(b));
+        }
+        Ok((first, bodies))
+    }
+
+    /// Sign a head over every leaf so far and append it to `heads.log` (fsync); returns its note.
+    fn sign_head(&mut self) -> Result<String> {
+        let log = &mut self.log;
+        let size = log.tree.size();
+        let first = log
+            .tree
+            .leaves()
+            .first()
+            .ok_or_else(|| CheckpointError::Usage("no records to sign a head over".into()))?;
+        let root = log
+            .tree
+            .root(size)
+            .map_err(|e| CheckpointError::Usage(e.to_string()))?;
+        let body = TreeHead {
+            origin: origin_for(first),
+            size,
+            root,
+            spec: self.spec_digest,
+            model: self.model_digest,
+            checkpoint: log.checkpoint.clone(),
+            backend: log.platform.backend.clone(),
+            precision: log.platform.precision.clone(),
+        };
+        let note = head::sign(&body, &self.key)?;
+        log.heads.append(&HeadRecord {
+            note: note.clone(),
+            leaves: log.tree.leaves()[log.signed as usize..].to_vec(),
+        })?;
+        log.signed = size;
+        log.newest_note = Some(note.clone());
+        Ok(note)
+    }
+
+    /// Names the backend and precision the heads signed from now on carry.
+    pub fn set_platform(&mut self, platform: Platform) {
+        self.log.platform = platform;
+    }
+
+    /// Leaves in the log (every journal record).
+    pub fn log_size(&self) -> u64 {
+        self.log.tree.size()
+    }
+
+    /// Leaves covered by the newest signed head; records at or past this index were journaled but
+    /// are not attested yet (after a crash: never delivered).
+    pub fn signed_size(&self) -> u64 {
+        self.log.signed
+    }
+
+    /// The newest signed head note, if any.
+    pub fn newest_head(&self) -> Option<&str> {
+        self.log.newest_note.as_deref()
+    }
+
+    /// Receipts of every request's newest signed `Finished` record against the newest head, by
+    /// request id (one journal scan; for a resume reporting requests finished before it).
+    pub fn signed_receipts(&self) -> Result<HashMap<u64, ResponseReceipt>> {
+        let Some(note) = self.log.newest_note.as_deref() else {
+            return Ok(HashMap::new());
+        };
+        let scan = journal::scan(&self.dir)?;
+        let mut newest: HashMap<u64, usize> = HashMap::new();
+        for (i, (_, r)) in scan
+            .records
+            .iter()
+            .enumerate()
+            .take(self.log.signed as usize)
+        {
+            if let JournalRecord::Finished(f) = r {
+                newest.insert(f.request_id, i);
+            }
+        }
+        let mut out = HashMap::with_capacity(newest.len());
+        for (id, i) in newest {
+            out.insert(id, self.receipt_at(&scan.records[i].1, i, note)?);
+        }
+        Ok(out)
+    }
+
+    fn receipt_at(
+        &self,
+        record: &JournalRecord,
+        index: usize,
+        note: &str,
+    ) -> Result<ResponseReceipt> {
+        let body = journal::encode_body(record)?;
+        if self.log.tree.leaves().get(index) != Some(&leaf_hash(&body)) {
+            return Err(CheckpointError::corrupt(
+                JOURNAL_FILE,
+                None,
+                format!("record {index} changed since the store was opened"),
+            ));
+        }
+        ResponseReceipt::build(&self.log.tree, index as u64, &body, note, self.log.signed)
+    }
+
+    /// The receipt of request `request_id`'s newest signed `Finished` record, against the newest
+    /// head (for reporting a request finished before an interruption); None when it has none.
+    pub fn receipt_for(&self, request_id: u64) -> Result<Option<ResponseReceipt>> {
+        let Some(note) = self.log.newest_note.as_deref() else {
+            return Ok(None);
+        };
+        let scan = journal::scan(&self.dir)?;
+        let found = scan
+            .records
+            .iter()
+            .enumerate()
+            .take(self.log.signed as usize)
+            .rev()
+            .find(
+                |(_, (_, r))| matches!(r, JournalRecord::Finished(f) if f.request_id == request_id),
+            );
+        let Some((index, (_, record))) = found else {
+            return Ok(None);
+        };
+        self.receipt_at(record, index, note).map(Some)
     }
 
     /// Records this engine process in the journal (model and spec digests), after checking them
@@ -222,22 +430,40 @@ impl CheckpointStore {
                 )));
             }
         }
-        self.journal
-            .append(&JournalRecord::Session {
-                model: self.model_digest,
-                spec: self.spec_digest,
-                started_ms: now_ms(),
-            })
-            .map(|_| ())
+        self.append_records(&[JournalRecord::Session {
+            model: self.model_digest,
+            spec: self.spec_digest,
+            started_ms: now_ms(),
+        }])
+        .map(|_| ())
     }
 
-    /// Journal finished requests durably (one fsync) before their last outputs are delivered.
+    /// Journal finished requests durably (one fsync) and sign a head over them (one signature,
+    /// one fsync) before their last outputs are delivered. See [`Self::finish`].
     pub fn finished(&mut self, records: &[FinishedRecord]) -> Result<()> {
+        self.finish(records).map(|_| ())
+    }
+
+    /// [`Self::finished`], returning each request's receipt (in `records` order).
+    pub fn finish(&mut self, records: &[FinishedRecord]) -> Result<Vec<ResponseReceipt>> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
         let records: Vec<JournalRecord> = records
             .iter()
             .map(|r| JournalRecord::Finished(r.clone()))
             .collect();
-        self.journal.append_all(&records).map(|_| ())
+        let (first, bodies) = self.append_records(&records)?;
+        // Nothing else may be journaled until these records have their head (see tlog's tail rule).
+        self.poisoned = true;
+        let note = self.sign_head()?;
+        self.poisoned = false;
+        let size = self.log.signed;
+        bodies
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ResponseReceipt::build(&self.log.tree, first + i as u64, b, &note, size))
+            .collect()
     }
 
     /// The whole journal as it stands (accepted, finished and checkpoint records).
@@ -310,14 +536,21 @@ impl CheckpointStore {
         fsutil::write_once(&self.dir, &receipt_name(height), text.as_bytes())?;
         let signed = receipt::open(&text, &self.key.verifying_key())?;
         let marker_at = self.journal.len();
-        self.journal.append(&JournalRecord::Checkpoint {
+        self.append_unchecked(&[JournalRecord::Checkpoint {
             height,
             receipt: signed.digest,
-        })?;
+        }])?;
         self.head = Some(Head {
             height,
             digest: signed.digest,
         });
+        self.log.checkpoint = Some(HeadCheckpoint {
+            height,
+            receipt: signed.digest,
+            snapshot: body.snapshot,
+            kv_root: body.kv_root,
+        });
+        self.sign_head()?;
         self.poisoned = false;
         Ok(ReceiptInfo {
             height,

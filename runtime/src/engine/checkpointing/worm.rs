@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ed25519_dalek::SigningKey;
 
 use super::core_io::{checkpoint_core, fresh_sequence, request_record, restore_core};
+use crate::checkpoint::attest::ResponseReceipt;
 use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
 use crate::checkpoint::journal::{FinishedRecord, JournalRecord, RequestRecord};
 use crate::checkpoint::snapshot::{KvLayout, KvMode};
@@ -71,6 +72,23 @@ pub struct ResumeBook {
     pub height: u64,
     /// Wall time of the restore (reading and checking the checkpoint, KV copied back).
     pub restore_time: std::time::Duration,
+    /// Receipts of finished requests by id (see `checkpoint::attest`): added as each group of
+    /// finished requests is journaled and signed, before its final events are sent, and on a
+    /// resume for the requests finished before the interruption. The front end takes them; at most
+    /// [`MAX_HELD_RECEIPTS`] are held (the lowest ids are dropped first).
+    pub receipts: BTreeMap<u64, ResponseReceipt>,
+}
+
+/// Most receipts a [`ResumeBook`] holds for the front end to take (about 1 KB each).
+pub const MAX_HELD_RECEIPTS: usize = 1 << 16;
+
+impl ResumeBook {
+    fn hold_receipts(&mut self, receipts: impl IntoIterator<Item = (u64, ResponseReceipt)>) {
+        self.receipts.extend(receipts);
+        while self.receipts.len() > MAX_HELD_RECEIPTS {
+            self.receipts.pop_first();
+        }
+    }
 }
 
 /// Where and how an engine checkpoints.
@@ -222,6 +240,11 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
         let restored = cp.latest(&layout).map_err(engine_err)?;
         let scan = cp.store().journal_scan().map_err(engine_err)?;
         let height = cp.store().height();
+        let receipts = if self.from_disk {
+            cp.store().signed_receipts().map_err(engine_err)?
+        } else {
+            HashMap::new()
+        };
         drop(cp);
         let finished: HashMap<u64, FinishedRecord> =
             scan.finished().map(|f| (f.request_id, f.clone())).collect();
@@ -231,6 +254,7 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
                 .lock()
                 .map_err(|_| EngineError::Checkpoint("resume book lock poisoned".into()))?;
             book.height = if restored.is_some() { height } else { 0 };
+            book.hold_receipts(receipts);
             resume_from_disk(core, restored, scan.accepted(), &finished, &mut book)?;
             book.restore_time = t0.elapsed();
             Ok(())
@@ -256,7 +280,13 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
                 detail: format!("{:?}", fin.reason),
             })
             .collect();
-        lock(&self.cp)?.finished(&records).map_err(engine_err)
+        let ids: Vec<u64> = records.iter().map(|r| r.request_id).collect();
+        let receipts = lock(&self.cp)?.finish(&records).map_err(engine_err)?;
+        self.book
+            .lock()
+            .map_err(|_| EngineError::Checkpoint("resume book lock poisoned".into()))?
+            .hold_receipts(ids.into_iter().zip(receipts));
+        Ok(())
     }
 }
 
@@ -466,6 +496,48 @@ mod tests {
         assert_eq!(tag_of(short), ("length".into(), b"short".to_vec()));
         assert_eq!(tag_of(aborted), ("abort".into(), b"aborted".to_vec()));
         assert_eq!(tag_of(long), ("live".into(), b"long".to_vec()));
+    }
+
+    #[test]
+    fn every_finished_request_gets_a_receipt_that_verifies_offline() {
+        use crate::checkpoint::attest;
+        use crate::engine::{Prompt, Request, SamplingParams};
+        let dir = tempfile::tempdir().unwrap();
+        let (first, book) = engine(dir.path(), false);
+        let subs = first
+            .submit_many(
+                (3..6)
+                    .map(|n| Request {
+                        sampling: SamplingParams::greedy(),
+                        ..Request::new(Prompt::Tokens(vec![5, 6, n]), n as usize)
+                    })
+                    .collect(),
+            )
+            .unwrap();
+        let key = SigningKey::from_bytes(&[7; 32]).verifying_key();
+        for s in subs {
+            let f = loop {
+                if let Some(f) = s.rx.recv().unwrap().finished {
+                    break f;
+                }
+            };
+            // Signed before the final event was sent.
+            let r = book
+                .lock()
+                .unwrap()
+                .receipts
+                .remove(&s.id)
+                .expect("receipt");
+            let v = attest::verify(&r, &key, &f.output_tokens, &f.text).unwrap();
+            assert_eq!(v.request_id, s.id);
+            let mut edited = f.output_tokens.clone();
+            edited.push(1);
+            assert!(attest::verify(&r, &key, &edited, &f.text).is_err());
+        }
+        drop(first);
+        // A resume hands the receipts back.
+        let (_engine, book) = engine(dir.path(), true);
+        assert_eq!(book.lock().unwrap().receipts.len(), 3);
     }
 
     #[test]

@@ -132,3 +132,91 @@ fn checkpoint_cost_smollm2_135m_kv() {
     run(KvMode::Blocks);
     run(KvMode::Recompute);
 }
+
+/// The verifiable log's costs: one head signature, appending a leaf, a group commit end to end
+/// (journal fsync + head fsync), rebuilding the tree at open, proof and receipt sizes.
+/// `cargo test -p sov-store --release --lib log_costs -- --ignored --nocapture`
+#[test]
+#[ignore = "benchmark; run in release with --ignored --nocapture"]
+fn log_costs() {
+    use crate::head::{self, TreeHead, origin_for};
+    use crate::merkle::{Tree, leaf_hash};
+
+    let per = |t: Instant, n: usize| t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let head = TreeHead {
+        origin: origin_for(&[1; 32]),
+        size: 123_456,
+        root: [2; 32],
+        spec: SPEC,
+        model: MODEL,
+        checkpoint: None,
+        backend: Some("cpu".into()),
+        precision: Some("f32".into()),
+    };
+    let k = key();
+    let n = 2000;
+    let t = Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(head::sign(&head, &k).unwrap());
+    }
+    let sign_us = per(t, n);
+    let record = crate::journal::encode_body(&crate::journal::JournalRecord::Finished(
+        crate::fixture::finished(1, &"token ".repeat(40)),
+    ))
+    .unwrap();
+    let leaves = 1 << 20;
+    let t = Instant::now();
+    let mut tree = Tree::default();
+    for i in 0..leaves {
+        let mut r = record.clone();
+        r[0] = i as u8;
+        tree.push(leaf_hash(&r));
+    }
+    let append_us = per(t, leaves);
+    let t = Instant::now();
+    let rebuilt = Tree::from_leaves(tree.leaves().iter().copied());
+    let rebuild_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let m = 1000;
+    for i in 0..m {
+        std::hint::black_box(rebuilt.inclusion_proof(i * 997, rebuilt.size()).unwrap());
+    }
+    let proof_us = per(t, m as usize);
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
+    store.begin_session().unwrap();
+    let commits = 200;
+    let mut receipt = None;
+    let t = Instant::now();
+    for i in 0..commits {
+        let f = crate::fixture::finished(i, "a short answer");
+        store.accept(&crate::fixture::request(i)).unwrap();
+        receipt = store.finish(&[f]).unwrap().pop();
+    }
+    let commit_us = per(t, commits as usize);
+    let receipt_json = serde_json::to_string(&receipt.unwrap()).unwrap().len();
+    drop(store);
+    let t = Instant::now();
+    CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
+    let open_ms = t.elapsed().as_secs_f64() * 1e3;
+    let sizes: Vec<String> = [10u64, 1000, 1 << 20]
+        .iter()
+        .map(|&s| {
+            let p = rebuilt.inclusion_proof(s / 2, s).unwrap().len();
+            let c = rebuilt.consistency_proof(s / 3, s).unwrap().len();
+            format!(
+                "size {s}: inclusion {p} hashes ({} B base64), consistency {c}",
+                p * 44
+            )
+        })
+        .collect();
+    println!(
+        "head signature {sign_us:.1} us; leaf append (SHA-256 of a {} B record + tree) {append_us:.2} us; \
+         rebuild of {leaves} leaves {rebuild_ms:.0} ms; inclusion proof at 2^20 {proof_us:.1} us; \
+         group commit of 1 finished + accept (3 fsyncs, 1 signature) {commit_us:.0} us; \
+         open+audit after {commits} commits ({} records) {open_ms:.1} ms; receipt JSON {receipt_json} B; {}",
+        record.len(),
+        1 + 2 * commits,
+        sizes.join("; ")
+    );
+}

@@ -1,6 +1,7 @@
-//! Torn writes: a crash at any point of a checkpoint leaves a directory that opens, resumes from the
-//! previous (or, once the receipt is durable, the new) checkpoint, keeps journaled requests, and
-//! accepts the next checkpoint; nothing committed is touched.
+//! Torn writes: a crash at any point of a checkpoint (its signed tree head included) leaves a
+//! directory that opens, resumes from the previous (or, once the receipt is durable, the new)
+//! checkpoint, keeps journaled requests, and accepts the next checkpoint; nothing committed is
+//! touched.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -62,11 +63,18 @@ fn crash_states(a: &Files, b: &Files) -> Vec<(String, Files, u64)> {
         }
         out.push((format!("receipt tmp at {len:?}"), s, 2));
     }
-    // 5. receipt durable; journal marker partly appended.
+    // 5. receipt durable; journal marker partly appended (no new head yet).
     for len in a["journal.log"].len()..=b["journal.log"].len() {
         let mut s = b.clone();
         s.insert("journal.log".into(), grow("journal.log", len));
+        s.insert("heads.log".into(), a["heads.log"].clone());
         out.push((format!("journal at {len}"), s, 3));
+    }
+    // 6. marker durable; the signed head over it partly appended.
+    for len in a["heads.log"].len()..=b["heads.log"].len() {
+        let mut s = b.clone();
+        s.insert("heads.log".into(), grow("heads.log", len));
+        out.push((format!("heads at {len}"), s, 3));
     }
     out
 }

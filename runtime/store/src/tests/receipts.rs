@@ -1,0 +1,102 @@
+//! Per-response receipts verify offline (no run directory, JSON round trip), and an edited
+//! response, a receipt from another run, parts of receipts mixed across runs, or another key fail.
+//! Also: run directories are private (0700, files 0600) and an exposed one is warned about.
+
+use std::os::unix::fs::PermissionsExt;
+
+use crate::attest::{self, ResponseReceipt};
+use crate::fixture::{MODEL, SPEC, build_texts, build_with_receipts, key, other_key};
+use crate::{AuditOptions, CheckpointStore, audit};
+
+fn round_trip(r: &ResponseReceipt) -> ResponseReceipt {
+    serde_json::from_str(&serde_json::to_string(r).unwrap()).unwrap()
+}
+
+#[test]
+fn receipts_verify_offline_and_catch_edits_other_runs_and_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, done) = build_with_receipts(dir.path());
+    let vk = key().verifying_key();
+    for (f, r) in &done {
+        let r = round_trip(r);
+        let v = attest::verify(&r, &vk, &f.output, &f.text).unwrap();
+        assert_eq!(v.request_id, f.request_id);
+        assert_eq!((v.head.spec, v.head.model), (SPEC, MODEL));
+        // One character of the text, one token: refused.
+        let mut text = f.text.clone();
+        text.replace_range(0..1, "X");
+        assert!(attest::verify(&r, &vk, &f.output, &text).is_err());
+        let mut tokens = f.output.clone();
+        tokens[0] ^= 1;
+        assert!(attest::verify(&r, &vk, &tokens, &f.text).is_err());
+        // Another key.
+        let e = attest::verify(&r, &other_key().verifying_key(), &f.output, &f.text);
+        assert!(e.is_err());
+        // Any edited field of the receipt.
+        let mut edited = r.clone();
+        edited.leaf_index += 1;
+        assert!(attest::verify(&edited, &vk, &f.output, &f.text).is_err());
+        let mut edited = r.clone();
+        edited.head = edited.head.replacen('\n', "0\n", 2);
+        assert!(attest::verify(&edited, &vk, &f.output, &f.text).is_err());
+        if let Some(p) = r.proof.first() {
+            let mut edited = r.clone();
+            edited.proof[0] = p.replacen(&p[..1], if &p[..1] == "A" { "B" } else { "A" }, 1);
+            assert!(attest::verify(&edited, &vk, &f.output, &f.text).is_err());
+        }
+    }
+    // Another run (same key) answered differently: its receipts do not cover these responses, and
+    // neither does a mix of its head with this run's leaf and proof.
+    let other = tempfile::tempdir().unwrap();
+    let (_, theirs) = build_texts(other.path(), ["seven!", "eight"]);
+    let (f, mine) = &done[0];
+    assert!(attest::verify(&theirs[0].1, &vk, &f.output, &f.text).is_err());
+    let mut mixed = mine.clone();
+    mixed.head = theirs[0].1.head.clone();
+    assert!(attest::verify(&mixed, &vk, &f.output, &f.text).is_err());
+    // The store's receipt for a request finished before a restart verifies against the newest head.
+    let store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
+    for (f, _) in &done {
+        let r = store.receipt_for(f.request_id).unwrap().unwrap();
+        attest::verify(&r, &vk, &f.output, &f.text).unwrap();
+        assert_eq!(Some(r.head.as_str()), store.newest_head());
+    }
+    assert!(store.receipt_for(9).unwrap().is_none(), "9 never finished");
+    let all = store.signed_receipts().unwrap();
+    assert_eq!(all.len(), 2);
+    for (f, _) in &done {
+        attest::verify(&all[&f.request_id], &vk, &f.output, &f.text).unwrap();
+    }
+}
+
+#[test]
+fn run_directories_are_private_and_exposure_is_warned() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("runs").join("r1");
+    build_with_receipts(&dir);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&root.path().join("runs")), 0o700);
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(names.len() >= 9, "{names:?}");
+    for p in &names {
+        assert_eq!(mode(p), 0o600, "{}", p.display());
+    }
+    let opts = |k| AuditOptions {
+        key: k,
+        policy: None,
+        anchor: None,
+    };
+    let vk = key().verifying_key();
+    assert!(audit(&dir, opts(&vk)).unwrap().warnings.is_empty());
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::fs::set_permissions(&names[0], std::fs::Permissions::from_mode(0o644)).unwrap();
+    let w = audit(&dir, opts(&vk)).unwrap().warnings;
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(w[0].contains("chmod 700"), "{w:?}");
+    let store = CheckpointStore::open(&dir, key(), SPEC, MODEL).unwrap();
+    assert_eq!(store.warnings().len(), 2);
+}
