@@ -7,6 +7,7 @@
 //! - `keygen`, `verify`: checkpoint receipt keys and chain verification ([`keygen`], [`verify`])
 
 pub mod bench;
+pub mod bench_serve;
 pub mod bench_stats;
 pub mod generate;
 pub mod keygen;
