@@ -127,10 +127,11 @@ async fn serve_one(
     conn.write_all(b"data: [DONE]\n\n").await
 }
 
-fn item(n_out: usize) -> WorkItem {
+/// A request of five token ids; `text` also gives it a text form (sent instead of the ids).
+fn item(n_out: usize, text: bool) -> WorkItem {
     WorkItem {
         ids: vec![11, 12, 13, 14, 15],
-        text: Some("hello".into()),
+        text: text.then(|| "hello".to_string()),
         output_len: n_out,
     }
 }
@@ -151,7 +152,7 @@ async fn completions_stream_is_timed_and_counted() {
     let s = settings(&base, Api::Completions, "/v1/completions");
     let http = reqwest::Client::new();
     let n = 6;
-    let out = client::send(&http, &s, &item(n), Instant::now()).await;
+    let out = client::send(&http, &s, &item(n, false), Instant::now()).await;
     assert!(out.success, "{:?}", out.error);
     assert_eq!((out.chunks, out.completion_tokens), (n, Some(n)));
     assert_eq!(out.prompt_tokens, Some(5));
@@ -172,7 +173,7 @@ async fn completions_stream_is_timed_and_counted() {
 async fn chat_without_usage_counts_chunks_and_skips_the_role_delta() {
     let (base, bodies) = start_stub(Mode::ChatNoUsage).await;
     let s = settings(&base, Api::Chat, "/v1/chat/completions");
-    let out = client::send(&reqwest::Client::new(), &s, &item(4), Instant::now()).await;
+    let out = client::send(&reqwest::Client::new(), &s, &item(4, true), Instant::now()).await;
     assert!(out.success, "{:?}", out.error);
     assert_eq!(
         (out.chunks, out.completion_tokens, out.output_tokens()),
@@ -188,14 +189,14 @@ async fn chat_without_usage_counts_chunks_and_skips_the_role_delta() {
 async fn failures_and_concurrency_limit() {
     let (base, _) = start_stub(Mode::Fail).await;
     let s = settings(&base, Api::Completions, "/v1/completions");
-    let out = client::send(&reqwest::Client::new(), &s, &item(3), Instant::now()).await;
+    let out = client::send(&reqwest::Client::new(), &s, &item(3, false), Instant::now()).await;
     assert!(!out.success);
     let err = out.error.unwrap_or_default();
     assert!(err.contains("500") && err.contains("stub failure"), "{err}");
 
     let (base, _) = start_stub(Mode::Completions).await;
     let s = Arc::new(settings(&base, Api::Completions, "/v1/completions"));
-    let work: Vec<WorkItem> = (0..6).map(|_| item(3)).collect();
+    let work: Vec<WorkItem> = (0..6).map(|_| item(3, true)).collect();
     let (outs, duration) =
         super::drive(&reqwest::Client::new(), &s, work, &[0.0; 6], Some(2)).await;
     assert!(outs.iter().all(|o| o.success));
