@@ -1,8 +1,10 @@
 //! `sov bench`: offline serving benchmark with vLLM's `bench serve` conventions. N requests of
 //! random token ids with fixed (or, with `--random-range-ratio`, uniformly varying) input and
 //! output lengths, at most `--concurrency` in flight; reports request and token throughput, TTFT,
-//! TPOT and ITL (mean, median, p99) and peak memory; `--json` for machines.
+//! TPOT and ITL (mean, median, p99) and peak memory; `--json [FILE]` for machines. With `--url`
+//! it benchmarks a running OpenAI-compatible server instead ([`super::bench_serve`]).
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -11,6 +13,7 @@ use anyhow::Context;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use super::bench_serve::OnlineArgs;
 use super::bench_stats::{Summary, peak_rss_bytes, summarize};
 use super::model_args::ModelArgs;
 use crate::engine::{Engine, FinishReason, Finished, Prompt, Request, SamplingParams};
@@ -45,13 +48,34 @@ pub struct BenchArgs {
     /// Seed of the prompt generator and the samplers.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Print the result as one JSON object.
-    #[arg(long)]
-    pub json: bool,
+    /// Write the result as one JSON object to FILE, or with no FILE print it instead of the report.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
     /// Run the benchmark once per listed batch size B (B requests, concurrency B) on one loaded
     /// model, e.g. `--sweep 1,16,64,256`; overrides --num-prompts and --concurrency.
     #[arg(long, value_delimiter = ',')]
     pub sweep: Vec<usize>,
+    /// The online mode's options (`--url` and what only it reads).
+    #[command(flatten)]
+    pub online: OnlineArgs,
+}
+
+/// Whether `--json` was given without a file: the JSON replaces the printed report.
+pub fn json_to_stdout(args: &BenchArgs) -> bool {
+    args.json.as_deref() == Some(std::path::Path::new("-"))
+}
+
+/// Writes `value` as `--json` asks: one line on stdout, or to the named file.
+pub fn write_json(args: &BenchArgs, value: &impl Serialize) -> anyhow::Result<()> {
+    match &args.json {
+        None => Ok(()),
+        Some(_) if json_to_stdout(args) => {
+            println!("{}", serde_json::to_string(value)?);
+            Ok(())
+        }
+        Some(path) => std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
+            .with_context(|| format!("writing {}", path.display())),
+    }
 }
 
 /// The benchmark's result.
@@ -207,6 +231,9 @@ fn run_requests(
 
 /// Runs `sov bench`.
 pub fn run(args: BenchArgs, dirs: &crate::app::SovDirs) -> anyhow::Result<std::process::ExitCode> {
+    if let Some(url) = &args.online.url {
+        return super::bench_serve::run(&args, url, dirs);
+    }
     let started = args.model.start(dirs, false)?;
     let engine = &started.engine;
     let runs: Vec<BenchArgs> = if args.sweep.is_empty() {
@@ -223,7 +250,7 @@ pub fn run(args: BenchArgs, dirs: &crate::app::SovDirs) -> anyhow::Result<std::p
     };
     let mut all_ok = true;
     for run_args in &runs {
-        if !args.sweep.is_empty() && !args.json {
+        if !args.sweep.is_empty() && !json_to_stdout(&args) {
             println!("sweep: batch {}", run_args.num_prompts);
         }
         all_ok &= measure(engine, run_args, &started.model_name)?;
@@ -317,11 +344,10 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
             (busy - forward - checkpoint - host.total().as_secs_f64()).max(0.0),
         )),
     };
-    if args.json {
-        println!("{}", serde_json::to_string(&result)?);
-    } else {
+    if !json_to_stdout(args) {
         print_report(&result);
     }
+    write_json(args, &result)?;
     Ok(failed == 0)
 }
 

@@ -11,6 +11,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod bench_serve;
 pub mod bench_stats;
 pub mod generate;
 pub mod keygen;
