@@ -507,7 +507,15 @@ fn completions_chat_streaming_and_reattach() {
     let st = call(a, "GET", "/v1/requests/my-req-1", &[], "").json();
     assert_eq!(st["status"], "finished");
     assert_eq!(st["choices"][0]["text"].as_str().unwrap(), whole_text);
-    assert!(st["receipt"].is_null());
+    // The signed receipt of the delivered output: its leaf is in the run's log.
+    let receipt = &st["choices"][0]["receipt"];
+    assert!(receipt["leaf_index"].is_u64(), "{st}");
+    assert!(
+        receipt["head"]
+            .as_str()
+            .is_some_and(|h| h.contains("sov.run/")),
+        "{st}"
+    );
     assert_eq!(call(a, "GET", "/v1/requests/nope", &[], "").status, 404);
 
     // Errors in OpenAI's shape.

@@ -116,6 +116,7 @@ async fn serve(
         api_key: args.api_key.clone(),
         phase: Arc::new(Phase::new(PhaseKind::Loading)),
         metrics,
+        receipts: checkpoints.as_ref().map(|c| c.book.clone()),
     });
     if args.resume.is_some() {
         let c = checkpoints.as_ref().context("--resume needs checkpoints")?;
@@ -133,6 +134,13 @@ async fn serve(
             "sov: requests are journaled in {}; after a crash continue with `sov serve --resume {}`",
             c.dir.display(),
             c.dir.parent().unwrap_or(&c.dir).display()
+        );
+    }
+    if args.model.device() != crate::app::start::Device::Cpu {
+        eprintln!(
+            "sov: note: on a GPU a request's tokens can depend on which requests share its batch \
+             (the kernels are not batch-invariant yet), so a retried or resumed request may differ \
+             from an uninterrupted run; on the CPU it is exact"
         );
     }
     eprintln!("sov: serving on http://{bound}");

@@ -94,6 +94,9 @@ pub struct Choice {
     /// Resumed mid-generation: the tokens from before the checkpoint are not in `deltas`; the
     /// whole output is known only when it finishes (then `deltas` is replaced by it).
     pub prefix_unknown: bool,
+    /// The signed receipt of the finished output (`sov verify --response` checks it), once
+    /// taken from the engine.
+    pub receipt: Option<serde_json::Value>,
 }
 
 impl Choice {

@@ -45,7 +45,16 @@ async fn status(
             .await
             .unwrap_or_else(IntoResponse::into_response);
     }
-    let data = entry.lock();
+    let mut data = entry.lock();
+    if let Some(book) = &st.receipts
+        && let Ok(mut book) = book.lock()
+    {
+        for c in data.choices.iter_mut().filter(|c| c.receipt.is_none()) {
+            if let Some(r) = c.engine_id.and_then(|id| book.receipts.remove(&id)) {
+                c.receipt = serde_json::to_value(r).ok();
+            }
+        }
+    }
     let status = if data.done() {
         "finished"
     } else if data
@@ -74,6 +83,7 @@ async fn status(
                 "completion_tokens": c.tokens(),
                 "prompt_tokens": c.prompt_tokens,
                 "finish_reason": render::reason_value(&c.ending),
+                "receipt": c.receipt,
             })
         })
         .collect();
@@ -106,7 +116,6 @@ async fn status(
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         },
-        "receipt": null,
     }))
     .into_response()
 }

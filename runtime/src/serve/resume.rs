@@ -144,6 +144,7 @@ pub fn rebuild(state: &AppState, book: &Arc<Mutex<ResumeBook>>) -> Result<Rebuil
                             Ending::Done(record.reason)
                         }),
                         prefix_unknown: false,
+                        receipt: None, // taken from the engine's book when read
                     }
                 });
             }

@@ -28,6 +28,8 @@ pub struct AppState {
     pub phase: Arc<Phase>,
     /// Counters and histograms for `/metrics`; handlers call its hooks.
     pub metrics: Arc<crate::serve::metrics::ServerMetrics>,
+    /// Where the engine leaves each finished request's signed receipt (None: checkpoints off).
+    pub receipts: Option<Arc<std::sync::Mutex<crate::engine::checkpointing::ResumeBook>>>,
 }
 
 /// What the server says about itself.
