@@ -56,7 +56,7 @@ pub enum Command {
     Spec(spec::SpecCommand),
     /// Create the Ed25519 key that signs checkpoint receipts.
     Keygen(keygen::KeygenArgs),
-    /// Verify a checkpoint directory's receipt chain.
+    /// Verify a run's signed log, receipts and checkpoints, or responses' receipts offline.
     Verify(verify::VerifyArgs),
     /// Re-execute every finished request of a run and compare it token for token.
     Audit(audit::AuditArgs),
