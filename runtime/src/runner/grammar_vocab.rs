@@ -130,7 +130,3 @@ fn unicode_to_byte() -> HashMap<char, u8> {
     }
     map
 }
-
-#[cfg(test)]
-#[path = "grammar_vocab_tests.rs"]
-mod tests;

@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use tokenizers::Tokenizer;
 
-use super::grammar_vocab;
+use super::grammar_vocab::grammar_vocab;
 use crate::engine::constraint::testing::drive_random;
 use crate::engine::constraint::{Grammar, GrammarCompiler, GrammarVocab, TokenConstraint};
 use crate::loader::cached_default_model;

@@ -19,6 +19,8 @@
 mod cuda;
 pub mod decode_graphs;
 pub mod grammar_vocab;
+#[cfg(test)]
+mod grammar_vocab_tests;
 mod kv_io;
 mod llama_runner;
 #[cfg(test)]
