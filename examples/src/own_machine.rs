@@ -26,7 +26,7 @@
 //!     let path = sov::loader::resolve_model(None, &dirs.cache)?;
 //!     let parts = ModelParts::from(sov::loader::load_model(&path, true)?);
 //!     let started = start_engine::<machine::Scheduler>(parts, &EngineOptions::default())?;
-//!     let rx = started.engine.submit(Request::new(Prompt::Text("Once upon a time".into()), 64))?;
+//!     let rx = started.engine.submit(Request::new(Prompt::Text("Once upon a time".into()), 64))?.rx;
 //!     for out in rx {
 //!         print!("{}", out.text);
 //!         if out.finished.is_some() {
