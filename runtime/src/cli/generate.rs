@@ -11,8 +11,6 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::json;
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Receiver;
 
 use super::model_args::{ModelArgs, StartExtras};
@@ -119,21 +117,9 @@ fn journaled_json(f: &FinishedRecord, receipt: Option<ResponseReceipt>) -> serde
     })
 }
 
-/// SIGINT and SIGTERM raise the returned flag; a second one exits at once.
-fn shutdown_flag() -> anyhow::Result<Arc<AtomicBool>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let flag = Arc::new(AtomicBool::new(false));
-    for (sig, code) in [(SIGINT, 130), (SIGTERM, 143)] {
-        signal_hook::flag::register_conditional_shutdown(sig, code, flag.clone())
-            .context("installing the signal handler")?;
-        signal_hook::flag::register(sig, flag.clone()).context("installing the signal handler")?;
-    }
-    Ok(flag)
-}
-
 /// Runs `sov generate`.
 pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
-    let shutdown = shutdown_flag()?;
+    let shutdown = super::settings::shutdown_flag()?;
     let started = args.model.start_with(
         dirs,
         StartExtras {

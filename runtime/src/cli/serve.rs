@@ -51,21 +51,9 @@ pub struct ServeArgs {
     pub max_waiting: Option<usize>,
 }
 
-/// SIGINT and SIGTERM raise the returned flag; a second one exits at once.
-fn shutdown_flag() -> anyhow::Result<Arc<AtomicBool>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let flag = Arc::new(AtomicBool::new(false));
-    for (sig, code) in [(SIGINT, 130), (SIGTERM, 143)] {
-        signal_hook::flag::register_conditional_shutdown(sig, code, flag.clone())
-            .context("installing the signal handler")?;
-        signal_hook::flag::register(sig, flag.clone()).context("installing the signal handler")?;
-    }
-    Ok(flag)
-}
-
 /// Runs `sov serve`.
 pub fn run(args: ServeArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
-    let shutdown = shutdown_flag()?;
+    let shutdown = super::settings::shutdown_flag()?;
     let started = args.model.start_with(
         dirs,
         StartExtras {

@@ -1,6 +1,7 @@
 //! Settings every subcommand shares, read once at the edge: sov's directories and the log filter,
 //! each a flag with an environment fallback (`SOV_CACHE_DIR`, `SOV_STATE_DIR`, `SOV_CONFIG_DIR`,
-//! `SOV_LOG`), turned into the typed [`SovDirs`] the layers below are given.
+//! `SOV_LOG`), turned into the typed [`SovDirs`] the layers below are given; and the SIGINT/SIGTERM
+//! flag the long-running commands (`generate`, `serve`) checkpoint and stop on.
 //!
 //! Design: clap's `env` fallback, so `--help` shows each variable next to its flag; the XDG
 //! fallbacks are resolved by [`SovDirs::from_env`], the only other reader of the environment.
@@ -58,4 +59,16 @@ impl GlobalArgs {
             .init();
         Ok(())
     }
+}
+
+/// SIGINT and SIGTERM raise the returned flag; a second one exits at once.
+pub fn shutdown_flag() -> anyhow::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for (sig, code) in [(SIGINT, 130), (SIGTERM, 143)] {
+        signal_hook::flag::register_conditional_shutdown(sig, code, flag.clone())
+            .context("installing the signal handler")?;
+        signal_hook::flag::register(sig, flag.clone()).context("installing the signal handler")?;
+    }
+    Ok(flag)
 }
