@@ -15,6 +15,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::backend::{
     AttentionShape, Backend, BackendError, BatchMeta, DType, HeadShape, KvLayer, RmsNorm,
@@ -28,6 +29,7 @@ use super::error::ModelError;
 use super::kv_cache::KvCache;
 use super::plan::{PlanLimits, StepPlan, plan};
 use super::rope;
+use super::tensor_parallel::AllReduce;
 use super::weights::{ModelWeights, TensorSource};
 
 /// A Llama-architecture model with its weights on backend `B`.
@@ -41,6 +43,9 @@ pub struct LlamaModel<B: Backend> {
     /// `[max_positions, D/2]` f32.
     rope_sin: B::Buffer,
     max_positions: usize,
+    /// The tensor-parallel group this model is one rank of (`None`: the whole model). Its o and
+    /// down products are partial sums, summed over the group before the residual add.
+    all_reduce: Option<Arc<dyn AllReduce<B>>>,
 }
 
 /// Activations of one step, sized for its `n` token rows (or more: a runner that replays decode
@@ -145,7 +150,26 @@ impl<B: Backend> LlamaModel<B> {
             heads,
             weights: model_weights,
             max_positions,
+            all_reduce: None,
         })
+    }
+
+    /// Makes this model one rank of a tensor-parallel group: built from
+    /// [`super::tensor_parallel::shard_config`] and [`super::tensor_parallel::shard_weights`], it
+    /// sums its o and down products over `group` (see [`super::tensor_parallel`]).
+    pub fn with_all_reduce(mut self, group: Arc<dyn AllReduce<B>>) -> Self {
+        self.all_reduce = Some(group);
+        self
+    }
+
+    /// Sums `a.sub_out` (`[n, hidden]`) over the tensor-parallel group, if there is one.
+    fn reduce_sub_out(&self, a: &mut Activations<B>, n: usize) -> Result<(), BackendError> {
+        match &self.all_reduce {
+            Some(group) => {
+                group.all_reduce_sum(&self.backend, &mut a.sub_out, n * self.config.hidden_size)
+            }
+            None => Ok(()),
+        }
     }
 
     /// The backend the model runs on.
@@ -379,6 +403,7 @@ impl<B: Backend> LlamaModel<B> {
                 self.heads.q_width(),
                 hidden,
             )?;
+            self.reduce_sub_out(a, n)?;
             b.add_rms_norm(
                 &mut a.hidden,
                 &a.sub_out,
@@ -399,6 +424,7 @@ impl<B: Backend> LlamaModel<B> {
                 SwiGluShape { n, k: hidden, f },
             )?;
             b.matmul(&a.act, &w.down, &mut a.sub_out, n, f, hidden)?;
+            self.reduce_sub_out(a, n)?;
         }
         if self.weights.layers.is_empty() {
             b.rms_norm(

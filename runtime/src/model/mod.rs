@@ -11,6 +11,7 @@ pub mod llama;
 pub mod plan;
 pub mod random;
 pub mod rope;
+pub mod tensor_parallel;
 pub mod weights;
 
 pub use error::ModelError;
