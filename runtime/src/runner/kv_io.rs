@@ -10,7 +10,7 @@ use crate::backend::DType;
 use crate::checkpoint::driver::KvBlockIo;
 use crate::checkpoint::snapshot::KvLayout;
 
-fn dtype_name(d: DType) -> &'static str {
+pub(super) fn dtype_name(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
         DType::F16 => "f16",
@@ -37,18 +37,12 @@ impl<B: RunnerBackend> KvBlockIo for LlamaRunner<B> {
             .kv
             .read_block(self.model.backend(), block)
             .map_err(|e| e.to_string())?;
-        let bs = self.kv.block_size();
-        if tokens >= bs {
-            return Ok(full);
-        }
-        // full: [layers, 2 (K, V), block_size, KVH * D] -> keep the first `tokens` rows of each part.
-        let part = full.len() / (2 * self.kv.num_layers()).max(1);
-        let keep = part / bs * tokens;
-        Ok(full
-            .chunks(part)
-            .flat_map(|p| &p[..keep])
-            .copied()
-            .collect())
+        Ok(tail_of(
+            full,
+            2 * self.kv.num_layers(),
+            self.kv.block_size(),
+            tokens,
+        ))
     }
 
     fn write_block(
@@ -68,21 +62,48 @@ impl<B: RunnerBackend> KvBlockIo for LlamaRunner<B> {
             .kv
             .read_block(self.model.backend(), block)
             .map_err(|e| e.to_string())?;
-        let parts = 2 * self.kv.num_layers();
-        let part = full.len() / parts.max(1);
-        let keep = part / bs * tokens;
-        if bytes.len() != keep * parts {
-            return Err(format!(
-                "tail of {tokens} tokens is {} bytes, expected {}",
-                bytes.len(),
-                keep * parts
-            ));
-        }
-        for (dst, src) in full.chunks_mut(part).zip(bytes.chunks(keep.max(1))) {
-            dst[..keep].copy_from_slice(src);
-        }
+        merge_tail(&mut full, bytes, 2 * self.kv.num_layers(), bs, tokens)?;
         self.kv
             .write_block(self.model.backend(), block, &full)
             .map_err(|e| e.to_string())
     }
+}
+
+/// The first `tokens` token rows of each of the `parts` parts (every layer's K, then V, each
+/// `[block_size, KVH * D]`) of a whole block's bytes `full`: what a checkpoint stores of a
+/// partial tail block.
+pub(super) fn tail_of(full: Vec<u8>, parts: usize, block_size: usize, tokens: usize) -> Vec<u8> {
+    if tokens >= block_size {
+        return full;
+    }
+    let part = full.len() / parts.max(1);
+    let keep = part / block_size * tokens;
+    full.chunks(part)
+        .flat_map(|p| &p[..keep])
+        .copied()
+        .collect()
+}
+
+/// Writes the tail bytes `bytes` of [`tail_of`] (`tokens` rows of each part) over the first rows
+/// of each part of the whole block `full`.
+pub(super) fn merge_tail(
+    full: &mut [u8],
+    bytes: &[u8],
+    parts: usize,
+    block_size: usize,
+    tokens: usize,
+) -> std::result::Result<(), String> {
+    let part = full.len() / parts.max(1);
+    let keep = part / block_size * tokens;
+    if bytes.len() != keep * parts {
+        return Err(format!(
+            "tail of {tokens} tokens is {} bytes, expected {}",
+            bytes.len(),
+            keep * parts
+        ));
+    }
+    for (dst, src) in full.chunks_mut(part).zip(bytes.chunks(keep.max(1))) {
+        dst[..keep].copy_from_slice(src);
+    }
+    Ok(())
 }

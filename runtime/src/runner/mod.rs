@@ -23,12 +23,14 @@ pub mod grammar_vocab;
 mod grammar_vocab_tests;
 mod kv_io;
 mod llama_runner;
+pub mod tensor_parallel;
 #[cfg(test)]
 mod text_cost_bench;
 mod tokenizer_codec;
 
 pub use decode_graphs::DecodeGraphs;
 pub use llama_runner::LlamaRunner;
+pub use tensor_parallel::TensorParallelRunner;
 pub use tokenizer_codec::TokenizerCodec;
 
 use crate::backend::Backend;
