@@ -86,13 +86,11 @@ fn run(m: &mut dyn Step, vocab: usize, decode: usize) -> (Vec<Vec<f32>>, Vec<u32
     let prompt: Vec<u32> = (0..21u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
     let mut logits = vec![m.step(&prompt, 0, &table)];
     let mut tokens = Vec::new();
-    let mut pos = prompt.len();
-    for _ in 0..decode {
+    for pos in prompt.len()..prompt.len() + decode {
         let last = logits.last().map(|l| &l[l.len() - vocab..]).unwrap();
         let t = argmax(last);
         tokens.push(t);
         logits.push(m.step(&[t], pos, &table));
-        pos += 1;
     }
     (logits, tokens)
 }
