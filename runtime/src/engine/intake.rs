@@ -105,6 +105,7 @@ pub fn build_sequence(
         draft: Vec::new(),
         tag: req.tag,
         constraint: None,
+        prefix: Default::default(),
     })
 }
 
