@@ -48,4 +48,6 @@ mod fake;
 #[cfg(test)]
 mod host_bench;
 #[cfg(test)]
+mod kv_tests;
+#[cfg(test)]
 mod tests;

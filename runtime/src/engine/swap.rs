@@ -122,8 +122,11 @@ impl<F: ForwardModel> EngineCore<F> {
         let bs = self.cfg.block_size;
         let n = victim.computed.div_ceil(bs);
         if !victim.prefilled || !self.swap.can_hold(n) || n > victim.block_table.len() {
-            self.notes
-                .push("swap_out: pool full, preempt by recomputation");
+            self.notes.push(if self.swap.can_hold(n) {
+                "swap_out: prefill unfinished, preempt by recomputation"
+            } else {
+                "swap_out: swap pool full, preempt by recomputation"
+            });
             self.preempt_newest();
             return Ok(());
         }
