@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
+use super::checkpointing::core_io::{checkpoint_core, request_record, restore_core};
 use super::codec::ByteCodec;
 use super::core::{CoreConfig, EngineCore};
 use super::intake::{IntakeLimits, build_sequence};
@@ -16,6 +17,9 @@ use super::output::{FinishReason, Output};
 use super::prefix_cache::CacheSalt;
 use super::{EngineError, Prompt, Request, SamplingParams};
 use crate::backend::cpu::CpuBackend;
+use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
+use crate::checkpoint::fixture::{MODEL, SPEC, key};
+use crate::checkpoint::{CheckpointStore, KvMode};
 use crate::model::LlamaModel;
 use crate::model::random::{WeightDtype, random_weights, tiny_config};
 use crate::runner::LlamaRunner;
@@ -75,11 +79,28 @@ fn policy(prefix_cache: bool, swap_blocks: usize) -> KvPolicy {
 
 impl Rig {
     fn submit(&mut self, req: Request) -> Result<Receiver<Output>, EngineError> {
+        self.submit_journaled(req, None)
+    }
+
+    /// Submits `req`, journaling it in `journal` first when given (as the engine's handle does).
+    fn submit_journaled(
+        &mut self,
+        req: Request,
+        journal: Option<&mut Checkpointer>,
+    ) -> Result<Receiver<Output>, EngineError> {
         let (tx, rx) = mpsc::channel();
         let seq = build_sequence(self.next_id, req, &ByteCodec, &self.limits, tx)?;
+        if let Some(j) = journal {
+            j.accept(&request_record(&seq, Vec::new())).unwrap();
+        }
         self.next_id += 1;
         self.core.enqueue(seq);
         Ok(rx)
+    }
+
+    fn step(&mut self) {
+        self.core.publish();
+        self.machine.step(&mut self.core, &self.slots).unwrap();
     }
 
     /// Steps until idle, checking after every step that the `kv_blocks_used` slot counts exactly
@@ -273,4 +294,88 @@ fn a_request_larger_than_the_whole_cache_is_refused_and_the_rest_complete() {
     r.run();
     let got: Vec<Vec<u32>> = rxs.iter().map(collect).collect();
     assert_eq!(got, solo(&small));
+}
+
+fn llama_kv(r: &mut LlamaRunner<CpuBackend>) -> Option<&mut dyn KvBlockIo> {
+    Some(r)
+}
+
+/// The output tokens of a stream's final event, if it came.
+fn finished_tokens(rx: &Receiver<Output>) -> Option<Vec<u32>> {
+    rx.try_iter()
+        .find_map(|o| o.finished)
+        .map(|f| f.output_tokens)
+}
+
+#[test]
+fn a_checkpoint_taken_while_sequences_are_swapped_out_resumes_exactly() {
+    // Swapped sequences are stored as waiting without KV and recomputed after the restore;
+    // the running ones get their KV blocks back.
+    let reqs: Vec<Request> = (0..12)
+        .map(|i| request(tokens(300 + i, 70 + 5 * i), 40, i))
+        .collect();
+    let want = solo(&reqs);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cp = Checkpointer::new(
+        CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap(),
+        KvMode::Blocks,
+    );
+    let mut first = rig(40, policy(true, 10));
+    let rxs: Vec<_> = reqs
+        .iter()
+        .map(|r| first.submit_journaled(r.clone(), Some(&mut cp)).unwrap())
+        .collect();
+    let mut steps = 0;
+    while !first.core.has_swapped() {
+        first.step();
+        steps += 1;
+        assert!(steps < 10_000, "nothing was swapped out");
+    }
+    checkpoint_core(
+        &mut cp,
+        &mut first.core,
+        Scheduler::NAME,
+        first.machine.state_name(),
+        llama_kv,
+        &|_| Vec::new(),
+    )
+    .unwrap();
+    // Work after the checkpoint that a crash loses.
+    for _ in 0..9 {
+        first.step();
+    }
+    let delivered: Vec<Option<Vec<u32>>> = rxs.iter().map(finished_tokens).collect();
+    drop(first);
+    drop(cp);
+
+    let store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
+    let restored = store.latest_valid().unwrap().expect("a checkpoint");
+    let mut second = rig(40, policy(true, 10));
+    let mut resumed = std::collections::BTreeMap::new();
+    restore_core(&mut second.core, &restored, llama_kv, &mut |id| {
+        let (tx, rx) = mpsc::channel();
+        resumed.insert(id, rx);
+        tx
+    })
+    .unwrap();
+    second.machine.set_state_by_name("prefill").unwrap();
+    second.run();
+    let mut seen = 0;
+    for (id, rx) in &resumed {
+        let got = finished_tokens(rx).unwrap_or_else(|| panic!("request {id} lost"));
+        assert_eq!(got, want[*id as usize - 1], "request {id} after the resume");
+        seen += 1;
+    }
+    for (i, d) in delivered.iter().enumerate() {
+        if !resumed.contains_key(&(i as u64 + 1)) {
+            assert_eq!(
+                d.as_ref(),
+                Some(&want[i]),
+                "request {} delivered before",
+                i + 1
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, reqs.len(), "a request was lost");
 }
