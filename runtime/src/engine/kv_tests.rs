@@ -148,7 +148,7 @@ fn collect(rx: &Receiver<Output>) -> Vec<u32> {
 fn request(prompt: Vec<u32>, max_tokens: usize, i: usize) -> Request {
     let mut r = Request::new(Prompt::Tokens(prompt), max_tokens);
     r.ignore_eos = true;
-    r.sampling = if i % 2 == 0 {
+    r.sampling = if i.is_multiple_of(2) {
         SamplingParams::greedy()
     } else {
         SamplingParams {
