@@ -104,12 +104,18 @@ impl<F: ForwardModel> EngineCore<F> {
     }
 
     /// The oldest swapped sequence fits: the batch has room and the free blocks hold its tokens
-    /// plus one block per running sequence (predicate `can_swap_in`).
+    /// plus one block per running sequence, itself included (predicate `can_swap_in`). The reserve
+    /// means the next decode step cannot be short of blocks, so a sequence is never swapped back
+    /// in only to be swapped out again before it decodes; an empty batch needs no reserve (a
+    /// sequence as large as the whole cache still comes back).
     pub fn can_swap_in(&self) -> bool {
+        let reserve = match self.running.len() {
+            0 => 0,
+            n => n + 1,
+        };
         self.swap.front().is_some_and(|s| {
             self.running.len() < self.cfg.max_batch
-                && self.blocks.blocks_for(s.tokens.len()) + self.running.len()
-                    <= self.blocks.free_count()
+                && self.blocks.blocks_for(s.tokens.len()) + reserve <= self.blocks.free_count()
         })
     }
 
@@ -208,11 +214,42 @@ impl<F: ForwardModel> EngineCore<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::codec::ByteCodec;
+    use crate::engine::intake::{IntakeLimits, build_sequence};
+    use crate::engine::{Prompt, Request};
+
+    fn swapped(id: u64, blocks: usize) -> Swapped {
+        let limits = IntakeLimits {
+            context_len: 64,
+            vocab_size: 300,
+            num_blocks: 8,
+            block_size: 4,
+            max_tokens_cap: 8,
+        };
+        let req = Request::new(Prompt::Tokens(vec![1, 2, 3]), 2);
+        let (tx, _) = std::sync::mpsc::channel();
+        Swapped {
+            seq: build_sequence(id, req, &ByteCodec, &limits, tx).unwrap(),
+            blocks: vec![vec![0u8; 8]; blocks],
+        }
+    }
 
     #[test]
     fn the_pool_is_bounded_and_first_in_first_out() {
-        let pool = SwapPool::new(3);
+        let mut pool = SwapPool::new(3);
         assert!(pool.can_hold(3) && !pool.can_hold(4) && pool.is_empty());
-        assert_eq!(pool.used(), 0);
+        pool.push(swapped(1, 2));
+        pool.push(swapped(2, 1));
+        assert_eq!(pool.used(), 3);
+        assert!(pool.can_hold(0) && !pool.can_hold(1));
+        assert_eq!(pool.front().map(|s| s.id), Some(1));
+        assert_eq!(pool.pop_front().map(|s| s.seq.id), Some(1));
+        assert_eq!(pool.used(), 1);
+        pool.push(swapped(3, 2));
+        assert_eq!(pool.remove(2).map(|s| s.id), Some(2));
+        assert!(pool.remove(2).is_none());
+        assert_eq!(pool.used(), 2);
+        let ids: Vec<u64> = pool.take_all().iter().map(|s| s.id).collect();
+        assert_eq!((ids, pool.used(), pool.is_empty()), (vec![3], 0, true));
     }
 }

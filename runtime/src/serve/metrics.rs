@@ -407,6 +407,41 @@ mod tests {
     }
 
     #[test]
+    fn kv_counters_come_from_the_engine() {
+        use crate::backend::cpu::CpuBackend;
+        use crate::engine::{ByteCodec, EngineConfig, Prompt, Request};
+        use crate::model::LlamaModel;
+        use crate::model::random::{WeightDtype, random_weights, tiny_config};
+        use crate::runner::LlamaRunner;
+        use crate::scheduler::seed::Scheduler;
+        let config = tiny_config();
+        let weights = random_weights(&config, 3, WeightDtype::F32);
+        let model = LlamaModel::new(CpuBackend::new(), &config, &weights).unwrap();
+        let runner = LlamaRunner::new(model, 64, 16).unwrap();
+        let config = EngineConfig {
+            num_blocks: 64,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start::<Scheduler, _>(runner, Arc::new(ByteCodec), config).unwrap();
+        let m = ServerMetrics::new();
+        assert_eq!(sample(&m.render(&engine), names::PREFIX_HITS), Some(0.0));
+        // The same 40-token prompt twice, one after the other: the second reads the first's two
+        // full blocks from the prefix cache (the third holds its last token).
+        let prompt: Vec<u32> = (1..=40).collect();
+        for _ in 0..2 {
+            let s = engine
+                .submit(Request::new(Prompt::Tokens(prompt.clone()), 2))
+                .unwrap();
+            while s.rx.recv().is_ok_and(|o| o.finished.is_none()) {}
+        }
+        let text = m.render(&engine);
+        assert_eq!(sample(&text, names::PREFIX_HITS), Some(32.0));
+        assert_eq!(sample(&text, names::PREFIX_QUERIES), Some(80.0));
+        assert_eq!(sample(&text, names::SWAPPED_OUT), Some(0.0));
+        assert_eq!(sample(&text, names::RECOMPUTED), Some(0.0));
+    }
+
+    #[test]
     fn hooks_move_counters_and_histograms() {
         let m = ServerMetrics::new();
         let before = m.handle.render();
