@@ -21,6 +21,8 @@ use crate::engine::codec::{ByteCodec, TextCodec};
 use crate::engine::constraint::GrammarSupport;
 use crate::engine::handle::{Durability, Engine, EngineConfig};
 use crate::engine::hook::{CheckpointHook, RequestJournal};
+use crate::engine::kv_policy::KvPolicy;
+use crate::engine::prefix_cache::CacheSalt;
 use crate::loader::tensor::{HostData, HostTensor};
 use crate::loader::{ChatTemplate, LoadedModel};
 use crate::model::LlamaModel;
@@ -85,6 +87,10 @@ pub struct EngineOptions {
     /// Start with n-gram speculation drafting this many tokens (slot `speculative_draft_len`;
     /// None: the machine's initial value, or the resumed run's).
     pub speculative_draft_len: Option<u32>,
+    /// Share the KV of cached prompt prefixes between requests (on by default).
+    pub prefix_cache: bool,
+    /// Bytes of host memory for KV swapped out under pressure (0: preempt by recomputation only).
+    pub swap_memory_bytes: usize,
 }
 
 /// How the engine checkpoints.
@@ -133,6 +139,8 @@ impl Default for EngineOptions {
             cuda_tuning: CudaTuning::default(),
             runner: RunnerOptions::default(),
             speculative_draft_len: None,
+            prefix_cache: true,
+            swap_memory_bytes: 256 << 20,
         }
     }
 }
@@ -303,6 +311,16 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
             slots,
             grammar: parts.grammar,
             shutdown: opts.shutdown.clone(),
+            kv: KvPolicy {
+                prefix_cache: opts.prefix_cache,
+                swap_blocks: opts.swap_memory_bytes / (per_token * block_size),
+                // Blocks are shared only between requests to the same model in the same KV dtype.
+                salt: CacheSalt::of(&[
+                    parts.name.as_bytes(),
+                    format!("{:?}", parts.config).as_bytes(),
+                    &(per_token as u64).to_le_bytes(),
+                ]),
+            },
         },
         durability,
     )?;

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Generated tokens per request.
     #[arg(long, default_value_t = 128)]
     pub output_len: usize,
+    /// Every prompt starts with the same N random tokens (a shared system prompt) before its own
+    /// `--input-len` ones (vLLM's `--random-prefix-len`); the prefix cache prefills it once.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub shared_prefix_tokens: usize,
     /// Lengths vary uniformly in [len * (1 - r), len * (1 + r)] (vLLM's random dataset).
     #[arg(long, default_value_t = 0.0)]
     pub random_range_ratio: f64,
@@ -133,6 +137,31 @@ pub struct BenchResult {
     pub host_retire_us: f64,
     /// Per decode step: the rest of the busy time, neither forward nor checkpoint, µs.
     pub host_other_us: f64,
+    /// Tokens every prompt shares at its start (`--shared-prefix-tokens`).
+    pub shared_prefix_tokens: usize,
+    /// KV memory during the benchmark: preemptions, swaps, recomputations, prefix-cache hits.
+    pub kv: KvReport,
+}
+
+/// What the engine's KV memory paths did during one benchmark run.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct KvReport {
+    /// Whether the prefix cache was on.
+    pub prefix_cache: bool,
+    /// Sequences that left the batch for lack of KV blocks (swapped out or recomputed).
+    pub preemptions: u64,
+    /// Sequences swapped out to the host pool.
+    pub swapped_out: u64,
+    /// KV blocks copied to the host pool.
+    pub blocks_swapped_out: u64,
+    /// KV blocks copied back.
+    pub blocks_swapped_in: u64,
+    /// Sequences whose KV was dropped and recomputed by prefill.
+    pub recomputed: u64,
+    /// Tokens looked up in the prefix cache at admission.
+    pub prefix_query_tokens: u64,
+    /// Of those, tokens whose KV came from cached blocks.
+    pub prefix_hit_tokens: u64,
 }
 
 /// One request's prompt and output length.
@@ -144,20 +173,21 @@ fn workload(args: &BenchArgs, vocab: usize, eos: &[u32]) -> Vec<(Vec<u32>, usize
         let hi = ((len as f64) * (1.0 + r)).round().max(lo as f64) as usize;
         rng.gen_range(lo..=hi)
     };
+    let token = |rng: &mut rand::rngs::StdRng| loop {
+        let t = rng.gen_range(0..vocab as u32);
+        if !eos.contains(&t) {
+            break t;
+        }
+    };
+    let prefix: Vec<u32> = (0..args.shared_prefix_tokens)
+        .map(|_| token(&mut rng))
+        .collect();
     (0..args.num_prompts)
         .map(|_| {
             let n_in = range(args.input_len, &mut rng);
             let n_out = range(args.output_len, &mut rng);
-            let prompt = (0..n_in)
-                .map(|_| {
-                    loop {
-                        let t = rng.gen_range(0..vocab as u32);
-                        if !eos.contains(&t) {
-                            break t;
-                        }
-                    }
-                })
-                .collect();
+            let mut prompt = prefix.clone();
+            prompt.extend((0..n_in).map(|_| token(&mut rng)));
             (prompt, n_out)
         })
         .collect()
@@ -343,6 +373,17 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
         host_other_us: host.per_step_us(Duration::from_secs_f64(
             (busy - forward - checkpoint - host.total().as_secs_f64()).max(0.0),
         )),
+        shared_prefix_tokens: args.shared_prefix_tokens,
+        kv: KvReport {
+            prefix_cache: !args.model.no_prefix_cache,
+            preemptions: after.preemptions - before.preemptions,
+            swapped_out: after.kv.swapped_out - before.kv.swapped_out,
+            blocks_swapped_out: after.kv.blocks_swapped_out - before.kv.blocks_swapped_out,
+            blocks_swapped_in: after.kv.blocks_swapped_in - before.kv.blocks_swapped_in,
+            recomputed: after.kv.recomputed - before.kv.recomputed,
+            prefix_query_tokens: after.kv.prefix_query_tokens - before.kv.prefix_query_tokens,
+            prefix_hit_tokens: after.kv.prefix_hit_tokens - before.kv.prefix_hit_tokens,
+        },
     };
     if !json_to_stdout(args) {
         print_report(&result);
@@ -416,5 +457,21 @@ fn print_report(r: &BenchResult) {
         format!("{:.1}", r.host_retire_us),
     );
     line("Other (prefill, loop):", format!("{:.1}", r.host_other_us));
+    let kv = &r.kv;
+    println!("{:-^52}", "KV memory");
+    line(
+        "Prefix cache:",
+        if kv.prefix_cache { "on" } else { "off" }.into(),
+    );
+    line(
+        "Prefix cache hit / queried tokens:",
+        format!("{}/{}", kv.prefix_hit_tokens, kv.prefix_query_tokens),
+    );
+    line("Preemptions:", kv.preemptions.to_string());
+    line(
+        "Blocks swapped out / in:",
+        format!("{}/{}", kv.blocks_swapped_out, kv.blocks_swapped_in),
+    );
+    line("Recomputed sequences:", kv.recomputed.to_string());
     println!("{:=^52}", "");
 }

@@ -94,6 +94,13 @@ pub struct ModelArgs {
     #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u32).range(0..=crate::engine::speculative::MAX_DRAFT_LEN as i64))]
     pub speculative_draft_len: Option<u32>,
+    /// Do not share the KV of cached prompt prefixes between requests (prefix caching is on by
+    /// default; outputs are the same either way).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Host memory in MiB for KV swapped out under pressure; 0: preempt by recomputation only.
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub swap_mb: usize,
 }
 
 /// GPU arithmetic on the command line (see [`ModelArgs::precision`]).
@@ -230,6 +237,8 @@ impl ModelArgs {
         let opts = EngineOptions {
             device,
             kv_memory_bytes: self.kv_memory_mb << 20,
+            prefix_cache: !self.no_prefix_cache,
+            swap_memory_bytes: self.swap_mb << 20,
             max_batch: self.max_batch,
             max_prefill_tokens: self.max_prefill_tokens,
             max_context: self.max_context,

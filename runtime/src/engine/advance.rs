@@ -260,6 +260,7 @@ mod tests {
             context_len: 64,
             max_tokens_cap: 64,
             eos_ids: vec![299],
+            kv: Default::default(),
         };
         let now = Instant::now();
         let (mut a, mut b) = (batch(40), batch(40));

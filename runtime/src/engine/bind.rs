@@ -4,8 +4,9 @@
 //! and any outside reader of the slot file see the truth.
 //!
 //! Side paths: `checkpoint` and `restore` run the installed [`super::hook::CheckpointHook`] (the
-//! WORM store) and are counted no-ops without one; `swap_out` preempts by recomputation (no
-//! KV copy to host yet, so nothing is ever marked swapped and `swap_in` has nothing to do).
+//! WORM store) and are counted no-ops without one; `swap_out` and `swap_in` move a sequence's
+//! KV to and from the host swap pool ([`super::swap`]), `swap_out` falling back to preemption by
+//! recomputation when the pool is full.
 
 use super::core::EngineCore;
 use super::error::EngineError;
@@ -52,14 +53,15 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
     }
 
     fn swap_out(&mut self) -> Result<(), EngineError> {
-        self.notes.push("swap_out = preempt by recomputation");
-        let r = EngineCore::preempt(self);
+        let r = EngineCore::swap_out(self);
         self.publish();
         r
     }
 
     fn swap_in(&mut self) -> Result<(), EngineError> {
-        Ok(())
+        let r = EngineCore::swap_in(self);
+        self.publish();
+        r
     }
 
     fn checkpoint(&mut self) -> Result<(), EngineError> {
@@ -115,10 +117,10 @@ impl<F: ForwardModel> Guards for EngineCore<F> {
     }
 
     fn has_swapped(&self) -> bool {
-        false
+        EngineCore::has_swapped(self)
     }
 
     fn can_swap_in(&self) -> bool {
-        false
+        EngineCore::can_swap_in(self)
     }
 }

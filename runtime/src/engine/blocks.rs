@@ -1,12 +1,21 @@
-//! Paged KV block manager: a fixed pool of `block_size`-token blocks, a free list and reference
-//! counts (a block may be shared by forked sequences and returns to the pool when its last holder
-//! frees it).
+//! Paged KV block manager: a fixed pool of `block_size`-token blocks, a free list, reference
+//! counts (a block may be shared by sequences and returns to the pool when its last holder frees
+//! it) and the prefix cache's map from block hashes to blocks.
 //!
-//! Design: vLLM's block manager without prefix caching. Every mutation checks that the whole
-//! request fits before it commits anything, so a step never leaves a half-grown batch behind; the
-//! engine's `kv_blocks_used` slot is [`BlockManager::used`].
+//! Design: vLLM's block manager with automatic prefix caching. A full block offered with its
+//! content hash ([`BlockManager::register`]) stays named by it; when its last holder frees it, it
+//! keeps its KV and waits in an LRU list, so a later request with the same prefix takes it back
+//! ([`BlockManager::lookup`], [`BlockManager::acquire`]). Allocation takes truly free blocks first,
+//! then evicts the least recently released cached block: cached blocks count as free, so they go
+//! before any preemption. Every mutation checks that the whole request fits before it commits
+//! anything, so a step never leaves a half-grown batch behind; the engine's `kv_blocks_used` slot
+//! is [`BlockManager::used`] (blocks some sequence holds).
+
+use std::collections::{BTreeMap, HashMap};
 
 use thiserror::Error;
+
+use super::prefix_cache::BlockHash;
 
 /// Not enough free blocks for an allocation; nothing was allocated.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
@@ -24,8 +33,19 @@ pub struct BlockManager {
     block_size: usize,
     /// Holders of each block, `[num_blocks]`; 0 means free.
     ref_counts: Vec<u32>,
-    /// Free block ids; popped from the end (initially lowest ids first).
+    /// Free block ids holding nothing cached; popped from the end (initially lowest ids first).
     free: Vec<u32>,
+    /// Whether full blocks are kept by hash after their last holder frees them.
+    caching: bool,
+    /// The hash naming each cached block, `[num_blocks]` (None: not in the cache).
+    hash_of: Vec<Option<BlockHash>>,
+    /// Cached blocks by hash.
+    by_hash: HashMap<BlockHash, u32>,
+    /// Cached blocks nobody holds, by the tick they were released (oldest first): evictable.
+    lru: BTreeMap<u64, u32>,
+    /// The tick each block entered `lru`, `[num_blocks]`.
+    lru_tick: Vec<u64>,
+    tick: u64,
 }
 
 impl BlockManager {
@@ -35,7 +55,19 @@ impl BlockManager {
             block_size: block_size.max(1),
             ref_counts: vec![0; num_blocks],
             free: (0..num_blocks as u32).rev().collect(),
+            caching: false,
+            hash_of: vec![None; num_blocks],
+            by_hash: HashMap::new(),
+            lru: BTreeMap::new(),
+            lru_tick: vec![0; num_blocks],
+            tick: 0,
         }
+    }
+
+    /// The same pool with prefix caching on or off (see [`BlockManager::register`]).
+    pub fn with_prefix_cache(mut self, on: bool) -> Self {
+        self.caching = on;
+        self
     }
 
     /// Tokens per block.
@@ -48,14 +80,19 @@ impl BlockManager {
         self.ref_counts.len()
     }
 
-    /// Blocks currently free.
+    /// Blocks an allocation may take: free ones plus cached ones nobody holds (evicted on demand).
     pub fn free_count(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.lru.len()
     }
 
     /// Blocks held by at least one sequence.
     pub fn used(&self) -> usize {
-        self.total() - self.free.len()
+        self.total() - self.free_count()
+    }
+
+    /// Blocks in the prefix cache (held or not).
+    pub fn cached(&self) -> usize {
+        self.by_hash.len()
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -80,22 +117,79 @@ impl BlockManager {
             .iter()
             .map(|(t, n)| self.extra_blocks(t.len(), *n))
             .sum();
-        if needed > self.free.len() {
+        if needed > self.free_count() {
             return Err(OutOfBlocks {
                 needed,
-                free: self.free.len(),
+                free: self.free_count(),
             });
         }
         for (table, tokens) in tables.iter_mut() {
             for _ in 0..self.extra_blocks(table.len(), *tokens) {
                 // Cannot fail: the total was checked above.
-                if let Some(b) = self.free.pop() {
-                    self.ref_counts[b as usize] = 1;
+                if let Some(b) = self.take_block() {
                     table.push(b);
                 }
             }
         }
         Ok(())
+    }
+
+    /// One block for a new holder: a free one, else the least recently released cached one
+    /// (forgetting its hash).
+    fn take_block(&mut self) -> Option<u32> {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.lru.pop_first()?;
+                if let Some(h) = self.hash_of[b as usize].take() {
+                    self.by_hash.remove(&h);
+                }
+                b
+            }
+        };
+        self.ref_counts[b as usize] = 1;
+        Some(b)
+    }
+
+    /// Names full block `block` by `hash` in the prefix cache (its KV holds exactly the tokens the
+    /// hash names). No-op when caching is off, when the block is already named, or when another
+    /// block already has this hash (this one stays private and is freed as usual).
+    pub fn register(&mut self, block: u32, hash: BlockHash) {
+        let Some(slot) = self.hash_of.get(block as usize) else {
+            return;
+        };
+        if !self.caching || slot.is_some() || self.by_hash.contains_key(&hash) {
+            return;
+        }
+        self.hash_of[block as usize] = Some(hash);
+        self.by_hash.insert(hash, block);
+    }
+
+    /// The cached blocks of the longest prefix of `hashes` (a chain), in order.
+    pub fn lookup(&self, hashes: &[BlockHash]) -> Vec<u32> {
+        hashes
+            .iter()
+            .map_while(|h| self.by_hash.get(h).copied())
+            .collect()
+    }
+
+    /// Of `blocks` (from [`BlockManager::lookup`]), how many nobody holds now: taking them uses up
+    /// that much of [`BlockManager::free_count`].
+    pub fn idle_among(&self, blocks: &[u32]) -> usize {
+        blocks.iter().filter(|&&b| self.ref_count(b) == 0).count()
+    }
+
+    /// Another holder for each of `blocks` (cached blocks found by [`BlockManager::lookup`]);
+    /// returns them as the start of a block table.
+    pub fn acquire(&mut self, blocks: &[u32]) -> Vec<u32> {
+        for &b in blocks {
+            let rc = &mut self.ref_counts[b as usize];
+            if *rc == 0 {
+                self.lru.remove(&self.lru_tick[b as usize]);
+            }
+            *rc += 1;
+        }
+        blocks.to_vec()
     }
 
     /// Grows one table to hold `tokens` tokens (all or nothing).
@@ -128,7 +222,13 @@ impl BlockManager {
             if *rc > 0 {
                 *rc -= 1;
                 if *rc == 0 {
-                    self.free.push(b);
+                    if self.hash_of[b as usize].is_some() {
+                        self.tick += 1;
+                        self.lru_tick[b as usize] = self.tick;
+                        self.lru.insert(self.tick, b);
+                    } else {
+                        self.free.push(b);
+                    }
                 }
             }
         }
@@ -187,12 +287,53 @@ mod tests {
         assert_eq!(m.used(), 0);
     }
 
+    fn h(i: u8) -> BlockHash {
+        [i; 32]
+    }
+
+    #[test]
+    fn cached_blocks_outlive_their_holders_until_evicted_oldest_first() {
+        let mut m = BlockManager::new(4, 4).with_prefix_cache(true);
+        let mut a = vec![];
+        m.grow(&mut a, 12).unwrap();
+        for (i, &b) in a.iter().enumerate() {
+            m.register(b, h(i as u8));
+        }
+        let blocks = a.clone();
+        m.release(&mut a);
+        // Nobody holds them, yet they keep their names and count as free.
+        assert_eq!((m.used(), m.free_count(), m.cached()), (0, 4, 3));
+        assert_eq!(m.lookup(&[h(0), h(1), h(9)]), blocks[..2].to_vec());
+        assert_eq!(m.idle_among(&blocks[..2]), 2);
+        let mut b = m.acquire(&blocks[..2]);
+        assert_eq!(
+            (m.used(), m.free_count(), m.ref_count(blocks[0])),
+            (2, 2, 1)
+        );
+        // Growing b by two blocks takes the free one, then evicts the only idle cached block.
+        m.grow(&mut b, 16).unwrap();
+        assert_eq!(m.used(), 4);
+        assert_eq!(m.lookup(&[h(0), h(1), h(2)]), blocks[..2].to_vec());
+        assert_eq!(m.cached(), 2, "block 2's name went with its eviction");
+        // A duplicate hash leaves the second block private: freed outright.
+        m.register(b[2], h(0));
+        let mut tail = b.split_off(2);
+        m.release(&mut tail);
+        assert_eq!((m.free_count(), m.cached()), (2, 2));
+        // With caching off nothing is ever named.
+        let mut off = BlockManager::new(2, 4);
+        let mut t = vec![];
+        off.grow(&mut t, 4).unwrap();
+        off.register(t[0], h(0));
+        assert!(off.lookup(&[h(0)]).is_empty());
+    }
+
     proptest! {
         /// Random grows and releases keep the pool consistent: every block is either free with count 0
         /// or held with a count equal to the number of tables listing it.
         #[test]
-        fn pool_stays_consistent(ops in proptest::collection::vec((0usize..6, 0usize..40, any::<bool>()), 1..200)) {
-            let mut m = BlockManager::new(12, 4);
+        fn pool_stays_consistent(ops in proptest::collection::vec((0usize..6, 0usize..40, any::<bool>()), 1..200), caching in any::<bool>()) {
+            let mut m = BlockManager::new(12, 4).with_prefix_cache(caching);
             let mut tables: Vec<(Vec<u32>, usize)> = vec![(vec![], 0); 6];
             for (i, tokens, release) in ops {
                 if release {
@@ -204,6 +345,17 @@ mod tests {
                     match m.grow(&mut tables[i].0, want) {
                         Ok(()) => tables[i].1 = want,
                         Err(_) => prop_assert_eq!(m.used(), before),
+                    }
+                    // Name the table's first block by its table (the same hash for equal tokens).
+                    if let Some(&b) = tables[i].0.first() {
+                        m.register(b, [i as u8; 32]);
+                    }
+                    // Another table may start from a cached block.
+                    let j = (i + 1) % 6;
+                    if tables[j].0.is_empty() {
+                        let found = m.lookup(&[[i as u8; 32]]);
+                        tables[j].0 = m.acquire(&found);
+                        tables[j].1 = 4 * found.len();
                     }
                 }
                 let mut holders = [0u32; 12];

@@ -19,9 +19,11 @@ use super::error::EngineError;
 use super::forward::{ForwardModel, PickedRows, RowPick, pick_on_host};
 use super::hook::CheckpointHook;
 use super::host_times::DecodeHostTimes;
+use super::kv_policy::{KvCounters, KvPolicy};
 use super::outbox::Outbox;
 use super::output::{FinishReason, Finished, Output};
 use super::sequence::Sequence;
+use super::swap::SwapPool;
 use crate::model::batch::SeqChunk;
 use crate::scheduler::Slots;
 
@@ -42,6 +44,8 @@ pub struct CoreConfig {
     pub max_tokens_cap: usize,
     /// End-of-sequence token ids.
     pub eos_ids: Vec<u32>,
+    /// Prefix caching and the host swap pool.
+    pub kv: KvPolicy,
 }
 
 /// How a forward pass answers ([`EngineCore::forward_rows`]).
@@ -107,6 +111,10 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) totals: TokenTotals,
     /// Structured output, to rebuild restored requests' matchers (None: no grammar support).
     pub(crate) grammar: Option<Arc<GrammarSupport>>,
+    /// Sequences swapped out to host memory, oldest first.
+    pub(crate) swap: SwapPool,
+    /// What the prefix cache, swapping and recomputation did so far.
+    pub(crate) kv_counts: KvCounters,
 }
 
 /// Running totals the engine reports in its stats (and a server in its metrics).
@@ -124,7 +132,9 @@ impl<F: ForwardModel> EngineCore<F> {
     /// An idle core over `model` with an empty KV cache of `cfg.num_blocks` blocks, publishing to
     /// `slots`.
     pub fn new(model: F, codec: Arc<dyn TextCodec>, cfg: CoreConfig, slots: Slots) -> Self {
-        let blocks = BlockManager::new(cfg.num_blocks, cfg.block_size);
+        let blocks = BlockManager::new(cfg.num_blocks, cfg.block_size)
+            .with_prefix_cache(cfg.kv.prefix_cache);
+        let swap = SwapPool::new(cfg.kv.swap_blocks);
         Self {
             cfg,
             model,
@@ -149,6 +159,8 @@ impl<F: ForwardModel> EngineCore<F> {
             outbox: Outbox::inline(),
             totals: TokenTotals::default(),
             grammar: None,
+            swap,
+            kv_counts: KvCounters::default(),
         }
     }
 
@@ -174,8 +186,9 @@ impl<F: ForwardModel> EngineCore<F> {
     }
 
     /// Queues an accepted sequence.
-    pub fn enqueue(&mut self, seq: Sequence) {
+    pub fn enqueue(&mut self, mut seq: Sequence) {
         self.totals.prompt_tokens += seq.prompt_len as u64;
+        self.hash_prefix(&mut seq);
         self.waiting.push_back(seq);
     }
 
@@ -184,9 +197,14 @@ impl<F: ForwardModel> EngineCore<F> {
         self.totals
     }
 
-    /// Nothing waiting or running.
+    /// What the prefix cache, swapping and recomputation did so far.
+    pub fn kv_counters(&self) -> KvCounters {
+        self.kv_counts
+    }
+
+    /// Nothing waiting, running or swapped out.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.waiting.is_empty() && self.running.is_empty() && self.swap.is_empty()
     }
 
     /// The current values of the slot counters.
@@ -263,14 +281,20 @@ impl<F: ForwardModel> EngineCore<F> {
         self.running.len()
     }
 
-    /// A request is waiting, the batch has room, and the cache can hold its tokens (plus the
-    /// running batch's growth reserve).
+    /// A request is waiting, nothing is swapped out (swapped sequences come back first), the
+    /// batch has room, and the cache can hold its tokens (less those found in the prefix cache,
+    /// plus the running batch's growth reserve). A request whose next prefix block is being
+    /// prefilled for a sequence admitted before it waits for that prefill, to share its blocks.
     pub fn can_admit(&self) -> bool {
         match self.waiting.front() {
             Some(seq) => {
-                self.running.len() < self.cfg.max_batch
-                    && self.blocks.blocks_for(seq.tokens.len() + 1) + self.growth_reserve()
-                        <= self.blocks.free_count()
+                let hit = self.prefix_hit(seq);
+                let needed = self.blocks.blocks_for(seq.tokens.len() + 1) - hit.len()
+                    + self.blocks.idle_among(&hit);
+                self.swap.is_empty()
+                    && self.running.len() < self.cfg.max_batch
+                    && needed + self.growth_reserve() <= self.blocks.free_count()
+                    && !self.prefix_in_flight(seq, hit.len())
             }
             None => false,
         }
@@ -311,15 +335,18 @@ impl<F: ForwardModel> EngineCore<F> {
     // ----- actions -----
 
     /// Moves waiting sequences into the running batch while [`Self::can_admit`] holds, allocating
-    /// blocks for all their tokens (a preempted sequence brings its generated tokens back too).
+    /// blocks for all their tokens (a preempted sequence brings its generated tokens back too);
+    /// the longest cached prefix of full blocks is shared rather than prefilled.
     pub fn admit(&mut self) -> Result<(), EngineError> {
         while self.can_admit() {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
             let n = seq.tokens.len();
+            self.take_prefix(&mut seq);
             if let Err(e) = self.blocks.grow(&mut seq.block_table, n) {
                 // can_admit checked the same numbers; keep the request rather than lose it.
+                self.drop_kv(&mut seq);
                 self.waiting.push_front(seq);
                 tracing::error!("admit: {e}");
                 break;
@@ -390,6 +417,7 @@ impl<F: ForwardModel> EngineCore<F> {
                     rows.push((i, input));
                 }
             }
+            self.offer_full_blocks();
             self.advance_and_retire(&rows, now);
         }
         Ok(())
@@ -436,6 +464,7 @@ impl<F: ForwardModel> EngineCore<F> {
             self.running[i].computed += 1;
             rows.push((i, input));
         }
+        self.offer_full_blocks();
         let finished = self.advance_rows(&rows, now);
         let t_retire = Instant::now();
         self.decode_host.tokens += t_retire - t_tokens;
@@ -625,13 +654,21 @@ impl<F: ForwardModel> EngineCore<F> {
     /// requeues it at the front of the waiting queue; it is recomputed when readmitted.
     pub(crate) fn preempt_newest(&mut self) {
         if let Some(mut seq) = self.running.pop() {
-            self.blocks.release(&mut seq.block_table);
-            seq.computed = 0;
-            seq.prefilled = false;
+            self.drop_kv(&mut seq);
             seq.preemptions += 1;
             self.totals.preemptions += 1;
+            self.kv_counts.recomputed += 1;
+            self.hash_prefix(&mut seq);
             self.waiting.push_front(seq);
         }
+    }
+
+    /// Frees `seq`'s blocks and forgets its KV (its tokens stay): it is prefilled again.
+    pub(crate) fn drop_kv(&mut self, seq: &mut Sequence) {
+        self.blocks.release(&mut seq.block_table);
+        seq.computed = 0;
+        seq.prefilled = false;
+        seq.prefix.registered = 0;
     }
 
     /// Samples the next token of running sequence `i` from its logits row, queues its event, and
@@ -681,6 +718,7 @@ impl<F: ForwardModel> EngineCore<F> {
             .iter()
             .position(|s| s.id == id)
             .and_then(|i| self.waiting.remove(i))
+            .or_else(|| self.swap.remove(id))
         {
             self.outbox.settle();
             self.finish_all(vec![(s, FinishReason::Abort)]);

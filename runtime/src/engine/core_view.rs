@@ -21,6 +21,8 @@ pub struct CoreParts<'a, F> {
     pub model: &'a mut F,
     /// Running sequences, admission order (the newest last).
     pub running: &'a [Sequence],
+    /// Sequences swapped out to host memory, oldest first (they come back before the waiting).
+    pub swapped: Vec<&'a Sequence>,
     /// Waiting sequences, queue order.
     pub waiting: &'a VecDeque<Sequence>,
     /// The live control surface.
@@ -39,6 +41,7 @@ impl<F: ForwardModel> EngineCore<F> {
         CoreParts {
             model: &mut self.model,
             running: &self.running,
+            swapped: self.swap.sequences().collect(),
             waiting: &self.waiting,
             slots: &self.slots,
             decode_steps: self.decode_steps,
@@ -51,9 +54,12 @@ impl<F: ForwardModel> EngineCore<F> {
     }
 
     /// The codec that turns the core's tokens into text.
-    /// Every sequence in the core, running then waiting.
+    /// Every sequence in the core, running, swapped out, then waiting.
     pub fn sequences(&self) -> impl Iterator<Item = &Sequence> {
-        self.running.iter().chain(self.waiting.iter())
+        self.running
+            .iter()
+            .chain(self.swap.sequences())
+            .chain(self.waiting.iter())
     }
 
     /// The core's tokenizer.
@@ -66,14 +72,16 @@ impl<F: ForwardModel> EngineCore<F> {
         &self.slots
     }
 
-    /// Empties the core: every running sequence's blocks are freed; returns the running sequences
-    /// (admission order) then the waiting ones (queue order), their block tables empty.
+    /// Empties the core: every running sequence's blocks are freed and the swap pool emptied;
+    /// returns the running sequences (admission order), the swapped ones (oldest first), then the
+    /// waiting ones (queue order), their block tables empty.
     pub fn take_sequences(&mut self) -> Vec<Sequence> {
         let mut all: Vec<Sequence> = Vec::with_capacity(self.running.len() + self.waiting.len());
-        for mut s in self.running.drain(..) {
-            self.blocks.release(&mut s.block_table);
+        for mut s in std::mem::take(&mut self.running) {
+            self.drop_kv(&mut s);
             all.push(s);
         }
+        all.extend(self.swap.take_all());
         all.extend(self.waiting.drain(..));
         all
     }
@@ -106,9 +114,8 @@ impl<F: ForwardModel> EngineCore<F> {
 
     /// Queues `seq` for (re)computation from its first token: whatever KV it had is dropped.
     pub fn requeue_for_recompute(&mut self, mut seq: Sequence) {
-        self.blocks.release(&mut seq.block_table);
-        seq.computed = 0;
-        seq.prefilled = false;
+        self.drop_kv(&mut seq);
+        self.hash_prefix(&mut seq);
         self.waiting.push_back(seq);
     }
 

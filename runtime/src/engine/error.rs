@@ -41,7 +41,9 @@ pub enum EngineError {
         vocab_size: usize,
     },
     /// The prompt alone needs more KV blocks than the whole cache has, so it could never run.
-    #[error("the prompt needs {needed} KV blocks but the cache has only {total}")]
+    #[error(
+        "the prompt needs {needed} KV blocks (with its first new token) but the whole KV cache has only {total}"
+    )]
     PromptExceedsCache {
         /// Blocks the prompt (plus one generated token) needs.
         needed: usize,

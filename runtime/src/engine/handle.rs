@@ -20,7 +20,9 @@ use super::forward::ForwardModel;
 use super::hook::{CheckpointHook, RequestJournal};
 use super::host_times::DecodeHostTimes;
 use super::intake::{IntakeLimits, bind_grammar, build_sequence};
+use super::kv_policy::{KvCounters, KvPolicy};
 use super::output::Output;
+use super::prefix_cache::CacheSalt;
 use super::request::Request;
 use super::sequence::Sequence;
 use crate::scheduler::{Cause, Machine, PowerState, Slots};
@@ -52,6 +54,9 @@ pub struct EngineConfig {
     /// Set (by a signal handler) to stop serving: the engine raises `power_state = suspend`, runs
     /// one more step (the machine's suspend interrupt checkpoints) and exits its loop.
     pub shutdown: Option<Arc<AtomicBool>>,
+    /// Prefix caching and the host swap pool (the engine adds the machine and block size to the
+    /// cache salt).
+    pub kv: KvPolicy,
 }
 
 /// The checkpoint side of an engine (see [`super::hook`]).
@@ -77,6 +82,7 @@ impl Default for EngineConfig {
             slots: None,
             grammar: None,
             shutdown: None,
+            kv: KvPolicy::default(),
         }
     }
 }
@@ -127,8 +133,11 @@ pub struct EngineStats {
     pub prompt_tokens: u64,
     /// Tokens generated and delivered so far.
     pub generation_tokens: u64,
-    /// Preemptions so far (a sequence's KV dropped and recomputed later).
+    /// Preemptions so far: sequences that left the batch for lack of KV blocks (swapped out or
+    /// dropped for recomputation; [`EngineStats::kv`] says which).
     pub preemptions: u64,
+    /// Swaps, recomputations and prefix-cache hits so far.
+    pub kv: KvCounters,
 }
 
 /// What the handle sends the engine thread.
@@ -220,6 +229,14 @@ impl Engine {
             context_len,
             max_tokens_cap,
             eos_ids: config.eos_ids.clone(),
+            kv: KvPolicy {
+                salt: CacheSalt::of(&[
+                    &config.kv.salt.0,
+                    M::NAME.as_bytes(),
+                    &(block_size as u64).to_le_bytes(),
+                ]),
+                ..config.kv.clone()
+            },
         };
         let (tx, rx) = mpsc::channel::<Inbound>();
         let trace = Arc::new(Mutex::new(Vec::new()));
@@ -495,6 +512,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
                     stats.prompt_tokens = totals.prompt_tokens;
                     stats.generation_tokens = totals.generation_tokens;
                     stats.preemptions = totals.preemptions;
+                    stats.kv = core.kv_counters();
                     if let Ok(mut shared) = live.lock() {
                         *shared = stats;
                     }
@@ -539,6 +557,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
         prompt_tokens: totals.prompt_tokens,
         generation_tokens: totals.generation_tokens,
         preemptions: totals.preemptions,
+        kv: core.kv_counters(),
         decode_steps: core.decode_steps(),
         checkpoints,
         restores,

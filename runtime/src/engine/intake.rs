@@ -69,17 +69,19 @@ pub fn build_sequence(
             vocab_size: limits.vocab_size,
         });
     }
-    if prompt.len() + 1 > limits.context_len {
-        return Err(EngineError::PromptTooLong {
-            prompt_tokens: prompt.len(),
-            context_len: limits.context_len,
-        });
-    }
+    // The cache is checked first: the engine's context length is capped by the cache's size, and
+    // "the whole KV cache" says why better than "the context".
     let needed = (prompt.len() + 1).div_ceil(limits.block_size);
     if needed > limits.num_blocks {
         return Err(EngineError::PromptExceedsCache {
             needed,
             total: limits.num_blocks,
+        });
+    }
+    if prompt.len() + 1 > limits.context_len {
+        return Err(EngineError::PromptTooLong {
+            prompt_tokens: prompt.len(),
+            context_len: limits.context_len,
         });
     }
     let seed = req.sampling.seed.unwrap_or_else(rand::random);
@@ -105,6 +107,7 @@ pub fn build_sequence(
         draft: Vec::new(),
         tag: req.tag,
         constraint: None,
+        prefix: Default::default(),
     })
 }
 

@@ -4,8 +4,9 @@
 //! thread and queues it; one engine thread owns the model and repeatedly asks the generated
 //! scheduler (`crate::scheduler`, compiled from `specs/scheduler.toml`) for the next step, whose
 //! actions and predicates [`core::EngineCore`] implements: admit (block manager), prefill and
-//! decode (model forward + [`sampler`]), preempt by recomputation, and the side paths (checkpoint,
-//! swap, speculative draft/verify). Outputs stream back per request over a channel.
+//! decode (model forward + [`sampler`]), preempt by recomputation or swap to host ([`swap`]),
+//! share cached prompt prefixes ([`prefix_cache`]), and the side paths (checkpoint, speculative
+//! draft/verify). Outputs stream back per request over a channel.
 
 pub mod advance;
 pub mod bind;
@@ -21,13 +22,17 @@ pub mod handle;
 pub mod hook;
 pub mod host_times;
 pub mod intake;
+pub mod kv_policy;
 pub mod outbox;
 pub mod output;
+pub mod prefix_cache;
+mod prefix_core;
 pub mod request;
 pub mod rng;
 pub mod sampler;
 pub mod sequence;
 pub mod speculative;
+pub mod swap;
 pub mod text;
 
 pub use codec::{ByteCodec, TextCodec};
@@ -35,11 +40,14 @@ pub use error::EngineError;
 pub use forward::ForwardModel;
 pub use handle::{Engine, EngineConfig, EngineStats, Submitted, TraceEntry};
 pub use host_times::DecodeHostTimes;
+pub use kv_policy::{KvCounters, KvPolicy};
 pub use output::{FinishReason, Finished, Output};
 pub use request::{Prompt, Request, SamplingParams};
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod host_bench;
+#[cfg(test)]
+mod kv_tests;
 #[cfg(test)]
 mod tests;

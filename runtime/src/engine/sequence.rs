@@ -52,6 +52,8 @@ pub struct Sequence {
     pub tag: Vec<u8>,
     /// Structured output: the grammar and its matcher (None: free text).
     pub constraint: Option<super::constraint::Constrained>,
+    /// Prefix caching: the hashes of its full blocks and how many of its blocks are offered.
+    pub prefix: super::prefix_cache::PrefixState,
 }
 
 impl Sequence {

@@ -155,6 +155,7 @@ impl<F: ForwardModel> EngineCore<F> {
             let n = s.tokens.len();
             self.blocks.shrink(&mut s.block_table, n);
         }
+        self.offer_full_blocks();
         self.retire(finished);
         Ok(())
     }

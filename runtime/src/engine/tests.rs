@@ -63,6 +63,7 @@ impl Stepper {
             context_len: 1024.min(num_blocks * BS),
             max_tokens_cap: 2048,
             eos_ids: vec![299],
+            kv: Default::default(),
         };
         let limits = IntakeLimits {
             context_len: cfg.context_len,

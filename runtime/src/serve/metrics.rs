@@ -75,8 +75,18 @@ pub mod names {
     pub const GENERATION_TOKENS: &str = "sov_generation_tokens_total";
     /// Counter: finished requests by `finished_reason`.
     pub const SUCCESS: &str = "sov_request_success_total";
-    /// Counter: sequences preempted (by recomputation).
+    /// Counter: sequences preempted for lack of KV blocks (swapped out or recomputed).
     pub const PREEMPTIONS: &str = "sov_num_preemptions_total";
+    /// Counter: KV blocks copied to the host swap pool.
+    pub const SWAPPED_OUT: &str = "sov_kv_blocks_swapped_out_total";
+    /// Counter: KV blocks copied back from the host swap pool.
+    pub const SWAPPED_IN: &str = "sov_kv_blocks_swapped_in_total";
+    /// Counter: sequences whose KV was dropped and recomputed by prefill.
+    pub const RECOMPUTED: &str = "sov_num_recomputed_sequences_total";
+    /// Counter: tokens looked up in the prefix cache at admission (vLLM: prefix_cache_queries).
+    pub const PREFIX_QUERIES: &str = "sov_prefix_cache_queries_total";
+    /// Counter: of those, tokens whose KV came from the cache (vLLM: prefix_cache_hits).
+    pub const PREFIX_HITS: &str = "sov_prefix_cache_hits_total";
     /// Counter: checkpoints written.
     pub const CHECKPOINTS: &str = "sov_checkpoints_total";
     /// Counter: speculative draft tokens the model accepted.
@@ -113,7 +123,18 @@ const COUNTERS: &[(&str, &str)] = &[
     (names::PROMPT_TOKENS, "Prompt tokens of queued requests."),
     (names::GENERATION_TOKENS, "Tokens generated and delivered."),
     (names::SUCCESS, "Finished requests by finish reason."),
-    (names::PREEMPTIONS, "Sequences preempted by recomputation."),
+    (
+        names::PREEMPTIONS,
+        "Sequences preempted (swapped out or recomputed).",
+    ),
+    (names::SWAPPED_OUT, "KV blocks swapped out to host memory."),
+    (names::SWAPPED_IN, "KV blocks swapped back in."),
+    (names::RECOMPUTED, "Sequences whose KV was recomputed."),
+    (
+        names::PREFIX_QUERIES,
+        "Tokens looked up in the prefix cache.",
+    ),
+    (names::PREFIX_HITS, "Tokens found in the prefix cache."),
     (names::CHECKPOINTS, "Checkpoints written."),
     (names::SPEC_ACCEPTED, "Speculative draft tokens accepted."),
     (names::SPEC_DRAFT, "Speculative draft tokens proposed."),
@@ -155,6 +176,7 @@ pub struct ServerMetrics {
     kv_total: Gauge,
     receipt_height: Gauge,
     preemptions: Counter,
+    kv: [Counter; 5],
     checkpoints: Counter,
     spec_accepted: Counter,
     spec_draft: Counter,
@@ -215,6 +237,14 @@ impl ServerMetrics {
             kv_total: gauge(names::KV_TOTAL),
             receipt_height: gauge(names::RECEIPT_HEIGHT),
             preemptions: counter(names::PREEMPTIONS),
+            kv: [
+                names::SWAPPED_OUT,
+                names::SWAPPED_IN,
+                names::RECOMPUTED,
+                names::PREFIX_QUERIES,
+                names::PREFIX_HITS,
+            ]
+            .map(counter),
             checkpoints: counter(names::CHECKPOINTS),
             spec_accepted: counter(names::SPEC_ACCEPTED),
             spec_draft: counter(names::SPEC_DRAFT),
@@ -230,7 +260,10 @@ impl ServerMetrics {
             &m.checkpoints,
             &m.spec_accepted,
             &m.spec_draft,
-        ] {
+        ]
+        .into_iter()
+        .chain(&m.kv)
+        {
             c.increment(0);
         }
         m
@@ -290,6 +323,17 @@ impl ServerMetrics {
         self.prompt_tokens.absolute(stats.prompt_tokens);
         self.generation_tokens.absolute(stats.generation_tokens);
         self.preemptions.absolute(stats.preemptions);
+        let kv = stats.kv;
+        let values = [
+            kv.blocks_swapped_out,
+            kv.blocks_swapped_in,
+            kv.recomputed,
+            kv.prefix_query_tokens,
+            kv.prefix_hit_tokens,
+        ];
+        for (c, v) in self.kv.iter().zip(values) {
+            c.absolute(v);
+        }
         self.checkpoints.absolute(stats.checkpoints);
         self.spec_accepted.absolute(stats.spec_accepted);
         self.spec_draft.absolute(stats.spec_proposed);
@@ -360,6 +404,41 @@ mod tests {
                 .parse()
                 .ok()
         })
+    }
+
+    #[test]
+    fn kv_counters_come_from_the_engine() {
+        use crate::backend::cpu::CpuBackend;
+        use crate::engine::{ByteCodec, EngineConfig, Prompt, Request};
+        use crate::model::LlamaModel;
+        use crate::model::random::{WeightDtype, random_weights, tiny_config};
+        use crate::runner::LlamaRunner;
+        use crate::scheduler::seed::Scheduler;
+        let config = tiny_config();
+        let weights = random_weights(&config, 3, WeightDtype::F32);
+        let model = LlamaModel::new(CpuBackend::new(), &config, &weights).unwrap();
+        let runner = LlamaRunner::new(model, 64, 16).unwrap();
+        let config = EngineConfig {
+            num_blocks: 64,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start::<Scheduler, _>(runner, Arc::new(ByteCodec), config).unwrap();
+        let m = ServerMetrics::new();
+        assert_eq!(sample(&m.render(&engine), names::PREFIX_HITS), Some(0.0));
+        // The same 40-token prompt twice, one after the other: the second reads the first's two
+        // full blocks from the prefix cache (the third holds its last token).
+        let prompt: Vec<u32> = (1..=40).collect();
+        for _ in 0..2 {
+            let s = engine
+                .submit(Request::new(Prompt::Tokens(prompt.clone()), 2))
+                .unwrap();
+            while s.rx.recv().is_ok_and(|o| o.finished.is_none()) {}
+        }
+        let text = m.render(&engine);
+        assert_eq!(sample(&text, names::PREFIX_HITS), Some(32.0));
+        assert_eq!(sample(&text, names::PREFIX_QUERIES), Some(80.0));
+        assert_eq!(sample(&text, names::SWAPPED_OUT), Some(0.0));
+        assert_eq!(sample(&text, names::RECOMPUTED), Some(0.0));
     }
 
     #[test]

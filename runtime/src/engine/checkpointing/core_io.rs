@@ -153,16 +153,20 @@ pub fn checkpoint_core<F: ForwardModel>(
     let CoreParts {
         model,
         running,
+        swapped,
         waiting,
         slots,
         decode_steps,
     } = core.parts();
+    // Swapped-out sequences are stored as waiting, without KV: a resume recomputes them (their
+    // KV is in the host pool, which a checkpoint does not copy), ahead of the waiting queue.
     let sequences: Vec<LiveSequence<'_>> = running
         .iter()
         .map(|s| live(s, FinishState::Running, stops(s)))
         .chain(
-            waiting
-                .iter()
+            swapped
+                .into_iter()
+                .chain(waiting.iter())
                 .map(|s| live(s, FinishState::Waiting, stops(s))),
         )
         .collect();
@@ -270,6 +274,7 @@ fn rebuild_sequence(
         // Already journaled with its request; a resume reads it from there.
         tag: Vec::new(),
         constraint,
+        prefix: Default::default(),
     })
 }
 

@@ -72,6 +72,7 @@ fn run(
         context_len: 1024,
         max_tokens_cap: 2048,
         eos_ids: vec![],
+        kv: Default::default(),
     };
     let limits = IntakeLimits {
         context_len: 1024,

@@ -49,6 +49,7 @@ fn rig<F: ForwardModel>(model: F) -> Rig<F> {
         context_len: 512,
         max_tokens_cap: 2048,
         eos_ids: vec![],
+        kv: Default::default(),
     };
     let limits = IntakeLimits {
         context_len: 512,

@@ -1,0 +1,255 @@
+//! Swapping: under KV pressure the newest running sequence's blocks are copied to a bounded host
+//! pool and freed; when blocks free up, the oldest swapped sequence is copied back into fresh
+//! blocks and rejoins the batch (before any new admission). A full pool, a sequence that has not
+//! finished its prefill, or a model without block access falls back to preemption by
+//! recomputation.
+//!
+//! Design: the seed scheduler's SWAP state (`specs/scheduler.toml`): `swap_out`, `swap_in`,
+//! `has_swapped`, `can_swap_in`. Block bytes move through the model's [`KvBlockIo`]
+//! (`[layers, K/V, block_size, KVH, D]`, the checkpoint layout), so a swapped-in block holds
+//! exactly the bytes it held: outputs are unchanged. A checkpoint lists swapped sequences as
+//! waiting without KV, so a resume recomputes them (see `engine/checkpointing/core_io.rs`).
+//!
+//! [`KvBlockIo`]: crate::checkpoint::driver::KvBlockIo
+
+use std::collections::VecDeque;
+
+use super::core::EngineCore;
+use super::error::EngineError;
+use super::forward::ForwardModel;
+use super::sequence::Sequence;
+
+/// A sequence in the host pool with its blocks' bytes, in block-table order.
+#[derive(Debug)]
+pub struct Swapped {
+    /// The sequence (block table empty; `computed` tokens of KV are in `blocks`).
+    pub seq: Sequence,
+    /// Bytes of each of its first `computed.div_ceil(block_size)` blocks.
+    pub blocks: Vec<Vec<u8>>,
+}
+
+/// The bounded host pool of swapped-out sequences, oldest first.
+#[derive(Debug, Default)]
+pub struct SwapPool {
+    capacity: usize,
+    used: usize,
+    seqs: VecDeque<Swapped>,
+}
+
+impl SwapPool {
+    /// A pool holding at most `capacity` blocks.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            used: 0,
+            seqs: VecDeque::new(),
+        }
+    }
+
+    /// Blocks the pool holds now.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+
+    /// Whether `blocks` more blocks fit.
+    pub fn can_hold(&self, blocks: usize) -> bool {
+        self.used + blocks <= self.capacity
+    }
+
+    /// Whether no sequence is swapped out.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Swapped sequences, oldest first.
+    pub fn sequences(&self) -> impl Iterator<Item = &Sequence> {
+        self.seqs.iter().map(|s| &s.seq)
+    }
+
+    /// The sequence that comes back first.
+    pub fn front(&self) -> Option<&Sequence> {
+        self.seqs.front().map(|s| &s.seq)
+    }
+
+    fn push(&mut self, s: Swapped) {
+        self.used += s.blocks.len();
+        self.seqs.push_back(s);
+    }
+
+    fn pop_front(&mut self) -> Option<Swapped> {
+        let s = self.seqs.pop_front()?;
+        self.used -= s.blocks.len();
+        Some(s)
+    }
+
+    /// Takes every swapped sequence out (oldest first), dropping their bytes.
+    pub fn take_all(&mut self) -> Vec<Sequence> {
+        self.used = 0;
+        self.seqs.drain(..).map(|s| s.seq).collect()
+    }
+
+    /// Removes swapped sequence `id`, if there.
+    pub fn remove(&mut self, id: u64) -> Option<Sequence> {
+        let i = self.seqs.iter().position(|s| s.seq.id == id)?;
+        let s = self.seqs.remove(i)?;
+        self.used -= s.blocks.len();
+        Some(s.seq)
+    }
+}
+
+impl<F: ForwardModel> EngineCore<F> {
+    /// Whether a sequence is swapped out (predicate `has_swapped`).
+    pub fn has_swapped(&self) -> bool {
+        !self.swap.is_empty()
+    }
+
+    /// The oldest swapped sequence fits: the batch has room and the free blocks hold its tokens
+    /// plus one block per running sequence, itself included (predicate `can_swap_in`). The reserve
+    /// means the next decode step cannot be short of blocks, so a sequence is never swapped back
+    /// in only to be swapped out again before it decodes; an empty batch needs no reserve (a
+    /// sequence as large as the whole cache still comes back).
+    pub fn can_swap_in(&self) -> bool {
+        let reserve = match self.running.len() {
+            0 => 0,
+            n => n + 1,
+        };
+        self.swap.front().is_some_and(|s| {
+            self.running.len() < self.cfg.max_batch
+                && self.blocks.blocks_for(s.tokens.len()) + reserve <= self.blocks.free_count()
+        })
+    }
+
+    /// Action `swap_out`: moves the newest running sequence's KV to the host pool, or preempts it
+    /// by recomputation when it cannot be swapped (pool full, prefill unfinished, no KV access).
+    pub fn swap_out(&mut self) -> Result<(), EngineError> {
+        let Some(victim) = self.running.last() else {
+            return Ok(());
+        };
+        let bs = self.cfg.block_size;
+        let n = victim.computed.div_ceil(bs);
+        if !victim.prefilled || !self.swap.can_hold(n) || n > victim.block_table.len() {
+            self.notes.push(if self.swap.can_hold(n) {
+                "swap_out: prefill unfinished, preempt by recomputation"
+            } else {
+                "swap_out: swap pool full, preempt by recomputation"
+            });
+            self.preempt_newest();
+            return Ok(());
+        }
+        let Some(io) = self.model.kv_io() else {
+            self.notes
+                .push("swap_out: no KV access, preempt by recomputation");
+            self.preempt_newest();
+            return Ok(());
+        };
+        let read: Result<Vec<Vec<u8>>, String> = victim.block_table[..n]
+            .iter()
+            .map(|&b| io.read_block(b, bs))
+            .collect();
+        let blocks = match read {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("swap_out: reading KV failed ({e}); preempting by recomputation");
+                self.preempt_newest();
+                return Ok(());
+            }
+        };
+        let Some(mut seq) = self.running.pop() else {
+            return Ok(());
+        };
+        self.blocks.release(&mut seq.block_table);
+        seq.prefix.registered = 0;
+        self.kv_counts.swapped_out += 1;
+        self.kv_counts.blocks_swapped_out += n as u64;
+        self.totals.preemptions += 1;
+        self.swap.push(Swapped { seq, blocks });
+        Ok(())
+    }
+
+    /// Action `swap_in`: copies the oldest swapped sequence's KV into fresh blocks and returns it
+    /// to the running batch (newest). Should the copy fail, it is queued for recomputation.
+    pub fn swap_in(&mut self) -> Result<(), EngineError> {
+        if !self.can_swap_in() {
+            return Ok(());
+        }
+        let Some(Swapped { mut seq, blocks }) = self.swap.pop_front() else {
+            return Ok(());
+        };
+        let n = seq.tokens.len();
+        if self.blocks.grow(&mut seq.block_table, n).is_err() {
+            // can_swap_in checked the same numbers; recompute rather than lose the request.
+            self.requeue_front_for_recompute(seq);
+            return Ok(());
+        }
+        let bs = self.cfg.block_size;
+        let written = match self.model.kv_io() {
+            Some(io) => blocks
+                .iter()
+                .zip(&seq.block_table)
+                .try_for_each(|(bytes, &b)| io.write_block(b, bs, bytes)),
+            None => Err("the model has no KV access".to_string()),
+        };
+        if let Err(e) = written {
+            tracing::warn!("swap_in: writing KV failed ({e}); recomputing the sequence");
+            self.requeue_front_for_recompute(seq);
+            return Ok(());
+        }
+        self.kv_counts.blocks_swapped_in += blocks.len() as u64;
+        self.running.push(seq);
+        Ok(())
+    }
+
+    /// Drops `seq`'s KV and puts it at the front of the waiting queue (recomputed on admission).
+    fn requeue_front_for_recompute(&mut self, mut seq: Sequence) {
+        self.blocks.release(&mut seq.block_table);
+        seq.computed = 0;
+        seq.prefilled = false;
+        seq.prefix.registered = 0;
+        seq.preemptions += 1;
+        self.kv_counts.recomputed += 1;
+        self.waiting.push_front(seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::codec::ByteCodec;
+    use crate::engine::intake::{IntakeLimits, build_sequence};
+    use crate::engine::{Prompt, Request};
+
+    fn swapped(id: u64, blocks: usize) -> Swapped {
+        let limits = IntakeLimits {
+            context_len: 64,
+            vocab_size: 300,
+            num_blocks: 8,
+            block_size: 4,
+            max_tokens_cap: 8,
+        };
+        let req = Request::new(Prompt::Tokens(vec![1, 2, 3]), 2);
+        let (tx, _) = std::sync::mpsc::channel();
+        Swapped {
+            seq: build_sequence(id, req, &ByteCodec, &limits, tx).unwrap(),
+            blocks: vec![vec![0u8; 8]; blocks],
+        }
+    }
+
+    #[test]
+    fn the_pool_is_bounded_and_first_in_first_out() {
+        let mut pool = SwapPool::new(3);
+        assert!(pool.can_hold(3) && !pool.can_hold(4) && pool.is_empty());
+        pool.push(swapped(1, 2));
+        pool.push(swapped(2, 1));
+        assert_eq!(pool.used(), 3);
+        assert!(pool.can_hold(0) && !pool.can_hold(1));
+        assert_eq!(pool.front().map(|s| s.id), Some(1));
+        assert_eq!(pool.pop_front().map(|s| s.seq.id), Some(1));
+        assert_eq!(pool.used(), 1);
+        pool.push(swapped(3, 2));
+        assert_eq!(pool.remove(2).map(|s| s.id), Some(2));
+        assert!(pool.remove(2).is_none());
+        assert_eq!(pool.used(), 2);
+        let ids: Vec<u64> = pool.take_all().iter().map(|s| s.id).collect();
+        assert_eq!((ids, pool.used(), pool.is_empty()), (vec![3], 0, true));
+    }
+}
