@@ -33,6 +33,7 @@ use super::policy::Policy;
 use super::receipt::{self, SignedReceipt};
 use super::snapshot::{self, StoreCommit};
 use super::tlog::{self, HEADS_FILE, LogAudit};
+use super::witness::cosigned::COSIGNATURES_FILE;
 
 /// File name of the receipt at `height`.
 pub fn receipt_name(height: u64) -> String {
@@ -219,7 +220,15 @@ fn list(dir: &Path, key: &VerifyingKey) -> Result<Listing> {
             listing.snapshots.insert(h, name);
         } else if name.ends_with(TMP_SUFFIX) {
             listing.tmp_files.push(name);
-        } else if [SEGMENT_FILE, INDEX_FILE, JOURNAL_FILE, HEADS_FILE].contains(&name.as_str()) {
+        } else if [
+            SEGMENT_FILE,
+            INDEX_FILE,
+            JOURNAL_FILE,
+            HEADS_FILE,
+            COSIGNATURES_FILE,
+        ]
+        .contains(&name.as_str())
+        {
         } else {
             // A stray receipt under another name is a fork candidate: say so when it parses.
             let text = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
@@ -524,22 +533,25 @@ pub fn audit_known(dir: &Path, opts: AuditOptions<'_>, head: Option<&str>) -> Re
     let warnings = fsutil::exposure(dir)?;
 
     if let Some(a) = opts.anchor {
-        if a.height > n {
-            return Err(corrupt(
-                &receipt_name(a.height),
-                Some(a.height),
-                format!(
-                    "rollback: anchor is at height {} but the chain ends at {n}",
-                    a.height
-                ),
-            ));
-        }
-        if a.height > 0 && chain[a.height as usize - 1].receipt.digest != a.digest {
-            return Err(corrupt(
-                &receipt_name(a.height),
-                Some(a.height),
-                "fork: receipt differs from the anchored digest",
-            ));
+        // The anchored digest must be in the chain. Its height is only a hint: with witnesses the
+        // slot it comes from holds the cosigned log size instead (see specs/runtime.toml).
+        let found = a.height > 0 && chain.iter().any(|l| l.receipt.digest == a.digest);
+        if a.height > 0 && !found {
+            let (at, what) = if a.height > n {
+                (
+                    a.height,
+                    format!(
+                        "rollback: anchor is at height {} but the chain ends at {n}",
+                        a.height
+                    ),
+                )
+            } else {
+                (
+                    a.height,
+                    "fork: no receipt in the chain has the anchored digest".to_string(),
+                )
+            };
+            return Err(corrupt(&receipt_name(at), Some(at), what));
         }
     }
     Ok(Audit {

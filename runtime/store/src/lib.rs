@@ -93,4 +93,4 @@ pub use snapshot::{
     FinishState, KvLayout, KvMode, LogitBias, SamplingParams, SequenceSnapshot, Snapshot,
     StoreCommit,
 };
-pub use store::{CheckpointStore, Platform, ReceiptInfo, Restored};
+pub use store::{CheckpointStore, HeadSink, Platform, ReceiptInfo, Restored};

@@ -28,7 +28,7 @@ use super::error::{CheckpointError, Result};
 use super::fsutil;
 use super::head::{self, HeadCheckpoint, TreeHead, origin_for};
 use super::journal::{self, FinishedRecord, JOURNAL_FILE, Journal, JournalRecord, RequestRecord};
-use super::merkle::{Tree, leaf_hash};
+use super::merkle::{Hash, Tree, leaf_hash};
 use super::receipt::{self, ReceiptBody};
 use super::snapshot::{self, KvMode, Snapshot, StoreCommit};
 use super::tlog::{HEADS_FILE, HeadRecord, HeadsLog};
@@ -111,6 +111,14 @@ pub struct Platform {
     pub precision: Option<String>,
 }
 
+/// Told of every signed head, on the thread that signed it (so: quick, never blocking): the head
+/// note, its tree size, and the leaf hashes it added since the previous head. A witness client
+/// keeps its own tree from these to build consistency proofs off the engine's path.
+pub trait HeadSink: Send {
+    /// A head was signed and is durable in `heads.log`.
+    fn signed(&mut self, note: &str, size: u64, new_leaves: &[Hash]);
+}
+
 /// The verifiable log as the store continues it.
 struct LogState {
     heads: HeadsLog,
@@ -120,6 +128,7 @@ struct LogState {
     newest_note: Option<String>,
     checkpoint: Option<HeadCheckpoint>,
     platform: Platform,
+    sink: Option<Box<dyn HeadSink>>,
 }
 
 fn now_ms() -> u64 {
@@ -149,6 +158,26 @@ impl CheckpointStore {
         model_digest: Digest,
         anchor: Option<Anchor>,
     ) -> Result<Self> {
+        Self::open_on(
+            dir,
+            key,
+            spec_digest,
+            model_digest,
+            anchor,
+            Platform::default(),
+        )
+    }
+
+    /// Like [`Self::open_with`], naming the backend and precision every head signed from the
+    /// start carries (including a head signed at open over a crash's unsigned tail).
+    pub fn open_on(
+        dir: &Path,
+        key: SigningKey,
+        spec_digest: Digest,
+        model_digest: Digest,
+        anchor: Option<Anchor>,
+        platform: Platform,
+    ) -> Result<Self> {
         fsutil::create_private_dir(dir)?;
         let vk = key.verifying_key();
         let audit = audit::audit(
@@ -177,7 +206,8 @@ impl CheckpointStore {
                 snapshot: l.receipt.body.snapshot,
                 kv_root: l.receipt.body.kv_root,
             }),
-            platform: Platform::default(),
+            platform,
+            sink: None,
         };
         let mut store = Self {
             log,
@@ -316,9 +346,22 @@ impl CheckpointStore {
             note: note.clone(),
             leaves: log.tree.leaves()[log.signed as usize..].to_vec(),
         })?;
+        if let Some(sink) = log.sink.as_mut() {
+            sink.signed(&note, size, &log.tree.leaves()[log.signed as usize..]);
+        }
         log.signed = size;
         log.newest_note = Some(note.clone());
         Ok(note)
+    }
+
+    /// Tell `sink` of every head signed from now on; it is first told of the newest head so far
+    /// (with every leaf it covers), if any.
+    pub fn set_head_sink(&mut self, mut sink: Box<dyn HeadSink>) {
+        let log = &self.log;
+        if let Some(note) = &log.newest_note {
+            sink.signed(note, log.signed, &log.tree.leaves()[..log.signed as usize]);
+        }
+        self.log.sink = Some(sink);
     }
 
     /// Names the backend and precision the heads signed from now on carry.

@@ -9,10 +9,12 @@
 //! - [`logs`]: which logs a witness accepts (origin or origin prefix, and the log's key);
 //! - [`view`]: the witness's durable per-log view and the add-checkpoint decision;
 //! - [`cosignatures`]: checking the cosignature lines a witness returns (the client side);
+//! - [`cosigned`]: `cosignatures.log`, the cosignatures a run keeps next to its heads;
 //! - [`receipts`]: cosigning snapshot receipt files in place (a library witness of the chain).
 
 pub mod checkpoint;
 pub mod cosignatures;
+pub mod cosigned;
 mod error;
 pub mod logs;
 pub mod protocol;
