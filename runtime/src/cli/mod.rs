@@ -24,6 +24,7 @@ pub mod slots;
 pub mod spec;
 pub mod verify;
 pub mod witness;
+pub mod witness_flags;
 
 use std::process::ExitCode;
 
