@@ -5,10 +5,8 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use base64ct::{Base64, Encoding};
-
 use crate::checkpoint::HeadSink;
-use crate::checkpoint::attest::ResponseReceipt;
+use crate::checkpoint::attest::{Leaf, ResponseReceipt};
 use crate::checkpoint::merkle::{Hash, Tree, leaf_hash};
 
 /// The newest signed head.
@@ -107,12 +105,30 @@ impl Feed {
         size: u64,
         note: &str,
     ) -> Option<ResponseReceipt> {
-        let leaf = Base64::decode_vec(&receipt.leaf).ok()?;
+        let (leaf, request) = receipt.leaves().ok()?;
         let s = self.lock();
-        if s.tree.leaves().get(receipt.leaf_index as usize) != Some(&leaf_hash(&leaf)) {
-            return None;
+        for (i, b) in [
+            (receipt.leaf_index, &leaf),
+            (receipt.request_index, &request),
+        ] {
+            if s.tree.leaves().get(i as usize) != Some(&leaf_hash(b)) {
+                return None;
+            }
         }
-        ResponseReceipt::build(&s.tree, receipt.leaf_index, &leaf, note, size).ok()
+        ResponseReceipt::build(
+            &s.tree,
+            Leaf {
+                index: receipt.leaf_index,
+                body: &leaf,
+            },
+            Leaf {
+                index: receipt.request_index,
+                body: &request,
+            },
+            note,
+            size,
+        )
+        .ok()
     }
 
     /// Stop: waiting threads return.

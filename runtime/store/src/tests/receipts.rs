@@ -69,6 +69,54 @@ fn receipts_verify_offline_and_catch_edits_other_runs_and_keys() {
     }
 }
 
+/// The receipt proves the prompt and sampling parameters too: the request leaf it carries is the
+/// signed `Accepted` record; any edit to it (a prompt token, the seed, the temperature), or the
+/// request leaf of another request, fails.
+#[test]
+fn receipts_cover_the_prompt_and_sampling_parameters() {
+    use crate::journal::{self, JournalRecord};
+    use base64ct::{Base64, Encoding};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, done) = build_with_receipts(dir.path());
+    let vk = key().verifying_key();
+    let (f, r) = &done[0];
+    let v = attest::verify(r, &vk, &f.output, &f.text).unwrap();
+    assert_eq!(v.request.request_id, f.request_id);
+    assert_eq!(v.request, crate::fixture::request(f.request_id));
+    let edit = |change: &dyn Fn(&mut crate::RequestRecord)| {
+        let raw = Base64::decode_vec(&r.request).unwrap();
+        let JournalRecord::Accepted(mut a) = journal::decode_body(&raw).unwrap() else {
+            panic!("not an Accepted record");
+        };
+        change(&mut a);
+        let mut e = r.clone();
+        e.request =
+            Base64::encode_string(&journal::encode_body(&JournalRecord::Accepted(a)).unwrap());
+        attest::verify(&e, &vk, &f.output, &f.text)
+    };
+    assert!(edit(&|a| a.prompt[0] ^= 1).is_err(), "edited prompt token");
+    assert!(
+        edit(&|a| a.prompt.push(7)).is_err(),
+        "appended prompt token"
+    );
+    assert!(edit(&|a| a.sampling.seed ^= 1).is_err(), "edited seed");
+    assert!(
+        edit(&|a| a.sampling.temperature += 0.5).is_err(),
+        "edited temperature"
+    );
+    assert!(
+        edit(&|_| {}).is_ok(),
+        "unchanged record re-encodes to the signed bytes"
+    );
+    // The request leaf and proof of the other response: another request's.
+    let mut swapped = r.clone();
+    swapped.request = done[1].1.request.clone();
+    swapped.request_index = done[1].1.request_index;
+    swapped.request_proof = done[1].1.request_proof.clone();
+    let e = attest::verify(&swapped, &vk, &f.output, &f.text).unwrap_err();
+    assert!(e.to_string().contains("request leaf is request"), "{e}");
+}
+
 #[test]
 fn run_directories_are_private_and_exposure_is_warned() {
     let root = tempfile::tempdir().unwrap();

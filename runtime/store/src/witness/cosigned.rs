@@ -12,6 +12,8 @@ use std::path::Path;
 use super::checkpoint::parse_decimal;
 use crate::error::{CheckpointError, Result};
 use crate::fsutil;
+use crate::policy::Policy;
+use crate::tlog::LogAudit;
 
 /// File name in the checkpoint directory.
 pub const COSIGNATURES_FILE: &str = "cosignatures.log";
@@ -64,6 +66,48 @@ pub fn read(dir: &Path) -> Result<BTreeMap<u64, Vec<String>>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
         Err(e) => Err(CheckpointError::io(&path, e)),
     }
+}
+
+/// How many of `policy`'s witnesses validly cosigned head note `note` (its own signature lines
+/// and `extra` lines both count); an error when fewer than its quorum, naming how many were found.
+pub fn require_quorum(note: &str, extra: &[String], policy: &Policy, what: &str) -> Result<usize> {
+    let text = super::cosignatures::attach(note, extra.iter().map(String::as_str));
+    let n = policy.count_cosignatures(&crate::note::parse(&text)?)?;
+    if n < policy.quorum {
+        return Err(CheckpointError::Usage(format!(
+            "{what} has {n} valid cosignature{} by the policy's witnesses, {} required",
+            if n == 1 { "" } else { "s" },
+            policy.quorum
+        )));
+    }
+    Ok(n)
+}
+
+/// Check a verified log's newest head against `policy` with the cosignatures kept in `dir`
+/// (every line of the file must name the size of one of the log's heads); returns the count.
+pub fn check_log(dir: &Path, log: &LogAudit, policy: &Policy) -> Result<usize> {
+    let kept = read(dir)?;
+    for size in kept.keys() {
+        if !log.heads.iter().any(|h| h.size == *size) {
+            return Err(CheckpointError::corrupt(
+                COSIGNATURES_FILE,
+                None,
+                format!("cosignatures of a head of size {size}, which this log never signed"),
+            ));
+        }
+    }
+    let (Some(head), Some(note)) = (log.newest(), log.newest_note.as_deref()) else {
+        return Err(CheckpointError::Usage(
+            "the log has no signed head to be cosigned".into(),
+        ));
+    };
+    let lines = kept.get(&head.size).cloned().unwrap_or_default();
+    require_quorum(
+        note,
+        &lines,
+        policy,
+        &format!("the newest head (log size {})", head.size),
+    )
 }
 
 #[cfg(test)]
