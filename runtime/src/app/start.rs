@@ -396,6 +396,7 @@ fn open_worm<M: Machine>(
             .ok()
             .and_then(|bytes| slots_from_bytes(&bytes))
             .and_then(|slots| Anchor::from_slots(&slots))
+            .map(|a| a.locate(&dir))
     } else {
         None
     };

@@ -473,6 +473,7 @@ mod tests {
             CheckpointStore::open(dir.path(), fixture::key(), fixture::SPEC, fixture::MODEL)
                 .unwrap();
         let newest = store.newest_head().unwrap().to_string();
+        let receipt8 = store.receipt_for(done[1].0.request_id).unwrap().unwrap();
         drop(store);
         let body = note::parse(&newest).unwrap().body;
         let size: u64 = body.lines().nth(1).unwrap().parse().unwrap();
@@ -504,7 +505,8 @@ mod tests {
         );
         // A response whose receipt's head carries the cosignatures, re-issued the way the witness
         // client does; without them it fails the policy.
-        let (f, r) = &done[1];
+        let f = &done[1].0;
+        let r = &receipt8;
         let mut cosigned_r = r.clone();
         assert_eq!(r.head, newest, "receipt 8 is against the newest head");
         cosigned_r.head = crate::checkpoint::witness::cosignatures::attach(

@@ -69,6 +69,26 @@ impl Anchor {
             digest: receipt::digest_from_slots(slots),
         })
     }
+
+    /// With witnesses slot 7 holds the cosigned log size, not the receipt height: when the
+    /// receipt at `height` in `dir` does not have this digest but another one does, the anchor at
+    /// that receipt's height. Otherwise unchanged (a rolled-back directory, lacking the digest,
+    /// is still refused by the audit).
+    pub fn locate(self, dir: &Path) -> Self {
+        let digest_at = |h: u64| {
+            std::fs::read_to_string(dir.join(receipt_name(h)))
+                .ok()
+                .and_then(|t| receipt::parse_unverified(&t).ok())
+                .map(|(_, d)| d)
+        };
+        if digest_at(self.height) == Some(self.digest) {
+            return self;
+        }
+        (1..)
+            .map_while(|h| digest_at(h).map(|d| (h, d)))
+            .find(|(_, d)| *d == self.digest)
+            .map_or(self, |(height, digest)| Self { height, digest })
+    }
 }
 
 /// What to check beyond the directory itself.
@@ -533,25 +553,22 @@ pub fn audit_known(dir: &Path, opts: AuditOptions<'_>, head: Option<&str>) -> Re
     let warnings = fsutil::exposure(dir)?;
 
     if let Some(a) = opts.anchor {
-        // The anchored digest must be in the chain. Its height is only a hint: with witnesses the
-        // slot it comes from holds the cosigned log size instead (see specs/runtime.toml).
-        let found = a.height > 0 && chain.iter().any(|l| l.receipt.digest == a.digest);
-        if a.height > 0 && !found {
-            let (at, what) = if a.height > n {
-                (
-                    a.height,
-                    format!(
-                        "rollback: anchor is at height {} but the chain ends at {n}",
-                        a.height
-                    ),
-                )
-            } else {
-                (
-                    a.height,
-                    "fork: no receipt in the chain has the anchored digest".to_string(),
-                )
-            };
-            return Err(corrupt(&receipt_name(at), Some(at), what));
+        if a.height > n {
+            return Err(corrupt(
+                &receipt_name(a.height),
+                Some(a.height),
+                format!(
+                    "rollback: anchor is at height {} but the chain ends at {n}",
+                    a.height
+                ),
+            ));
+        }
+        if a.height > 0 && chain[a.height as usize - 1].receipt.digest != a.digest {
+            return Err(corrupt(
+                &receipt_name(a.height),
+                Some(a.height),
+                "fork: receipt differs from the anchored digest",
+            ));
         }
     }
     Ok(Audit {
