@@ -52,6 +52,9 @@ pub fn run(url: &str, feed: &Feed, tally: &Tally, config: &WitnessConfig) {
     let mut backoff = config.retry_min;
     let mut conflicts = 0;
     loop {
+        if feed.closed() {
+            return; // finish() already waited for the quorum it wanted
+        }
         let Some(head) = feed.wait_newer(done, Duration::from_millis(500)) else {
             if feed.closed() {
                 return;

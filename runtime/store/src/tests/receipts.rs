@@ -148,3 +148,40 @@ fn run_directories_are_private_and_exposure_is_warned() {
     let store = CheckpointStore::open(&dir, key(), SPEC, MODEL).unwrap();
     assert_eq!(store.warnings().len(), 2);
 }
+
+/// A `HeadSink` is told of the newest head when set (with every leaf it covers) and of each head
+/// signed later (with the leaves it added): its own tree reproduces every signed root.
+#[test]
+fn head_sink_sees_every_head_with_its_leaves() {
+    use std::sync::{Arc, Mutex};
+
+    use crate::merkle::{Hash, Tree};
+    use crate::{HeadSink, head, note};
+
+    type Seen = Arc<Mutex<(Tree, Vec<(String, u64)>)>>;
+    struct Rec(Seen);
+    impl HeadSink for Rec {
+        fn signed(&mut self, note: &str, size: u64, new_leaves: &[Hash]) {
+            let mut g = self.0.lock().unwrap();
+            for l in new_leaves {
+                g.0.push(*l);
+            }
+            g.1.push((note.to_string(), size));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    build_with_receipts(dir.path());
+    let seen: Seen = Arc::default();
+    let mut store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
+    store.set_head_sink(Box::new(Rec(seen.clone())));
+    store.accept(&crate::fixture::request(20)).unwrap();
+    store.finish(&[crate::fixture::finished(20, "x")]).unwrap();
+    let g = seen.lock().unwrap();
+    assert_eq!(g.1.len(), 2);
+    for (text, size) in &g.1 {
+        let h = head::TreeHead::parse(&note::parse(text).unwrap().body).unwrap();
+        assert_eq!(h.size, *size);
+        assert_eq!(g.0.root(*size).unwrap(), h.root);
+    }
+    assert_eq!(g.0.size(), store.signed_size());
+}
