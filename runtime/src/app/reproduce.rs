@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use crate::checkpoint::Platform;
 use crate::checkpoint::journal::{FinishedRecord, JournalScan};
 use crate::engine::checkpointing::core_io::engine_sampling;
 use crate::engine::constraint::Grammar;
@@ -160,6 +161,39 @@ pub fn compare(expected: &FinishedRecord, got: &Finished) -> Verdict {
     Verdict::Reproduced
 }
 
+/// Why a replay on `replay` may not reproduce a run that its heads say ran on `run` bit for bit
+/// (None: same backend and precision, and a batch-invariant backend). A head without the lines
+/// (older runs) gives no reason.
+pub fn replay_caveat(run: &Platform, replay: &Platform) -> Option<String> {
+    let name = |p: &Platform| {
+        format!(
+            "{}/{}",
+            p.backend.as_deref().unwrap_or("?"),
+            p.precision.as_deref().unwrap_or("?")
+        )
+    };
+    if run.backend.is_none() && run.precision.is_none() {
+        return None;
+    }
+    if run != replay {
+        return Some(format!(
+            "the run's signed heads say it ran on {}, this replay runs on {}: the arithmetic \
+             differs, so outputs can differ without any forgery; replay on {} for a bit-exact audit",
+            name(run),
+            name(replay),
+            name(run)
+        ));
+    }
+    if run.backend.as_deref() != Some("cpu") {
+        return Some(format!(
+            "the run ran on {}, whose kernels are not batch-invariant yet: a request's tokens can \
+             depend on its batch, so a difference is not proof of forgery",
+            name(run)
+        ));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +280,21 @@ mod tests {
             compare(&aborted, &got(vec![1, 2, 3], FinishReason::Length)),
             Verdict::Reproduced
         );
+    }
+
+    #[test]
+    fn replay_caveats_name_backend_and_precision() {
+        let p = |b: &str, q: &str| Platform {
+            backend: Some(b.into()),
+            precision: Some(q.into()),
+        };
+        assert_eq!(replay_caveat(&p("cpu", "f32"), &p("cpu", "f32")), None);
+        let gpu_on_cpu = replay_caveat(&p("cuda", "bf16"), &p("cpu", "f32")).unwrap();
+        assert!(
+            gpu_on_cpu.contains("cuda/bf16") && gpu_on_cpu.contains("cpu/f32"),
+            "{gpu_on_cpu}"
+        );
+        assert!(replay_caveat(&p("cuda", "bf16"), &p("cuda", "bf16")).is_some());
+        assert_eq!(replay_caveat(&Platform::default(), &p("cpu", "f32")), None);
     }
 }

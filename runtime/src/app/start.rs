@@ -6,15 +6,16 @@
 //! here (its directory, key and anchor) and handed to the engine as the hooks the engine owns.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use super::run_dir::{RunLock, checkpoint_dir, slot_path};
 use super::slot_file::create_slots;
+use super::witnesses::{WitnessConfig, Witnesses};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaTuning};
-use crate::checkpoint::{Anchor, KvMode, keys};
+use crate::checkpoint::{Anchor, KvMode, Platform, keys};
 use crate::engine::EngineError;
 use crate::engine::checkpointing::{self, ResumeBook, Worm, WormConfig};
 use crate::engine::codec::{ByteCodec, TextCodec};
@@ -91,6 +92,8 @@ pub struct EngineOptions {
     pub prefix_cache: bool,
     /// Bytes of host memory for KV swapped out under pressure (0: preempt by recomputation only).
     pub swap_memory_bytes: usize,
+    /// Submit every signed head to these witnesses (needs checkpoints); None: no witnesses.
+    pub witnesses: Option<WitnessConfig>,
 }
 
 /// How the engine checkpoints.
@@ -121,6 +124,8 @@ pub struct CheckpointInfo {
     pub recovered: Vec<String>,
     /// Filled by a resume: every request the journal knows, live or finished.
     pub book: Arc<Mutex<ResumeBook>>,
+    /// The witness client, when witnesses are configured.
+    pub witnesses: Option<Arc<Witnesses>>,
 }
 
 impl Default for EngineOptions {
@@ -141,6 +146,7 @@ impl Default for EngineOptions {
             speculative_draft_len: None,
             prefix_cache: true,
             swap_memory_bytes: 256 << 20,
+            witnesses: None,
         }
     }
 }
@@ -255,12 +261,7 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     // Held as long as the engine runs: no second process resumes or prunes this run meanwhile.
     let run_lock = opts.run_dir.as_deref().map(RunLock::acquire).transpose()?;
     let worm = match &opts.checkpoints {
-        Some(c) => Some(open_worm::<M>(
-            c,
-            opts.run_dir.as_deref(),
-            &parts,
-            opts.device,
-        )?),
+        Some(c) => Some(open_worm::<M>(c, opts, &parts)?),
         None => None,
     };
     // Weights move to the backend one tensor at a time: host memory never holds two copies.
@@ -324,6 +325,9 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
         },
         durability,
     )?;
+    if let Some(w) = checkpoints.as_ref().and_then(|c| c.witnesses.as_ref()) {
+        w.publish_to(engine.slots().clone());
+    }
     if let Some(n) = opts.speculative_draft_len {
         // After a resume's restore, which loads the interrupted run's slots.
         engine.slots().set_speculative_draft_len(n);
@@ -354,13 +358,29 @@ pub fn default_kv_mode(checkpoint_kv: Option<i64>, device: Device) -> KvMode {
     }
 }
 
+/// What the heads say the engine runs on: `cpu`/`cuda` and `f32`/`bf16` (a GPU computes in bf16
+/// unless `precise`).
+pub fn platform_of(device: Device, precise: bool) -> Platform {
+    let (backend, precision) = match device {
+        Device::Cpu => ("cpu", "f32"),
+        Device::Cuda(_) if precise => ("cuda", "f32"),
+        Device::Cuda(_) => ("cuda", "bf16"),
+    };
+    Platform {
+        backend: Some(backend.into()),
+        precision: Some(precision.into()),
+    }
+}
+
 fn open_worm<M: Machine>(
     c: &CheckpointOptions,
-    run_dir: Option<&Path>,
+    opts: &EngineOptions,
     parts: &ModelParts,
-    device: Device,
 ) -> Result<(Worm, CheckpointInfo), EngineError> {
-    let run_dir = run_dir
+    let device = opts.device;
+    let run_dir = opts
+        .run_dir
+        .as_deref()
         .ok_or_else(|| EngineError::Checkpoint("checkpoints need a run directory".into()))?;
     let dir = checkpoint_dir(run_dir);
     let has_chain = std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some());
@@ -394,10 +414,11 @@ fn open_worm<M: Machine>(
             .ok()
             .and_then(|bytes| slots_from_bytes(&bytes))
             .and_then(|slots| Anchor::from_slots(&slots))
+            .map(|a| a.locate(&dir))
     } else {
         None
     };
-    let worm = checkpointing::open(WormConfig {
+    let mut worm = checkpointing::open(WormConfig {
         dir: dir.clone(),
         key,
         spec_digest: M::SPEC_DIGEST,
@@ -405,8 +426,20 @@ fn open_worm<M: Machine>(
         anchor,
         mode,
         resume: c.resume,
+        platform: platform_of(device, opts.precise),
     })
     .map_err(ck)?;
+    let witnesses = match &opts.witnesses {
+        Some(cfg) => {
+            let w = Witnesses::start(cfg.clone(), &dir).map_err(|e| {
+                EngineError::Checkpoint(format!("starting the witness client: {e}"))
+            })?;
+            worm.set_head_sink(w.sink()).map_err(ck)?;
+            worm.set_quorum_height(w.quorum_height());
+            Some(Arc::new(w))
+        }
+        None => None,
+    };
     let info = CheckpointInfo {
         dir,
         mode,
@@ -414,6 +447,7 @@ fn open_worm<M: Machine>(
         key_created,
         recovered: worm.recovered.clone(),
         book: worm.book.clone(),
+        witnesses,
     };
     Ok((worm, info))
 }

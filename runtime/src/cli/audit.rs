@@ -2,6 +2,10 @@
 //! sampling parameters, with the model and machine the run's journal names, and compare token
 //! for token with what was delivered ("N of N reproduced"). See [`crate::app::reproduce`].
 //!
+//! The run's signed heads name its backend and precision (`sov-backend`, `sov-precision`); when
+//! the replay's differ (a bf16 GPU run audited on the CPU) or the run's backend is not
+//! batch-invariant, `audit` says it cannot promise a bit-exact replay.
+//!
 //! The replay leaves nothing on disk (no run directory, no checkpoints) and refuses another model
 //! or spec than the run's, since their outputs are not comparable.
 
@@ -11,13 +15,16 @@ use std::time::Instant;
 
 use anyhow::Context;
 
+use super::model_args::PrecisionChoice;
 use super::model_args::{ModelArgs, StartExtras};
-use crate::app::reproduce::{Verdict, plan};
+use crate::app::reproduce::{Verdict, plan, replay_caveat};
 use crate::app::run_dir::checkpoint_dir;
-use crate::app::start::Device;
+use crate::app::start::{Device, platform_of};
 use crate::app::{SovDirs, model_digest};
 use crate::checkpoint::digest::to_hex;
+use crate::checkpoint::head::TreeHead;
 use crate::checkpoint::journal::{self, JournalRecord};
+use crate::checkpoint::{Platform, note, tlog};
 
 /// Arguments of `sov audit`.
 #[derive(clap::Args, Debug, Clone)]
@@ -27,6 +34,20 @@ pub struct AuditArgs {
     /// The model and engine to replay with: the run's model (the journal's digest must match).
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// The backend and precision the run's newest signed head names (none: an older run's heads).
+fn signed_platform(dir: &std::path::Path) -> anyhow::Result<Platform> {
+    let heads = tlog::scan(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let Some((_, newest)) = heads.records.last() else {
+        return Ok(Platform::default());
+    };
+    let body = note::parse(&newest.note)?.body;
+    let h = TreeHead::parse(&body)?;
+    Ok(Platform {
+        backend: h.backend,
+        precision: h.precision,
+    })
 }
 
 /// Runs `sov audit`.
@@ -69,11 +90,15 @@ pub fn run(args: AuditArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         t_load,
     )?;
     let device = args.model.device();
-    if device != Device::Cpu {
-        eprintln!(
+    let replay_on = platform_of(device, args.model.precision == PrecisionChoice::F32);
+    let run_on = signed_platform(&dir)?;
+    match replay_caveat(&run_on, &replay_on) {
+        Some(why) => eprintln!("sov: note: cannot promise a bit-exact replay: {why}"),
+        None if device != Device::Cpu => eprintln!(
             "sov: note: replaying on {device:?}; bit-exact replay is expected on the CPU backend, \
              whose results do not depend on the batch; GPU kernels are not yet batch-invariant"
-        );
+        ),
+        None => {}
     }
     let t0 = Instant::now();
     let requests = plan.replays.iter().map(|r| r.request.clone()).collect();

@@ -81,6 +81,9 @@ pub struct GenerateArgs {
     /// machine); prompts come from its journal.
     #[arg(long, conflicts_with_all = ["prompt", "chat"])]
     pub resume: Option<PathBuf>,
+    /// Witnesses cosigning the run's signed heads.
+    #[command(flatten)]
+    pub witnesses: super::witness_flags::WitnessFlags,
 }
 
 /// Where one request's result comes from.
@@ -128,6 +131,7 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             shutdown: Some(shutdown.clone()),
             checkpoint_by_default: true,
             ephemeral: false,
+            witnesses: args.witnesses.config()?,
         },
     )?;
     let engine = &started.engine;
@@ -220,8 +224,17 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
     let stream = pending.len() == 1 && args.resume.is_none() && !args.json;
     // Each finished request's receipt (`sov verify --response` checks it offline).
     let receipts = started.checkpoints.as_ref().map(|c| c.book.clone());
+    let witnesses = started
+        .checkpoints
+        .as_ref()
+        .and_then(|c| c.witnesses.clone());
     let take_receipt = |id: u64| -> Option<ResponseReceipt> {
-        receipts.as_ref()?.lock().ok()?.receipts.remove(&id)
+        let r = receipts.as_ref()?.lock().ok()?.receipts.remove(&id)?;
+        // With witnesses: against the newest head a quorum cosigned, its cosignatures attached.
+        Some(match &witnesses {
+            Some(w) => w.cosigned(r),
+            None => r,
+        })
     };
     let mut stdout = std::io::stdout().lock();
     let mut all_ok = true;
@@ -300,6 +313,22 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
                 "actions": e.actions, "updates": e.updates, "notes": e.notes,
             });
             writeln!(f, "{line}")?;
+        }
+    }
+    drop(stdout);
+    drop(started);
+    if let Some(w) = witnesses {
+        let wait = w.quorum_wait();
+        if w.finish(wait) {
+            eprintln!(
+                "sov: witnesses: the newest head (log size {}) is cosigned by the quorum",
+                w.quorate_size()
+            );
+        } else {
+            eprintln!(
+                "sov: warning: witnesses: no quorum on the newest head within {wait:?} (newest cosigned log size {})",
+                w.quorate_size()
+            );
         }
     }
     Ok(if all_ok {

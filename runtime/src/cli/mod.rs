@@ -8,6 +8,7 @@
 //! - `keygen`, `verify`: checkpoint receipt keys and chain verification ([`keygen`], [`verify`])
 //! - `audit`: re-execute a run's finished requests and compare ([`audit`])
 //! - `runs list|prune`: the run directories in sov's state directory ([`runs`])
+//! - `witness`: a C2SP tlog-witness cosigning logs' tree heads ([`witness`])
 
 pub mod audit;
 pub mod bench;
@@ -22,6 +23,8 @@ pub mod settings;
 pub mod slots;
 pub mod spec;
 pub mod verify;
+pub mod witness;
+pub mod witness_flags;
 
 use std::process::ExitCode;
 
@@ -63,6 +66,8 @@ pub enum Command {
     /// List or prune the run directories in sov's state directory.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
+    /// Run a C2SP tlog-witness: cosign logs' tree heads that extend what it saw before.
+    Witness(witness::WitnessArgs),
 }
 
 /// Parses the command line, runs the command, reports errors on stderr.
@@ -90,5 +95,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Verify(a) => verify::run(a),
         Command::Audit(a) => audit::run(a, &cli.global.dirs()?),
         Command::Runs(c) => runs::run(c, &cli.global.dirs()?),
+        Command::Witness(a) => witness::run(a),
     }
 }

@@ -137,6 +137,8 @@ pub struct StartExtras {
     pub checkpoint_by_default: bool,
     /// Leave nothing on disk: no run directory, no slot file, no checkpoints (`sov audit`).
     pub ephemeral: bool,
+    /// Submit every signed head to these witnesses (needs checkpoints).
+    pub witnesses: Option<crate::app::witnesses::WitnessConfig>,
 }
 
 impl ModelArgs {
@@ -277,7 +279,12 @@ impl ModelArgs {
                 cuda_graphs: self.cuda_graphs,
             },
             speculative_draft_len: self.speculative_draft_len,
+            witnesses: extras.witnesses.clone(),
         };
+        anyhow::ensure!(
+            opts.witnesses.is_none() || opts.checkpoints.is_some(),
+            "--witness needs checkpoints (drop --checkpoint off)"
+        );
         let mut started = match self.machine {
             MachineChoice::Seed => start_engine::<seed::Scheduler>(parts, &opts)?,
             MachineChoice::Laptop => start_engine::<laptop::Scheduler>(parts, &opts)?,

@@ -49,6 +49,9 @@ pub struct ServeArgs {
     /// Most requests waiting for the engine; more get 429 (default: unbounded).
     #[arg(long)]
     pub max_waiting: Option<usize>,
+    /// Witnesses cosigning the run's signed heads.
+    #[command(flatten)]
+    pub witnesses: super::witness_flags::WitnessFlags,
 }
 
 /// Runs `sov serve`.
@@ -62,6 +65,7 @@ pub fn run(args: ServeArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             shutdown: Some(shutdown.clone()),
             checkpoint_by_default: true,
             ephemeral: false,
+            witnesses: args.witnesses.config()?,
         },
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -105,6 +109,7 @@ async fn serve(
         phase: Arc::new(Phase::new(PhaseKind::Loading)),
         metrics,
         receipts: checkpoints.as_ref().map(|c| c.book.clone()),
+        witnesses: checkpoints.as_ref().and_then(|c| c.witnesses.clone()),
     });
     if args.resume.is_some() {
         let c = checkpoints.as_ref().context("--resume needs checkpoints")?;

@@ -9,6 +9,11 @@
 //! `text` are the leaf of its `receipt`, the leaf is in the signed tree (RFC 6962 inclusion proof),
 //! the head's signature verifies (`checkpoint::attest`).
 //!
+//! `--policy FILE` (a witness policy: `witness <vkey>` lines, `quorum K`) requires K valid
+//! cosignatures by listed witnesses on the newest signed head (for a directory: from its
+//! `cosignatures.log`, written by `--witness`) or on the head each response's receipt cites (its
+//! note carries the cosignatures); a shortfall fails naming how many were found.
+//!
 //! Exit status: 0 the directory (or every response) verifies; 1 a problem, named by file, height
 //! or line and what is wrong; 3 the chain verifies but an interrupted checkpoint left uncommitted
 //! bytes (sov discards them on resume; the newest receipt is the state resume will use).
@@ -23,6 +28,7 @@ use crate::checkpoint::attest::{self, ResponseReceipt};
 use crate::checkpoint::audit::audit_known;
 use crate::checkpoint::digest::{from_hex, to_hex};
 use crate::checkpoint::journal::JournalRecord;
+use crate::checkpoint::witness::cosigned;
 use crate::checkpoint::{Anchor, Audit, AuditOptions, Policy, keys};
 
 /// Arguments of `sov verify`.
@@ -38,7 +44,8 @@ pub struct VerifyArgs {
     /// Public key of the engine: a C2SP verifier-key line (checkpoint.pub) or an SPKI PEM file.
     #[arg(long)]
     pub key: PathBuf,
-    /// Witness policy file (`witness <vkey>` lines and `quorum <k>`); every receipt must be quorate.
+    /// Witness policy file (`witness <vkey>` lines and `quorum <k>`): the newest signed head (or
+    /// each response's head) must carry K valid cosignatures by listed witnesses.
     #[arg(long)]
     pub policy: Option<PathBuf>,
     /// Expected head: `HEIGHT:DIGEST` of the receipt chain (e.g. from slots 7..15 or a witness),
@@ -91,13 +98,13 @@ fn parse_head(text: &str) -> anyhow::Result<KnownHead> {
 /// Run `sov verify`.
 pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let key = keys::load_public(&args.key)?;
+    let policy = args.policy.as_deref().map(Policy::load).transpose()?;
     if let Some(file) = &args.response {
-        return verify_responses(file, &key);
+        return verify_responses(file, &key, policy.as_ref());
     }
     let Some(arg_dir) = args.dir.clone() else {
         anyhow::bail!("give a directory or --response FILE");
     };
-    let policy = args.policy.as_deref().map(Policy::load).transpose()?;
     let known = args.head.as_deref().map(parse_head).transpose()?;
     let (anchor, head_note) = match known {
         Some(KnownHead::Chain(a)) => (Some(a), None),
@@ -118,17 +125,24 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         &dir,
         AuditOptions {
             key: &key,
-            policy: policy.as_ref(),
+            policy: None,
             anchor,
         },
         head_note.as_deref(),
-    ) {
+    )
+    .and_then(|a| {
+        let cosigned = match &policy {
+            Some(p) => Some(cosigned::check_log(&dir, &a.log, p)?),
+            None => None,
+        };
+        Ok((a, cosigned))
+    }) {
         Err(e) => {
             eprintln!("FAIL {}: {e}", dir.display());
             Ok(ExitCode::from(1))
         }
-        Ok(a) => {
-            print!("{}", summary(&arg_dir, &a, policy.as_ref()));
+        Ok((a, cosigned)) => {
+            print!("{}", summary(&arg_dir, &a, policy.as_ref().zip(cosigned)));
             if head_note.is_some() {
                 println!(
                     "known head: contained in the log (consistency proof to the newest head valid)"
@@ -158,6 +172,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
 fn verify_responses(
     file: &std::path::Path,
     key: &ed25519_dalek::VerifyingKey,
+    policy: Option<&Policy>,
 ) -> anyhow::Result<ExitCode> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
@@ -168,17 +183,22 @@ fn verify_responses(
             continue;
         }
         checked += 1;
-        match verify_response_line(line, key) {
-            Ok(v) => println!(
-                "OK line {}: request {} ({}), leaf {} of {} signed by {} (spec {}, model {})",
+        match verify_response_line(line, key, policy) {
+            Ok((v, cosigs)) => println!(
+                "OK line {}: request {} ({}; prompt {} tokens, seed {}, temperature {}, max_tokens {}), leaf {} of {} signed by {} (spec {}, model {}){}",
                 n + 1,
                 v.request_id,
                 v.reason,
+                v.request.prompt.len(),
+                v.request.sampling.seed,
+                v.request.sampling.temperature,
+                v.request.sampling.max_tokens,
                 v.leaf_index,
                 v.head.size,
                 v.head.origin,
                 &to_hex(&v.head.spec)[..16],
-                &to_hex(&v.head.model)[..16]
+                &to_hex(&v.head.model)[..16],
+                cosigs.map_or(String::new(), |n| format!(", cosigned by {n} witnesses"))
             ),
             Err(e) => {
                 failed += 1;
@@ -202,22 +222,49 @@ fn verify_responses(
 fn verify_response_line(
     line: &str,
     key: &ed25519_dalek::VerifyingKey,
-) -> anyhow::Result<attest::VerifiedResponse> {
+    policy: Option<&Policy>,
+) -> anyhow::Result<(attest::VerifiedResponse, Option<usize>)> {
     #[derive(serde::Deserialize)]
     struct Line {
         tokens: Vec<u32>,
         text: String,
         receipt: Option<ResponseReceipt>,
+        prompt_tokens: Option<usize>,
+        prompt_token_ids: Option<Vec<u32>>,
     }
     let l: Line = serde_json::from_str(line).context("not a response JSON object")?;
     let r = l
         .receipt
         .context("no receipt (was the run checkpointed?)")?;
-    Ok(attest::verify(&r, key, &l.tokens, &l.text)?)
+    let v = attest::verify(&r, key, &l.tokens, &l.text)?;
+    // The prompt the line claims must be the one the log signed with the output.
+    if let Some(n) = l.prompt_tokens {
+        anyhow::ensure!(
+            n == v.request.prompt.len(),
+            "prompt_tokens {n} differs from the signed prompt's {} tokens",
+            v.request.prompt.len()
+        );
+    }
+    if let Some(ids) = &l.prompt_token_ids {
+        anyhow::ensure!(
+            *ids == v.request.prompt,
+            "prompt_token_ids differ from the signed prompt"
+        );
+    }
+    let cosigs = match policy {
+        Some(p) => Some(cosigned::require_quorum(
+            &r.head,
+            &[],
+            p,
+            "the receipt's head",
+        )?),
+        None => None,
+    };
+    Ok((v, cosigs))
 }
 
 /// The human summary of a verified directory.
-fn summary(dir: &std::path::Path, a: &Audit, policy: Option<&Policy>) -> String {
+fn summary(dir: &std::path::Path, a: &Audit, policy: Option<(&Policy, usize)>) -> String {
     let mut out = format!("checkpoint directory {}\n", dir.display());
     let blocks: u64 = a.entries.iter().map(|e| u64::from(e.len)).sum();
     let snapshots: u64 = a.chain.iter().map(|l| l.snapshot_bytes).sum();
@@ -282,12 +329,11 @@ fn summary(dir: &std::path::Path, a: &Audit, policy: Option<&Policy>) -> String 
             a.log.unsigned()
         )),
     }
-    if let Some(p) = policy {
-        let min = a.chain.iter().map(|l| l.cosignatures).min().unwrap_or(0);
+    if let Some((p, n)) = policy {
         out.push_str(&format!(
-            "witnesses: every receipt quorate ({} of {} required; fewest present {min})\n",
-            p.quorum,
-            p.witnesses.len()
+            "witnesses: the newest head is cosigned by {n} of the policy's {} witnesses ({} required)\n",
+            p.witnesses.len(),
+            p.quorum
         ));
     }
     out
@@ -391,6 +437,110 @@ mod tests {
         drop(store);
         a.dir = Some(old.path().to_path_buf());
         assert_eq!(run(a).unwrap(), ExitCode::from(1));
+    }
+
+    /// `--policy`: the newest head needs K cosignatures from `cosignatures.log` (a directory) or
+    /// attached to the receipt's head (a response); fewer fail, naming how many were found.
+    #[test]
+    fn policy_accepts_a_quorum_and_rejects_less() {
+        use crate::checkpoint::witness::{cosigned, witness_verifier};
+        use crate::checkpoint::{CheckpointStore, note};
+        let keydir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (_, done) = fixture::build_with_receipts(dir.path());
+        let key = pubkey(keydir.path(), &fixture::key());
+        let sks: Vec<ed25519_dalek::SigningKey> = (1..=3)
+            .map(|i| ed25519_dalek::SigningKey::from_bytes(&[0x60 + i; 32]))
+            .collect();
+        let policy = |k: usize| {
+            let p = keydir.path().join(format!("policy{k}"));
+            let mut text = String::new();
+            for (i, sk) in sks.iter().enumerate() {
+                let vk = witness_verifier(&format!("w{i}"), &sk.verifying_key()).unwrap();
+                text.push_str(&format!("witness {}\n", vk.to_text()));
+            }
+            std::fs::write(&p, format!("{text}quorum {k}\n")).unwrap();
+            p
+        };
+        let with = |p: PathBuf| {
+            let mut a = args(dir.path(), key.clone());
+            a.policy = Some(p);
+            run(a).unwrap()
+        };
+        // No cosignatures yet.
+        assert_eq!(with(policy(2)), ExitCode::from(1));
+        let store =
+            CheckpointStore::open(dir.path(), fixture::key(), fixture::SPEC, fixture::MODEL)
+                .unwrap();
+        let newest = store.newest_head().unwrap().to_string();
+        let receipt8 = store.receipt_for(done[1].0.request_id).unwrap().unwrap();
+        drop(store);
+        let body = note::parse(&newest).unwrap().body;
+        let size: u64 = body.lines().nth(1).unwrap().parse().unwrap();
+        let lines: Vec<String> = [0, 2]
+            .iter()
+            .map(|&i| note::cosign_line(&body, &format!("w{i}"), &sks[i], 1_764_000_000).unwrap())
+            .collect();
+        cosigned::append(dir.path(), size, &lines).unwrap();
+        assert_eq!(with(policy(2)), ExitCode::SUCCESS);
+        assert_eq!(with(policy(3)), ExitCode::from(1));
+        let err = cosigned::check_log(
+            dir.path(),
+            &crate::checkpoint::audit(
+                dir.path(),
+                AuditOptions {
+                    key: &fixture::key().verifying_key(),
+                    policy: None,
+                    anchor: None,
+                },
+            )
+            .unwrap()
+            .log,
+            &Policy::load(&policy(3)).unwrap(),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("has 2 valid cosignatures"),
+            "{err}"
+        );
+        // A response whose receipt's head carries the cosignatures, re-issued the way the witness
+        // client does; without them it fails the policy.
+        let f = &done[1].0;
+        let r = &receipt8;
+        let mut cosigned_r = r.clone();
+        assert_eq!(r.head, newest, "receipt 8 is against the newest head");
+        cosigned_r.head = crate::checkpoint::witness::cosignatures::attach(
+            &r.head,
+            lines.iter().map(String::as_str),
+        );
+        let line = |r: &ResponseReceipt, prompt_tokens: usize| {
+            serde_json::json!({"tokens": f.output, "text": f.text, "prompt_tokens": prompt_tokens, "receipt": r})
+                .to_string()
+        };
+        let file = keydir.path().join("r.jsonl");
+        let check = |body: String, p: Option<PathBuf>| {
+            std::fs::write(&file, body).unwrap();
+            run(VerifyArgs {
+                dir: None,
+                response: Some(file.clone()),
+                key: key.clone(),
+                policy: p,
+                head: None,
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            check(line(&cosigned_r, 4), Some(policy(2))),
+            ExitCode::SUCCESS
+        );
+        assert_eq!(
+            check(line(&cosigned_r, 4), Some(policy(3))),
+            ExitCode::from(1)
+        );
+        assert_eq!(check(line(r, 4), Some(policy(2))), ExitCode::from(1));
+        assert_eq!(check(line(r, 4), None), ExitCode::SUCCESS);
+        // The prompt the line claims must be the signed one (4 tokens in the fixture).
+        assert_eq!(check(line(r, 5), None), ExitCode::from(1));
     }
 
     #[test]

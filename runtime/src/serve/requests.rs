@@ -4,6 +4,7 @@
 //! Design: a read of the registry record, the same record a reattaching POST reads; `receipt` is
 //! null until attested outputs fill it.
 
+use crate::checkpoint::ResponseReceipt;
 use std::sync::Arc;
 
 use axum::Router;
@@ -53,6 +54,19 @@ async fn status(
             if let Some(r) = c.engine_id.and_then(|id| book.receipts.remove(&id)) {
                 c.receipt = serde_json::to_value(r).ok();
             }
+        }
+    }
+    if let Some(w) = &st.witnesses {
+        // Cosignatures arrive after the answer: re-issue against the newest quorate head.
+        for c in data.choices.iter_mut() {
+            let Some(r) = c
+                .receipt
+                .take()
+                .and_then(|v| serde_json::from_value::<ResponseReceipt>(v).ok())
+            else {
+                continue;
+            };
+            c.receipt = serde_json::to_value(w.upgrade(r)).ok();
         }
     }
     let status = if data.done() {

@@ -30,6 +30,8 @@ pub struct AppState {
     pub metrics: Arc<crate::serve::metrics::ServerMetrics>,
     /// Where the engine leaves each finished request's signed receipt (None: checkpoints off).
     pub receipts: Option<Arc<std::sync::Mutex<crate::engine::checkpointing::ResumeBook>>>,
+    /// The witness client: receipts are re-issued against the newest head a quorum cosigned.
+    pub witnesses: Option<Arc<crate::app::witnesses::Witnesses>>,
 }
 
 /// What the server says about itself.

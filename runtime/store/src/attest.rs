@@ -3,10 +3,14 @@
 //!
 //! A receipt (serde JSON, the `receipt` field `sov generate --json` prints) holds the response's
 //! `Finished` journal record (its canonical body bytes, base64 — the log leaf), the leaf's index,
-//! the signed tree head note covering it, and the RFC 6962 inclusion proof (base64 hashes, leaf to
-//! root). [`verify`] checks: the leaf decodes to a `Finished` record whose tokens and text are the
-//! response's, re-encodes to the same bytes, the proof leads from its leaf hash to the head's
-//! root, and the head's signature verifies under the given key.
+//! the request's `Accepted` record (prompt tokens and sampling parameters) the same way, the
+//! signed tree head note covering both (with any witness cosignatures appended), and an RFC 6962
+//! inclusion proof for each (base64 hashes, leaf to root). [`verify`] checks: the leaf decodes to
+//! a `Finished` record whose tokens and text are the response's, the request leaf to the
+//! `Accepted` record of the same request, both re-encode to the same bytes, both proofs lead from
+//! their leaf hashes to the head's root, and the head's signature verifies under the given key.
+//! So the prompt and sampling parameters are proven with the output: a client (or
+//! `sov verify --response`) compares them with what it sent.
 
 use base64ct::{Base64, Encoding};
 use ed25519_dalek::VerifyingKey;
@@ -14,11 +18,11 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{CheckpointError, Result};
 use super::head::{self, TreeHead};
-use super::journal::{self, JournalRecord};
+use super::journal::{self, JournalRecord, RequestRecord};
 use super::merkle::{self, Hash, Tree};
 
 /// Receipt format name (the `format` field).
-pub const RECEIPT_FORMAT: &str = "sov-response-receipt/v1";
+pub const RECEIPT_FORMAT: &str = "sov-response-receipt/v2";
 
 /// A per-response receipt.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -34,6 +38,21 @@ pub struct ResponseReceipt {
     pub head: String,
     /// RFC 6962 inclusion proof, base64 hashes from the leaf up.
     pub proof: Vec<String>,
+    /// Index of the request's `Accepted` record (prompt and sampling parameters) in the log.
+    pub request_index: u64,
+    /// That record's canonical body bytes, base64.
+    pub request: String,
+    /// Its RFC 6962 inclusion proof in the same head.
+    pub request_proof: Vec<String>,
+}
+
+/// One leaf of the log: its index and canonical record body bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Leaf<'a> {
+    /// Index in the log.
+    pub index: u64,
+    /// The record's body bytes.
+    pub body: &'a [u8],
 }
 
 /// What a verified receipt says.
@@ -47,27 +66,55 @@ pub struct VerifiedResponse {
     pub leaf_index: u64,
     /// The signed head (origin, tree size, root, spec and model digests).
     pub head: TreeHead,
+    /// The signed request: prompt tokens and sampling parameters.
+    pub request: RequestRecord,
 }
 
 impl ResponseReceipt {
-    /// The receipt for leaf `index` (body bytes `leaf`) of `tree`, signed by head note `head` of
-    /// size `size`.
-    pub fn build(tree: &Tree, index: u64, leaf: &[u8], head: &str, size: u64) -> Result<Self> {
-        let proof = tree
-            .inclusion_proof(index, size)
-            .map_err(|e| CheckpointError::Usage(format!("inclusion proof: {e}")))?;
+    /// The receipt for `response` (a `Finished` record) and `request` (its `Accepted` record),
+    /// leaves of `tree`, signed by head note `head` of size `size`.
+    pub fn build(
+        tree: &Tree,
+        response: Leaf<'_>,
+        request: Leaf<'_>,
+        head: &str,
+        size: u64,
+    ) -> Result<Self> {
+        let proof = |l: Leaf<'_>| -> Result<Vec<String>> {
+            Ok(tree
+                .inclusion_proof(l.index, size)
+                .map_err(|e| CheckpointError::Usage(format!("inclusion proof: {e}")))?
+                .iter()
+                .map(|h| Base64::encode_string(h))
+                .collect())
+        };
         Ok(Self {
             format: RECEIPT_FORMAT.into(),
-            leaf_index: index,
-            leaf: Base64::encode_string(leaf),
+            leaf_index: response.index,
+            leaf: Base64::encode_string(response.body),
             head: head.to_string(),
-            proof: proof.iter().map(|h| Base64::encode_string(h)).collect(),
+            proof: proof(response)?,
+            request_index: request.index,
+            request: Base64::encode_string(request.body),
+            request_proof: proof(request)?,
         })
     }
 
     /// Bytes of the JSON proof and leaf (for size reports).
     pub fn proof_bytes(&self) -> usize {
-        self.proof.iter().map(String::len).sum()
+        self.proof
+            .iter()
+            .chain(&self.request_proof)
+            .map(String::len)
+            .sum()
+    }
+
+    /// The receipt's two leaves' body bytes (response, request), decoded.
+    pub fn leaves(&self) -> Result<(Vec<u8>, Vec<u8>)> {
+        Ok((
+            decode_b64(&self.leaf, "leaf")?,
+            decode_b64(&self.request, "request leaf")?,
+        ))
     }
 }
 
@@ -113,34 +160,54 @@ pub fn verify(
             f.request_id
         )));
     }
-    let head = head::open(&receipt.head, key).map_err(|e| bad(format!("head: {e}")))?;
-    let mut proof: Vec<Hash> = Vec::with_capacity(receipt.proof.len());
-    for (i, p) in receipt.proof.iter().enumerate() {
-        let raw = decode_b64(p, "proof hash")?;
-        proof.push(
-            raw.as_slice()
-                .try_into()
-                .map_err(|_| bad(format!("proof hash {i} is not 32 bytes")))?,
-        );
+    let req_leaf = decode_b64(&receipt.request, "request leaf")?;
+    let req = journal::decode_body(&req_leaf).map_err(|e| bad(format!("request leaf: {e}")))?;
+    if journal::encode_body(&req)? != req_leaf {
+        return Err(bad("request leaf is not a canonical record encoding"));
     }
-    merkle::verify_inclusion(
-        receipt.leaf_index,
-        head.size,
-        &merkle::leaf_hash(&leaf),
-        &proof,
-        &head.root,
-    )
-    .map_err(|e| {
-        bad(format!(
-            "leaf {} not in the signed tree: {e}",
-            receipt.leaf_index
-        ))
-    })?;
+    let JournalRecord::Accepted(request) = req else {
+        return Err(bad("request leaf is not an Accepted record"));
+    };
+    if request.request_id != f.request_id {
+        return Err(bad(format!(
+            "request leaf is request {}, the response answers {}",
+            request.request_id, f.request_id
+        )));
+    }
+    let head = head::open(&receipt.head, key).map_err(|e| bad(format!("head: {e}")))?;
+    for (what, index, leaf, proof) in [
+        ("leaf", receipt.leaf_index, &leaf, &receipt.proof),
+        (
+            "request leaf",
+            receipt.request_index,
+            &req_leaf,
+            &receipt.request_proof,
+        ),
+    ] {
+        let mut hashes: Vec<Hash> = Vec::with_capacity(proof.len());
+        for (i, p) in proof.iter().enumerate() {
+            let raw = decode_b64(p, "proof hash")?;
+            hashes.push(
+                raw.as_slice()
+                    .try_into()
+                    .map_err(|_| bad(format!("{what} proof hash {i} is not 32 bytes")))?,
+            );
+        }
+        merkle::verify_inclusion(
+            index,
+            head.size,
+            &merkle::leaf_hash(leaf),
+            &hashes,
+            &head.root,
+        )
+        .map_err(|e| bad(format!("{what} {index} not in the signed tree: {e}")))?;
+    }
     Ok(VerifiedResponse {
         request_id: f.request_id,
         reason: f.reason,
         leaf_index: receipt.leaf_index,
         head,
+        request,
     })
 }
 
@@ -164,7 +231,10 @@ mod tests {
                 leaf_index: index,
                 leaf: Base64::encode_string(&leaf),
                 head,
-                proof,
+                proof: proof.clone(),
+                request_index: index / 2,
+                request: Base64::encode_string(&leaf),
+                request_proof: proof,
             };
             let _ = verify(&r, &key, &[1, 2], "x");
             if let Ok(r) = serde_json::from_str::<ResponseReceipt>(&json) {

@@ -33,6 +33,7 @@ use super::policy::Policy;
 use super::receipt::{self, SignedReceipt};
 use super::snapshot::{self, StoreCommit};
 use super::tlog::{self, HEADS_FILE, LogAudit};
+use super::witness::cosigned::COSIGNATURES_FILE;
 
 /// File name of the receipt at `height`.
 pub fn receipt_name(height: u64) -> String {
@@ -67,6 +68,26 @@ impl Anchor {
             height: u64::from(slots[7]),
             digest: receipt::digest_from_slots(slots),
         })
+    }
+
+    /// With witnesses slot 7 holds the cosigned log size, not the receipt height: when the
+    /// receipt at `height` in `dir` does not have this digest but another one does, the anchor at
+    /// that receipt's height. Otherwise unchanged (a rolled-back directory, lacking the digest,
+    /// is still refused by the audit).
+    pub fn locate(self, dir: &Path) -> Self {
+        let digest_at = |h: u64| {
+            std::fs::read_to_string(dir.join(receipt_name(h)))
+                .ok()
+                .and_then(|t| receipt::parse_unverified(&t).ok())
+                .map(|(_, d)| d)
+        };
+        if digest_at(self.height) == Some(self.digest) {
+            return self;
+        }
+        (1..)
+            .map_while(|h| digest_at(h).map(|d| (h, d)))
+            .find(|(_, d)| *d == self.digest)
+            .map_or(self, |(height, digest)| Self { height, digest })
     }
 }
 
@@ -219,7 +240,15 @@ fn list(dir: &Path, key: &VerifyingKey) -> Result<Listing> {
             listing.snapshots.insert(h, name);
         } else if name.ends_with(TMP_SUFFIX) {
             listing.tmp_files.push(name);
-        } else if [SEGMENT_FILE, INDEX_FILE, JOURNAL_FILE, HEADS_FILE].contains(&name.as_str()) {
+        } else if [
+            SEGMENT_FILE,
+            INDEX_FILE,
+            JOURNAL_FILE,
+            HEADS_FILE,
+            COSIGNATURES_FILE,
+        ]
+        .contains(&name.as_str())
+        {
         } else {
             // A stray receipt under another name is a fork candidate: say so when it parses.
             let text = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();

@@ -131,3 +131,23 @@ pub fn truncate_tail(path: &Path, committed_len: u64) -> Result<()> {
         .and_then(|_| f.sync_all())
         .map_err(|e| CheckpointError::io(path, e))
 }
+
+/// Replace `dir/name` atomically with `bytes` (mode 0600): write `name.tmp`, fsync, rename over
+/// the old file, fsync the directory. A crash leaves the old or the new file, never a mix.
+pub fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(&tmp)
+        .map_err(|e| CheckpointError::io(&tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| CheckpointError::io(&tmp, e))?;
+    drop(f);
+    fs::rename(&tmp, &path).map_err(|e| CheckpointError::io(&path, e))?;
+    sync_dir(dir)
+}

@@ -11,6 +11,8 @@
 //!                         requests, checkpoint markers; each record is a leaf of the log
 //! heads.log               append-only signed tree heads (C2SP tlog-checkpoint notes) of the RFC
 //!                         6962 Merkle tree over the journal, with the leaf hashes each one added
+//! cosignatures.log        append-only witness cosignatures of heads, `<tree size> <signature
+//!                         line>` (only with witnesses; see [`witness::cosigned`])
 //! ```
 //! Directories are created 0700 and files 0600 (they hold every prompt and answer).
 //! Heights start at 1; receipt N's `prev` is the digest of receipt N-1's body (zeros at 1).
@@ -93,4 +95,4 @@ pub use snapshot::{
     FinishState, KvLayout, KvMode, LogitBias, SamplingParams, SequenceSnapshot, Snapshot,
     StoreCommit,
 };
-pub use store::{CheckpointStore, Platform, ReceiptInfo, Restored};
+pub use store::{CheckpointStore, HeadSink, Platform, ReceiptInfo, Restored};

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::SigningKey;
 
-use super::attest::ResponseReceipt;
+use super::attest::{Leaf, ResponseReceipt};
 use super::audit::{self, Anchor, Audit, AuditOptions, receipt_name, snapshot_name};
 use super::blockstore::{BlockStore, ENTRY_LEN, INDEX_FILE, SEGMENT_FILE};
 use super::digest::{Digest, block_hash, kv_root, snapshot_digest, to_hex};
@@ -28,7 +28,7 @@ use super::error::{CheckpointError, Result};
 use super::fsutil;
 use super::head::{self, HeadCheckpoint, TreeHead, origin_for};
 use super::journal::{self, FinishedRecord, JOURNAL_FILE, Journal, JournalRecord, RequestRecord};
-use super::merkle::{Tree, leaf_hash};
+use super::merkle::{Hash, Tree, leaf_hash};
 use super::receipt::{self, ReceiptBody};
 use super::snapshot::{self, KvMode, Snapshot, StoreCommit};
 use super::tlog::{HEADS_FILE, HeadRecord, HeadsLog};
@@ -111,6 +111,14 @@ pub struct Platform {
     pub precision: Option<String>,
 }
 
+/// Told of every signed head, on the thread that signed it (so: quick, never blocking): the head
+/// note, its tree size, and the leaf hashes it added since the previous head. A witness client
+/// keeps its own tree from these to build consistency proofs off the engine's path.
+pub trait HeadSink: Send {
+    /// A head was signed and is durable in `heads.log`.
+    fn signed(&mut self, note: &str, size: u64, new_leaves: &[Hash]);
+}
+
 /// The verifiable log as the store continues it.
 struct LogState {
     heads: HeadsLog,
@@ -120,6 +128,9 @@ struct LogState {
     newest_note: Option<String>,
     checkpoint: Option<HeadCheckpoint>,
     platform: Platform,
+    sink: Option<Box<dyn HeadSink>>,
+    /// Leaf index and body of each unfinished request's `Accepted` record (receipts prove it).
+    accepted: HashMap<u64, (u64, Vec<u8>)>,
 }
 
 fn now_ms() -> u64 {
@@ -149,6 +160,26 @@ impl CheckpointStore {
         model_digest: Digest,
         anchor: Option<Anchor>,
     ) -> Result<Self> {
+        Self::open_on(
+            dir,
+            key,
+            spec_digest,
+            model_digest,
+            anchor,
+            Platform::default(),
+        )
+    }
+
+    /// Like [`Self::open_with`], naming the backend and precision every head signed from the
+    /// start carries (including a head signed at open over a crash's unsigned tail).
+    pub fn open_on(
+        dir: &Path,
+        key: SigningKey,
+        spec_digest: Digest,
+        model_digest: Digest,
+        anchor: Option<Anchor>,
+        platform: Platform,
+    ) -> Result<Self> {
         fsutil::create_private_dir(dir)?;
         let vk = key.verifying_key();
         let audit = audit::audit(
@@ -177,7 +208,9 @@ impl CheckpointStore {
                 snapshot: l.receipt.body.snapshot,
                 kv_root: l.receipt.body.kv_root,
             }),
-            platform: Platform::default(),
+            platform,
+            sink: None,
+            accepted: unfinished_requests(&audit.journal)?,
         };
         let mut store = Self {
             log,
@@ -282,10 +315,32 @@ impl CheckpointStore {
             .collect::<Result<Vec<_>>>()?;
         self.journal.append_bodies(&bodies)?;
         let first = self.log.tree.size();
-        for b in &bodies {
+        for (i, (r, b)) in records.iter().zip(&bodies).enumerate() {
             self.log.tree.push(leaf_hash(b));
+            if let JournalRecord::Accepted(a) = r {
+                self.log
+                    .accepted
+                    .insert(a.request_id, (first + i as u64, b.clone()));
+            }
         }
         Ok((first, bodies))
+    }
+
+    /// Leaf index and body of request `id`'s `Accepted` record (scans the journal when the
+    /// request was finished before, e.g. finished again after a resume).
+    fn request_leaf(&self, id: u64) -> Result<(u64, Vec<u8>)> {
+        if let Some(found) = self.log.accepted.get(&id) {
+            return Ok(found.clone());
+        }
+        let scan = journal::scan(&self.dir)?;
+        for (i, (_, r)) in scan.records.iter().enumerate() {
+            if matches!(r, JournalRecord::Accepted(a) if a.request_id == id) {
+                return Ok((i as u64, journal::encode_body(r)?));
+            }
+        }
+        Err(CheckpointError::Usage(format!(
+            "request {id} has no Accepted record in the journal"
+        )))
     }
 
     /// Sign a head over every leaf so far and append it to `heads.log` (fsync); returns its note.
@@ -316,9 +371,22 @@ impl CheckpointStore {
             note: note.clone(),
             leaves: log.tree.leaves()[log.signed as usize..].to_vec(),
         })?;
+        if let Some(sink) = log.sink.as_mut() {
+            sink.signed(&note, size, &log.tree.leaves()[log.signed as usize..]);
+        }
         log.signed = size;
         log.newest_note = Some(note.clone());
         Ok(note)
+    }
+
+    /// Tell `sink` of every head signed from now on; it is first told of the newest head so far
+    /// (with every leaf it covers), if any.
+    pub fn set_head_sink(&mut self, mut sink: Box<dyn HeadSink>) {
+        let log = &self.log;
+        if let Some(note) = &log.newest_note {
+            sink.signed(note, log.signed, &log.tree.leaves()[..log.signed as usize]);
+        }
+        self.log.sink = Some(sink);
     }
 
     /// Names the backend and precision the heads signed from now on carry.
@@ -350,38 +418,64 @@ impl CheckpointStore {
         };
         let scan = journal::scan(&self.dir)?;
         let mut newest: HashMap<u64, usize> = HashMap::new();
+        let mut accepted: HashMap<u64, usize> = HashMap::new();
         for (i, (_, r)) in scan
             .records
             .iter()
             .enumerate()
             .take(self.log.signed as usize)
         {
-            if let JournalRecord::Finished(f) = r {
-                newest.insert(f.request_id, i);
+            match r {
+                JournalRecord::Finished(f) => {
+                    newest.insert(f.request_id, i);
+                }
+                JournalRecord::Accepted(a) => {
+                    accepted.entry(a.request_id).or_insert(i);
+                }
+                _ => {}
             }
         }
         let mut out = HashMap::with_capacity(newest.len());
         for (id, i) in newest {
-            out.insert(id, self.receipt_at(&scan.records[i].1, i, note)?);
+            let Some(&a) = accepted.get(&id) else {
+                continue; // the audit refuses a Finished record without its Accepted one
+            };
+            out.insert(id, self.receipt_at(&scan, i, a, note)?);
         }
         Ok(out)
     }
 
     fn receipt_at(
         &self,
-        record: &JournalRecord,
+        scan: &journal::JournalScan,
         index: usize,
+        request: usize,
         note: &str,
     ) -> Result<ResponseReceipt> {
-        let body = journal::encode_body(record)?;
-        if self.log.tree.leaves().get(index) != Some(&leaf_hash(&body)) {
-            return Err(CheckpointError::corrupt(
-                JOURNAL_FILE,
-                None,
-                format!("record {index} changed since the store was opened"),
-            ));
+        let body = journal::encode_body(&scan.records[index].1)?;
+        let req = journal::encode_body(&scan.records[request].1)?;
+        for (i, b) in [(index, &body), (request, &req)] {
+            if self.log.tree.leaves().get(i) != Some(&leaf_hash(b)) {
+                return Err(CheckpointError::corrupt(
+                    JOURNAL_FILE,
+                    None,
+                    format!("record {i} changed since the store was opened"),
+                ));
+            }
         }
-        ResponseReceipt::build(&self.log.tree, index as u64, &body, note, self.log.signed)
+        ResponseReceipt::build(
+            &self.log.tree,
+            Leaf {
+                index: index as u64,
+                body: &body,
+            },
+            Leaf {
+                index: request as u64,
+                body: &req,
+            },
+            note,
+            self.log.signed,
+        )
     }
 
     /// The receipt of request `request_id`'s newest signed `Finished` record, against the newest
@@ -400,10 +494,16 @@ impl CheckpointStore {
             .find(
                 |(_, (_, r))| matches!(r, JournalRecord::Finished(f) if f.request_id == request_id),
             );
-        let Some((index, (_, record))) = found else {
+        let Some((index, _)) = found else {
             return Ok(None);
         };
-        self.receipt_at(record, index, note).map(Some)
+        let accepted = scan.records.iter().position(
+            |(_, r)| matches!(r, JournalRecord::Accepted(a) if a.request_id == request_id),
+        );
+        match accepted {
+            Some(a) => self.receipt_at(&scan, index, a, note).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Records this engine process in the journal (model and spec digests), after checking them
@@ -449,6 +549,10 @@ impl CheckpointStore {
         if records.is_empty() {
             return Ok(Vec::new());
         }
+        let requests = records
+            .iter()
+            .map(|r| self.request_leaf(r.request_id))
+            .collect::<Result<Vec<_>>>()?;
         let records: Vec<JournalRecord> = records
             .iter()
             .map(|r| JournalRecord::Finished(r.clone()))
@@ -459,11 +563,32 @@ impl CheckpointStore {
         let note = self.sign_head()?;
         self.poisoned = false;
         let size = self.log.signed;
-        bodies
+        let out = bodies
             .iter()
+            .zip(&requests)
             .enumerate()
-            .map(|(i, b)| ResponseReceipt::build(&self.log.tree, first + i as u64, b, &note, size))
-            .collect()
+            .map(|(i, (b, (ri, rb)))| {
+                ResponseReceipt::build(
+                    &self.log.tree,
+                    Leaf {
+                        index: first + i as u64,
+                        body: b,
+                    },
+                    Leaf {
+                        index: *ri,
+                        body: rb,
+                    },
+                    &note,
+                    size,
+                )
+            })
+            .collect();
+        for r in &records {
+            if let JournalRecord::Finished(f) = r {
+                self.log.accepted.remove(&f.request_id);
+            }
+        }
+        out
     }
 
     /// The whole journal as it stands (accepted, finished and checkpoint records).
@@ -644,4 +769,21 @@ impl CheckpointStore {
         }
         Ok(journal::scan(&self.dir)?.accepted_since(0))
     }
+}
+
+/// Leaf index and body of the `Accepted` record of every request the journal has not finished.
+fn unfinished_requests(scan: &journal::JournalScan) -> Result<HashMap<u64, (u64, Vec<u8>)>> {
+    let mut out = HashMap::new();
+    for (i, (_, r)) in scan.records.iter().enumerate() {
+        match r {
+            JournalRecord::Accepted(a) => {
+                out.insert(a.request_id, (i as u64, journal::encode_body(r)?));
+            }
+            JournalRecord::Finished(f) => {
+                out.remove(&f.request_id);
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
 }

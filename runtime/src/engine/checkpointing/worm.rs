@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -26,7 +27,7 @@ use crate::checkpoint::attest::ResponseReceipt;
 use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
 use crate::checkpoint::journal::{FinishedRecord, JournalRecord, RequestRecord};
 use crate::checkpoint::snapshot::{KvLayout, KvMode};
-use crate::checkpoint::store::{CheckpointStore, Restored};
+use crate::checkpoint::store::{CheckpointStore, HeadSink, Platform, Restored};
 use crate::checkpoint::{Anchor, CheckpointError, Digest, Result};
 use crate::engine::core::EngineCore;
 use crate::engine::error::EngineError;
@@ -108,6 +109,8 @@ pub struct WormConfig {
     pub mode: KvMode,
     /// The first restore reads the journal and disk (process start with `--resume`).
     pub resume: bool,
+    /// Backend and precision every signed head names (`sov audit` reads them).
+    pub platform: Platform,
 }
 
 /// The three handles [`open`] returns.
@@ -124,14 +127,36 @@ pub struct Worm {
     pub height: u64,
 }
 
+impl Worm {
+    /// Tell `sink` of every signed head (see [`HeadSink`]), starting with the newest so far.
+    pub fn set_head_sink(&self, sink: Box<dyn HeadSink>) -> Result<()> {
+        self.hook
+            .cp
+            .lock()
+            .map_err(|_| CheckpointError::Usage("checkpoint store lock poisoned".into()))?
+            .store_mut()
+            .set_head_sink(sink);
+        Ok(())
+    }
+
+    /// With witnesses, slot `bft_quorum_height` holds the newest log size cosigned by a quorum
+    /// (kept in `height` by the witness client), not the checkpoint count: the `checkpoint`
+    /// action then leaves it there (it publishes `height - 1`, which the machine's `+= 1` after
+    /// the action brings back).
+    pub fn set_quorum_height(&mut self, height: Arc<AtomicU32>) {
+        self.hook.quorum = Some(height);
+    }
+}
+
 /// Opens (creating) the checkpoint directory and builds the engine's handles.
 pub fn open(cfg: WormConfig) -> Result<Worm> {
-    let mut store = CheckpointStore::open_with(
+    let mut store = CheckpointStore::open_on(
         &cfg.dir,
         cfg.key,
         cfg.spec_digest,
         cfg.model_digest,
         cfg.anchor,
+        cfg.platform,
     )?;
     store.begin_session()?;
     let recovered = store.recovered().to_vec();
@@ -153,6 +178,7 @@ pub fn open(cfg: WormConfig) -> Result<Worm> {
             cp: cp.clone(),
             book: book.clone(),
             from_disk: cfg.resume,
+            quorum: None,
         },
         acceptor: Arc::new(JournalAcceptor { cp, next_id }),
         book,
@@ -220,6 +246,8 @@ pub struct WormHook {
     book: Arc<Mutex<ResumeBook>>,
     /// The next restore is a resume from disk (journal reconciliation), not a power event.
     from_disk: bool,
+    /// Witness mode: what slot `bft_quorum_height` holds (see [`Worm::set_quorum_height`]).
+    quorum: Option<Arc<AtomicU32>>,
 }
 
 impl<F: ForwardModel> CheckpointHook<F> for WormHook {
@@ -229,8 +257,12 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
         checkpoint_core(&mut cp, core, machine, state, kv_of::<F>, &|s| {
             s.text.stops().to_vec()
         })
-        .map(|_| ())
-        .map_err(engine_err)
+        .map_err(engine_err)?;
+        if let Some(q) = &self.quorum {
+            core.slots()
+                .set_bft_quorum_height(q.load(Ordering::Acquire).wrapping_sub(1));
+        }
+        Ok(())
     }
 
     fn restore(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
@@ -424,6 +456,7 @@ mod tests {
             anchor: None,
             mode: KvMode::Recompute,
             resume,
+            platform: Platform::default(),
         }
     }
 

@@ -182,6 +182,47 @@ fn log_costs() {
         std::hint::black_box(rebuilt.inclusion_proof(i * 997, rebuilt.size()).unwrap());
     }
     let proof_us = per(t, m as usize);
+    // One head as the store signs it: a leaf appended, the root at the new size, the Ed25519
+    // signature over the note, the head record appended to heads.log and fsynced.
+    let hdir = tempfile::tempdir().unwrap();
+    let mut heads_log = crate::tlog::HeadsLog::new(hdir.path());
+    let mut grow = Tree::from_leaves(tree.leaves()[..1 << 16].iter().copied());
+    let heads = 300;
+    let (mut root_ns, mut sign_ns, mut fsync_ns) = (0u128, 0u128, 0u128);
+    let t_all = Instant::now();
+    for i in 0..heads {
+        let t = Instant::now();
+        grow.push(leaf_hash(&(i as u64).to_le_bytes()));
+        let root = grow.root(grow.size()).unwrap();
+        root_ns += t.elapsed().as_nanos();
+        let t = Instant::now();
+        let note = head::sign(
+            &TreeHead {
+                size: grow.size(),
+                root,
+                ..head.clone()
+            },
+            &k,
+        )
+        .unwrap();
+        sign_ns += t.elapsed().as_nanos();
+        let t = Instant::now();
+        heads_log
+            .append(&crate::tlog::HeadRecord {
+                note,
+                leaves: grow.leaves()[grow.leaves().len() - 1..].to_vec(),
+            })
+            .unwrap();
+        fsync_ns += t.elapsed().as_nanos();
+    }
+    let head_us = per(t_all, heads);
+    let avg = |ns: u128| ns as f64 / 1e3 / heads as f64;
+    println!(
+        "one head at 2^16 leaves ({heads} heads): {head_us:.0} us = root update {:.1} us + Ed25519 sign {:.1} us + heads.log append+fsync {:.0} us",
+        avg(root_ns),
+        avg(sign_ns),
+        avg(fsync_ns)
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
     store.begin_session().unwrap();

@@ -69,6 +69,54 @@ fn receipts_verify_offline_and_catch_edits_other_runs_and_keys() {
     }
 }
 
+/// The receipt proves the prompt and sampling parameters too: the request leaf it carries is the
+/// signed `Accepted` record; any edit to it (a prompt token, the seed, the temperature), or the
+/// request leaf of another request, fails.
+#[test]
+fn receipts_cover_the_prompt_and_sampling_parameters() {
+    use crate::journal::{self, JournalRecord};
+    use base64ct::{Base64, Encoding};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, done) = build_with_receipts(dir.path());
+    let vk = key().verifying_key();
+    let (f, r) = &done[0];
+    let v = attest::verify(r, &vk, &f.output, &f.text).unwrap();
+    assert_eq!(v.request.request_id, f.request_id);
+    assert_eq!(v.request, crate::fixture::request(f.request_id));
+    let edit = |change: &dyn Fn(&mut crate::RequestRecord)| {
+        let raw = Base64::decode_vec(&r.request).unwrap();
+        let JournalRecord::Accepted(mut a) = journal::decode_body(&raw).unwrap() else {
+            panic!("not an Accepted record");
+        };
+        change(&mut a);
+        let mut e = r.clone();
+        e.request =
+            Base64::encode_string(&journal::encode_body(&JournalRecord::Accepted(a)).unwrap());
+        attest::verify(&e, &vk, &f.output, &f.text)
+    };
+    assert!(edit(&|a| a.prompt[0] ^= 1).is_err(), "edited prompt token");
+    assert!(
+        edit(&|a| a.prompt.push(7)).is_err(),
+        "appended prompt token"
+    );
+    assert!(edit(&|a| a.sampling.seed ^= 1).is_err(), "edited seed");
+    assert!(
+        edit(&|a| a.sampling.temperature += 0.5).is_err(),
+        "edited temperature"
+    );
+    assert!(
+        edit(&|_| {}).is_ok(),
+        "unchanged record re-encodes to the signed bytes"
+    );
+    // The request leaf and proof of the other response: another request's.
+    let mut swapped = r.clone();
+    swapped.request = done[1].1.request.clone();
+    swapped.request_index = done[1].1.request_index;
+    swapped.request_proof = done[1].1.request_proof.clone();
+    let e = attest::verify(&swapped, &vk, &f.output, &f.text).unwrap_err();
+    assert!(e.to_string().contains("request leaf is request"), "{e}");
+}
+
 #[test]
 fn run_directories_are_private_and_exposure_is_warned() {
     let root = tempfile::tempdir().unwrap();
@@ -99,4 +147,41 @@ fn run_directories_are_private_and_exposure_is_warned() {
     assert!(w[0].contains("chmod 700"), "{w:?}");
     let store = CheckpointStore::open(&dir, key(), SPEC, MODEL).unwrap();
     assert_eq!(store.warnings().len(), 2);
+}
+
+/// A `HeadSink` is told of the newest head when set (with every leaf it covers) and of each head
+/// signed later (with the leaves it added): its own tree reproduces every signed root.
+#[test]
+fn head_sink_sees_every_head_with_its_leaves() {
+    use std::sync::{Arc, Mutex};
+
+    use crate::merkle::{Hash, Tree};
+    use crate::{HeadSink, head, note};
+
+    type Seen = Arc<Mutex<(Tree, Vec<(String, u64)>)>>;
+    struct Rec(Seen);
+    impl HeadSink for Rec {
+        fn signed(&mut self, note: &str, size: u64, new_leaves: &[Hash]) {
+            let mut g = self.0.lock().unwrap();
+            for l in new_leaves {
+                g.0.push(*l);
+            }
+            g.1.push((note.to_string(), size));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    build_with_receipts(dir.path());
+    let seen: Seen = Arc::default();
+    let mut store = CheckpointStore::open(dir.path(), key(), SPEC, MODEL).unwrap();
+    store.set_head_sink(Box::new(Rec(seen.clone())));
+    store.accept(&crate::fixture::request(20)).unwrap();
+    store.finish(&[crate::fixture::finished(20, "x")]).unwrap();
+    let g = seen.lock().unwrap();
+    assert_eq!(g.1.len(), 2);
+    for (text, size) in &g.1 {
+        let h = head::TreeHead::parse(&note::parse(text).unwrap().body).unwrap();
+        assert_eq!(h.size, *size);
+        assert_eq!(g.0.root(*size).unwrap(), h.root);
+    }
+    assert_eq!(g.0.size(), store.signed_size());
 }

@@ -230,4 +230,24 @@ fn rollback_is_caught_by_journal_or_anchor() {
     };
     assert!(CheckpointStore::open_with(dir.path(), key(), SPEC, MODEL, Some(forked)).is_err());
     CheckpointStore::open_with(dir.path(), key(), SPEC, MODEL, Some(anchor)).unwrap();
+    // With witnesses slot 7 holds a log size: `locate` finds the receipt by its digest, and a
+    // digest the (rolled-back) directory lacks stays an anchor the audit refuses.
+    let by_size = Anchor {
+        height: 57,
+        digest: infos[1].digest,
+    };
+    assert_eq!(
+        by_size.locate(dir.path()),
+        Anchor {
+            height: infos[1].height,
+            digest: infos[1].digest
+        }
+    );
+    assert_eq!(anchor.locate(dir.path()), anchor);
+    let lost = Anchor {
+        height: 57,
+        ..anchor
+    };
+    assert_eq!(lost.locate(old.path()), lost);
+    assert!(CheckpointStore::open_with(old.path(), key(), SPEC, MODEL, Some(lost)).is_err());
 }

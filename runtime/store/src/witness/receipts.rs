@@ -1,16 +1,16 @@
-//! Witness cosigning of receipts (C2SP tlog-cosignature/v1): a witness that has checked a receipt
-//! appends one signature line to the receipt's note. The signed body — and so the receipt digest
-//! and the chain — is unchanged, and the file only grows (its earlier bytes are never rewritten).
+//! Witness cosigning of snapshot receipts (C2SP tlog-cosignature/v1): a witness that has checked
+//! a receipt appends one signature line to the receipt's note. The signed body (and so the receipt
+//! digest and the chain) is unchanged, and the file only grows (earlier bytes are never rewritten).
 
 use std::io::Write;
 use std::path::Path;
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 
-use super::audit::receipt_name;
-use super::error::{CheckpointError, Result};
-use super::note::{self, TYPE_COSIGNATURE, VerifierKey};
-use super::receipt;
+use crate::audit::receipt_name;
+use crate::error::{CheckpointError, Result};
+use crate::note::{self, TYPE_COSIGNATURE, VerifierKey};
+use crate::receipt;
 
 /// The verifier key line (`name+id+base64(0x04 || key)`) a policy lists for a witness key.
 pub fn witness_verifier(name: &str, key: &VerifyingKey) -> Result<VerifierKey> {
