@@ -90,7 +90,8 @@ pub struct EngineOptions {
     pub speculative_draft_len: Option<u32>,
     /// Share the KV of cached prompt prefixes between requests (on by default).
     pub prefix_cache: bool,
-    /// Bytes of host memory for KV swapped out under pressure (0: preempt by recomputation only).
+    /// Bytes of host memory for KV swapped out under pressure (0, the default here: preempt by
+    /// recomputation only; the command line's `--swap-mb` defaults to 256 MiB).
     pub swap_memory_bytes: usize,
     /// Submit every signed head to these witnesses (needs checkpoints); None: no witnesses.
     pub witnesses: Option<WitnessConfig>,
@@ -145,7 +146,7 @@ impl Default for EngineOptions {
             runner: RunnerOptions::default(),
             speculative_draft_len: None,
             prefix_cache: true,
-            swap_memory_bytes: 256 << 20,
+            swap_memory_bytes: 0,
             witnesses: None,
         }
     }
