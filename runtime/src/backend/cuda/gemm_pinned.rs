@@ -137,7 +137,7 @@ impl PinnedGemm {
         let p = Problem::new(m, self.pick_rows, k)?;
         let pref = lt::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
         let ws = WORKSPACE_BYTES;
-        // SAFETY: `pref` was just created; the buffer is a usize of its size. The heuristic reads
+        // SAFETY: `pref` was just created; the buffers are a usize and a u32, of the sizes given. The heuristic reads
         // descriptors created above, alive for the call.
         let found = unsafe {
             let set = lt::set_matmul_pref_attribute(
@@ -146,6 +146,19 @@ impl PinnedGemm {
                 (&ws) as *const usize as *const c_void,
                 size_of::<usize>(),
             );
+            // Split-K only with the in-place reduction (the splits added into the output in
+            // order, counters in the workspace): a reduction through a workspace buffer needs
+            // room growing with the row count, so an algorithm picked at `pick_rows` could not
+            // run a long prefill (2048 rows of the 14336-wide down projection failed so).
+            let mask = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_INPLACE as u32;
+            let set = set.and_then(|_| {
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                    (&mask) as *const u32 as *const c_void,
+                    size_of::<u32>(),
+                )
+            });
             let found = set.and_then(|_| {
                 lt::get_matmul_algo_heuristic(self.handle, p.desc, p.a, p.b, p.c, p.c, pref)
             });
