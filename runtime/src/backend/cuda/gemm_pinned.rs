@@ -24,6 +24,13 @@ use crate::backend::BackendError;
 /// Workspace bytes a pinned algorithm may use (NVIDIA's recommendation for Hopper).
 pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// Most rows one launch of a pinned algorithm takes; longer products run in launches of this
+/// many rows (the same rows, so the same results). On the H200 every Llama-3-8B product ran at
+/// each of 1..=256 rows with the algorithms picked at 128 rows, while the down projection's
+/// (k = 14336) rejected 2048 rows with CUBLAS_STATUS_INVALID_VALUE
+/// (kernels/bench/logs/gpu-exactness-2026-12-01T1803.log).
+const MAX_LAUNCH_ROWS: usize = 256;
+
 /// A cuBLASLt handle, its workspace and the pinned algorithm of each weight shape.
 pub(super) struct PinnedGemm {
     handle: sys::cublasLtHandle_t,
@@ -187,30 +194,36 @@ impl PinnedGemm {
         beta: f32,
     ) -> Result<(), BackendError> {
         let algo = self.algo(m, k)?;
-        let p = Problem::new(m, n, k)?;
         let alpha = 1.0f32;
-        // SAFETY: descriptors and algorithm are live; the addresses are the caller's contract; the
-        // workspace holds WORKSPACE_BYTES, the most the heuristic was allowed.
-        unsafe {
-            lt::matmul(
-                self.handle,
-                p.desc,
-                (&alpha) as *const f32 as *const c_void,
-                (&beta) as *const f32 as *const c_void,
-                w as *const c_void,
-                p.a,
-                x as *const c_void,
-                p.b,
-                out as *const c_void,
-                p.c,
-                out as *mut c_void,
-                p.c,
-                &algo,
-                self.workspace.ptr() as *mut c_void,
-                WORKSPACE_BYTES,
-                stream,
-            )
+        for row0 in (0..n).step_by(MAX_LAUNCH_ROWS) {
+            let rows = MAX_LAUNCH_ROWS.min(n - row0);
+            let p = Problem::new(m, rows, k)?;
+            let (xs, outs) = (x + (row0 * k * 2) as u64, out + (row0 * m * 4) as u64);
+            // SAFETY: descriptors and algorithm are live; rows row0..row0 + rows of x (bf16) and
+            // out (f32) lie inside the caller's buffers (its contract); the workspace holds
+            // WORKSPACE_BYTES, the most the heuristic was allowed.
+            unsafe {
+                lt::matmul(
+                    self.handle,
+                    p.desc,
+                    (&alpha) as *const f32 as *const c_void,
+                    (&beta) as *const f32 as *const c_void,
+                    w as *const c_void,
+                    p.a,
+                    xs as *const c_void,
+                    p.b,
+                    outs as *const c_void,
+                    p.c,
+                    outs as *mut c_void,
+                    p.c,
+                    &algo,
+                    self.workspace.ptr() as *mut c_void,
+                    WORKSPACE_BYTES,
+                    stream,
+                )
+            }
+            .map_err(|e| lt_err(&format!("matmul ({rows}x{k} @ {m}x{k}^T)"), e))?;
         }
-        .map_err(|e| lt_err(&format!("matmul ({n}x{k} @ {m}x{k}^T)"), e))
+        Ok(())
     }
 }
