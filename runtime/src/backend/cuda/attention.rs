@@ -395,8 +395,10 @@ impl CudaBackend {
         // the kernels read only what no kernel of the step writes (decode_attention_mma.cu); a
         // launch whose tables were just written (`overlap` false) waits for the kernel before it.
         if rows.overlap {
+            // SAFETY: as above; the caller promised tables not written by the kernel before.
             unsafe { self.launch_overlapping(&f, launch, params) }?;
         } else {
+            // SAFETY: as above; an ordinary launch, so the tables may have just been written.
             unsafe { self.launch_serial(&f, launch, params) }?;
         }
         Ok(())
