@@ -3,7 +3,8 @@
 # (or ./gpu-check.log). Build the binaries first on a machine with Rust (see kernels/build-gpu.sh),
 # which puts them in .gpu/; then, from the repository root on the GPU machine:
 #   kernels/gpu-check.sh [tests|gemv|attention|full]
-#   tests:     CUDA op tests against CPU references (GEMV, argmax, every kernel), NVRTC compile of
+#   tests:     CUDA op tests against CPU references (GEMV, argmax, every kernel), the deterministic
+#              mode's kernel and model tests (bit-identical rows in any batch), NVRTC compile of
 #              every unit, greedy parity of the tiny-random fixtures (the gpu_parity target:
 #              LlamaModel on CUDA vs CPU, and the runner's decode graphs vs CPU)
 #   gemv:      tests + the batch-1 products in each GEMV variant + the batch-1 model decode with each
@@ -27,6 +28,7 @@ say "sov gpu-check mode=$MODE $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 | tee -a "$LOG"
 export SOV_FIXTURE_DIR=$PWD/runtime/tests/fixtures
 run .gpu/sov-lib-tests backend::cuda --test-threads=1 --nocapture
+run .gpu/sov-lib-tests runner::deterministic_tests --test-threads=1 --nocapture
 run .gpu/sov-gpu-parity --test-threads=1 --nocapture
 run .gpu/nvrtc-compile --test-threads=1
 [ "$MODE" = tests ] && exit 0

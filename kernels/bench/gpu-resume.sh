@@ -3,8 +3,10 @@
 # Log of the run quoted in README: kernels/bench/logs/gpu-resume-2026-11-29T2020.log
 # GPU resume after SIGTERM, Llama-3-8B shape random bf16, 16 requests x 1200 tokens greedy:
 # uninterrupted reference, then per mode: SIGTERM 3 s after acceptance, --resume, compare.
+# FLAGS adds options to every run (FLAGS=--deterministic: the batch-invariant kernels, whose
+# recompute resume rebuilds the KV bit for bit); MODES picks the checkpoint modes.
 S=${SOV:-.gpu/sov}
-M="--model random:llama3-8b --device cuda --kv-memory-mb 24000"
+M="--model random:llama3-8b --device cuda --kv-memory-mb 24000 ${FLAGS:-}"
 export SOV_STATE_DIR=/tmp/sov-state
 P=(); for i in $(seq 1 16); do P+=(--prompt "request number $i"); done
 N=1200
@@ -17,7 +19,9 @@ for mode in ${MODES:-recompute blocks}; do
   pid=$!
   for i in $(seq 1 900); do grep -q "resume with" /tmp/first-$mode.err && break; sleep 0.1; done
   sleep 3; kill -TERM $pid; wait $pid; echo "== $mode: first run exit $?"; grep -E "interrupted" /tmp/first-$mode.err
+  t0=$(date +%s%N)
   $S generate $M --checkpoint $mode --max-tokens $N --ignore-eos --json --resume /tmp/r-$mode > /tmp/res-$mode.json 2>/tmp/res-$mode.err
+  echo "resume took $(( ($(date +%s%N) - t0) / 1000000 )) ms"
   echo "resume exit $?"; grep -E "resumed|rror" /tmp/res-$mode.err | head -3; du -sb /tmp/r-$mode/checkpoints
   python3 - "$mode" <<'PY'
 import json, sys

@@ -177,3 +177,26 @@ extern "C" __global__ void split_f32_bf16(bf16_t* __restrict__ hi, bf16_t* __res
         lo[i] = f2bf(x - bf2f(h));
     }
 }
+
+// Deterministic prefill attention (runtime/src/backend/cuda/attention_rows.rs): the prefill's query
+// tokens become rows of the decode-attention kernel, so each is attended exactly as a decode step
+// attends it. For rows r = row0 + blockIdx.x of a batch whose sequence s holds token rows
+// [q_starts[s], q_starts[s + 1]) and has ctx_lens[s] tokens after the step, row_tables[blockIdx.x]
+// gets s's block table and row_ctx[blockIdx.x] the token's context length (its position + 1).
+// block_tables: [n_seqs, max_blocks] u32; row_tables: [gridDim.x, max_blocks] u32; row_ctx:
+// [gridDim.x] u32. Grid: one block per row; block: any width.
+extern "C" __global__ void expand_decode_rows(u32* __restrict__ row_tables, u32* __restrict__ row_ctx,
+                                              const u32* __restrict__ block_tables, const u32* __restrict__ q_starts,
+                                              const u32* __restrict__ ctx_lens, int n_seqs, int max_blocks, int row0) {
+    const u32 r = (u32)row0 + blockIdx.x;
+    int lo = 0, hi = n_seqs - 1;  // the last sequence whose first row is <= r (skips empty ones)
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (q_starts[mid] <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    const u32 q0 = q_starts[lo], q1 = q_starts[lo + 1];
+    if (threadIdx.x == 0) row_ctx[blockIdx.x] = ctx_lens[lo] - (q1 - q0) + (r - q0) + 1;
+    for (int i = threadIdx.x; i < max_blocks; i += blockDim.x)
+        row_tables[(size_t)blockIdx.x * max_blocks + i] = block_tables[(size_t)lo * max_blocks + i];
+}

@@ -214,6 +214,7 @@ impl KernelId {
                 "cast_f32_bf16",
                 "fill_random_bf16",
                 "split_f32_bf16",
+                "expand_decode_rows",
             ],
             KernelId::RopeKv => &[
                 "rope_inplace",

@@ -47,6 +47,12 @@ pub struct ModelArgs {
     /// rounding of the CPU backend, which always computes in f32 and ignores this option.
     #[arg(long, value_enum, default_value_t = PrecisionChoice::Bf16)]
     pub precision: PrecisionChoice,
+    /// On CUDA, batch-invariant kernels: a request's tokens do not depend on the requests batched
+    /// with it, and a recompute resume rebuilds the KV bit for bit (see kernels/README.md).
+    #[arg(long, env = "SOV_DETERMINISTIC", value_parser = clap::builder::BoolishValueParser::new(),
+          num_args = 0..=1, default_missing_value = "true", default_value_t = false,
+          value_name = "BOOL")]
+    pub deterministic: bool,
     /// Scheduler machine (a spec compiled into this binary).
     #[arg(long, value_enum, default_value_t = MachineChoice::Seed)]
     pub machine: MachineChoice,
@@ -274,7 +280,10 @@ impl ModelArgs {
                 }),
             },
             shutdown: extras.shutdown.clone(),
-            cuda_tuning: cuda_tuning_from_env()?,
+            cuda_tuning: CudaTuning {
+                deterministic: self.deterministic,
+                ..cuda_tuning_from_env()?
+            },
             runner: RunnerOptions {
                 cuda_graphs: self.cuda_graphs,
             },
@@ -299,8 +308,10 @@ impl ModelArgs {
             every,
             started.engine.slots().clone(),
         );
-        let precision = match (device, self.precision) {
-            (Device::Cuda(_), PrecisionChoice::F32) => " (f32 precision)",
+        let precision = match (device, self.precision, self.deterministic) {
+            (Device::Cuda(_), PrecisionChoice::F32, false) => " (f32 precision)",
+            (Device::Cuda(_), PrecisionChoice::F32, true) => " (f32 precision, deterministic)",
+            (Device::Cuda(_), PrecisionChoice::Bf16, true) => " (deterministic)",
             _ => "",
         };
         eprintln!(
@@ -328,13 +339,13 @@ impl ModelArgs {
                 c.mode,
                 c.dir.display()
             );
-            if c.mode == KvMode::Recompute && device != Device::Cpu {
+            if c.mode == KvMode::Recompute && device != Device::Cpu && !self.deterministic {
                 // Measured on an H200: KV rebuilt by one prefill differs in its last bits from the
                 // KV decode steps wrote, and greedy tokens of near-tied logits follow those bits.
                 eprintln!(
                     "sov: note: a resume rebuilds the KV by prefill; on a GPU its rounding differs \
                      from decoding's, so resumed outputs can diverge from an uninterrupted run's \
-                     (--checkpoint blocks resumes bit-exactly, at a higher cost per checkpoint)"
+                     (--checkpoint blocks or --deterministic resume bit-exactly)"
                 );
             }
         }

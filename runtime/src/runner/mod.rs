@@ -18,6 +18,8 @@
 
 mod cuda;
 pub mod decode_graphs;
+#[cfg(test)]
+mod deterministic_tests;
 pub mod grammar_vocab;
 #[cfg(test)]
 mod grammar_vocab_tests;

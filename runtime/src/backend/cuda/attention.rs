@@ -68,10 +68,30 @@ pub(super) fn plan_splits(
     }
 }
 
+/// The rows of a decode-attention launch at raw device addresses: a step's sequences, or
+/// (deterministic prefill, `attention_rows.rs`) a prefill's query tokens.
+#[derive(Clone, Copy)]
+pub(super) struct DecodeRows {
+    /// Queries, `[rows, qkv width]` f32 (the qkv activation).
+    pub(super) q: u64,
+    /// Output, `[rows, q width]` f32.
+    pub(super) out: u64,
+    /// `[rows, max_blocks]` u32.
+    pub(super) block_tables: u64,
+    /// `[rows]` u32.
+    pub(super) ctx_lens: u64,
+    pub(super) rows: usize,
+    pub(super) max_blocks: usize,
+    /// Longest context among the rows.
+    pub(super) max_ctx: usize,
+    /// Launch with programmatic dependent launch (the tables were uploaded before the step).
+    pub(super) overlap: bool,
+}
+
 /// The fused RoPE + KV write of a decode launch (see `decode_attention_mma.cu`): the step's
 /// positions and slots (`[batch]` u32) and the model's rotation tables (`[max_pos, D/2]` f32).
 #[derive(Clone, Copy)]
-struct FusedRope<'a> {
+pub(super) struct FusedRope<'a> {
     tokens: NewTokens<'a, CudaBackend>,
     tables: RopeTables<'a, CudaBackend>,
 }
@@ -141,6 +161,8 @@ impl CudaBackend {
         }
         if meta.max_q_len == 1 && n == meta.n_seqs {
             self.decode_attention(qkv, kv, meta, out, shape, None)
+        } else if self.tuning.deterministic {
+            self.prefill_as_decode_rows(qkv, kv, meta, out, shape)
         } else {
             self.prefill_attention(qkv, kv, meta, out, shape)
         }
@@ -181,6 +203,28 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// How a decode launch of `seqs` sequences of up to `max_ctx` tokens is split: planned for
+    /// the GPU's occupancy ([`plan_splits`]), or in deterministic mode splits of exactly
+    /// [`super::CudaTuning::deterministic_split_tokens`], so a row's splits -- and with them its
+    /// rounding -- depend on its own context length only.
+    pub(super) fn decode_plan(&self, seqs: usize, kv_heads: usize, max_ctx: usize) -> SplitPlan {
+        if self.tuning.deterministic {
+            let split_tokens = self.tuning.deterministic_split_tokens;
+            return SplitPlan {
+                splits: max_ctx.div_ceil(split_tokens).max(1),
+                split_tokens,
+            };
+        }
+        plan_splits(
+            seqs,
+            kv_heads,
+            max_ctx,
+            self.split_target_ctas,
+            self.split_max_tokens,
+            self.split_min_tokens,
+        )
+    }
+
     /// The split-K decode launch (one new token per sequence), with the fused RoPE + KV write
     /// when `rope` is given (tensor-core kernel only).
     fn decode_attention(
@@ -192,6 +236,34 @@ impl CudaBackend {
         shape: AttentionShape,
         rope: Option<FusedRope<'_>>,
     ) -> Result<(), BackendError> {
+        let rows = DecodeRows {
+            q: qkv.ptr(),
+            out: out.ptr(),
+            block_tables: meta.block_tables.ptr(),
+            ctx_lens: meta.ctx_lens.ptr(),
+            rows: meta.n_seqs,
+            max_blocks: meta.max_blocks_per_seq,
+            max_ctx: meta.max_ctx_len,
+            overlap: true,
+        };
+        // SAFETY: the caller checked the buffers against `meta` (check_attention_args).
+        unsafe { self.decode_rows(kv, rows, shape, rope) }
+    }
+
+    /// The split-K decode launch over `rows` (see [`DecodeRows`]).
+    ///
+    /// # Safety
+    /// `rows` must describe live device buffers: q `[rows, qkv width]` f32, out `[rows, q width]`
+    /// f32, block tables `[rows, max_blocks]` and context lengths `[rows]` u32 (each at most
+    /// `max_ctx`) naming blocks inside `kv`. With `overlap`, the block tables and context lengths
+    /// must not be written by the kernel before this launch.
+    pub(super) unsafe fn decode_rows(
+        &self,
+        kv: KvLayer<&CudaBuffer>,
+        rows: DecodeRows,
+        shape: AttentionShape,
+        rope: Option<FusedRope<'_>>,
+    ) -> Result<(), BackendError> {
         let AttentionShape {
             heads,
             block_size,
@@ -199,15 +271,14 @@ impl CudaBackend {
         } = shape;
         let cfg = self.attention_config(heads)?;
         let (k_cache, v_cache) = (kv.k, kv.v);
-        let seqs = meta.n_seqs;
-        let plan = plan_splits(
-            seqs,
-            heads.n_kv_heads,
-            meta.max_ctx_len,
-            self.split_target_ctas,
-            self.split_max_tokens,
-            self.split_min_tokens,
-        );
+        let seqs = rows.rows;
+        let plan = self.decode_plan(seqs, heads.n_kv_heads, rows.max_ctx);
+        if plan.splits > MAX_SPLITS {
+            return Err(BackendError::Unsupported(format!(
+                "a context of {} tokens needs {} splits of {} tokens (at most {MAX_SPLITS})",
+                rows.max_ctx, plan.splits, plan.split_tokens
+            )));
+        }
         let mma =
             self.tuning.decode_tensor_cores && KernelId::DecodeAttentionMma.supports(Some(cfg));
         if rope.is_some() && !mma {
@@ -254,18 +325,18 @@ impl CudaBackend {
             to_i32(heads.q_width(), "q width")?,
             to_i32(heads.qkv_width(), "qkv width")?,
         );
-        let max_blocks = to_i32(meta.max_blocks_per_seq, "max blocks")?;
+        let max_blocks = to_i32(rows.max_blocks, "max blocks")?;
         let kvh = to_i32(heads.n_kv_heads, "kv heads")?;
         let bs = to_i32(block_size, "block size")?;
         let split_tokens = to_i32(plan.split_tokens, "split tokens")?;
         let max_splits = to_i32(plan.splits, "splits")?;
         let ptrs = [
-            out.ptr(),
-            qkv.ptr(),
+            rows.out,
+            rows.q,
             k_cache.ptr(),
             v_cache.ptr(),
-            meta.block_tables.ptr(),
-            meta.ctx_lens.ptr(),
+            rows.block_tables,
+            rows.ctx_lens,
             po.ptr(),
             pml.ptr(),
             cnt.ptr(),
@@ -321,8 +392,15 @@ impl CudaBackend {
         // scratch sized for this plan above; block tables and slots reference blocks inside the
         // cache by the engine's contract; the tensor-core unit's dynamic shared memory limit was
         // raised to `shared_mem_bytes` when it loaded. Before their prerequisites have finished
-        // the kernels read only what no kernel of the step writes (decode_attention_mma.cu).
-        unsafe { self.launch_overlapping(&f, launch, params) }?;
+        // the kernels read only what no kernel of the step writes (decode_attention_mma.cu); a
+        // launch whose tables were just written (`overlap` false) waits for the kernel before it.
+        if rows.overlap {
+            // SAFETY: as above; the caller promised tables not written by the kernel before.
+            unsafe { self.launch_overlapping(&f, launch, params) }?;
+        } else {
+            // SAFETY: as above; an ordinary launch, so the tables may have just been written.
+            unsafe { self.launch_serial(&f, launch, params) }?;
+        }
         Ok(())
     }
 

@@ -3,7 +3,6 @@
 //! step ([`crate::backend::Backend::reserve_scratch`]), since a reallocation drops the captured
 //! decode graphs (their generation changes).
 
-use super::attention::plan_splits;
 use super::device::{CudaBackend, Scratch};
 use crate::backend::{BackendError, DType, HeadShape};
 
@@ -57,14 +56,7 @@ impl CudaBackend {
         let ctx_bucket = max_context.max(1).next_power_of_two();
         let (seqs, splits) = (1..=max_seqs)
             .map(|s| {
-                let plan = plan_splits(
-                    s,
-                    heads.n_kv_heads,
-                    ctx_bucket,
-                    self.split_target_ctas,
-                    self.split_max_tokens,
-                    self.split_min_tokens,
-                );
+                let plan = self.decode_plan(s, heads.n_kv_heads, ctx_bucket);
                 (s, plan.splits)
             })
             .max_by_key(|&(s, splits)| s * splits)

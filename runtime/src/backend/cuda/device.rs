@@ -9,6 +9,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
 use super::buffer::CudaBuffer;
+use super::gemm_pinned::{PinnedGemm, WORKSPACE_BYTES};
 use super::modules::ModuleCache;
 use super::tuning::CudaTuning;
 use crate::backend::{BackendError, DType, check_buffer};
@@ -45,6 +46,9 @@ pub struct CudaBackend {
     /// Precise mode: matmul inputs as two bf16 terms (f32 accuracy, twice the weight reads; see
     /// `gemm`) and an f32 KV cache.
     pub(super) precise: bool,
+    /// Deterministic mode's products ([`super::gemm_pinned`]); `None` unless
+    /// [`CudaTuning::deterministic`].
+    pub(super) pinned: Option<PinnedGemm>,
 }
 
 /// Growable device scratch buffers, reused across ops (stream order makes reuse safe).
@@ -58,6 +62,11 @@ pub(super) struct Scratch {
     pub(super) part_ml: Option<CudaBuffer>,
     /// Split arrival counters `[seqs, kv_heads]` u32, kept zero between launches.
     pub(super) counters: Option<CudaBuffer>,
+    /// Deterministic prefill attention: per-token block tables `[rows, max_blocks]` u32 and
+    /// context lengths `[rows]` u32 (see `attention_rows.rs`).
+    pub(super) row_tables: Option<CudaBuffer>,
+    /// See `row_tables`.
+    pub(super) row_ctx: Option<CudaBuffer>,
     /// Bumped whenever a scratch buffer is (re)allocated: a CUDA graph captured under an older
     /// generation points at freed scratch and must be captured again.
     pub(super) generation: u64,
@@ -148,7 +157,7 @@ impl CudaBackend {
             format!("compute_{major}{minor}"),
             tuning.kernels.clone(),
         )?;
-        Ok(Self {
+        let mut backend = Self {
             ordinal,
             ctx,
             stream,
@@ -163,7 +172,20 @@ impl CudaBackend {
             tuning,
             scratch: Mutex::new(Scratch::default()),
             precise: false,
-        })
+            pinned: None,
+        };
+        if backend.tuning.deterministic {
+            let workspace = backend.alloc_zeroed(DType::U32, WORKSPACE_BYTES / 4)?;
+            let rows = backend.tuning.deterministic_gemm_rows;
+            backend.pinned = Some(PinnedGemm::new(workspace, rows)?);
+        }
+        Ok(backend)
+    }
+
+    /// Whether the backend runs in deterministic (batch-invariant) mode
+    /// ([`CudaTuning::deterministic`]): what a receipt's precision names.
+    pub fn deterministic(&self) -> bool {
+        self.tuning.deterministic
     }
 
     /// The tuning the backend was opened with.

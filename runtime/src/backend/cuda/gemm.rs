@@ -16,6 +16,9 @@
 //! (`bench_decode_matmuls`, kernels/bench/logs/gpu-check-2026-11-30T0328-full.log) it beats
 //! cuBLAS-with-cast at one row on every Llama-3-8B decode shape: qkv 14.5 vs 20.6 us, o 9.7 vs
 //! 20.7, gate_up 58.7 vs 65.2, down 29.4 vs 36.8, lm head 242.9 vs 265.2.
+//! In deterministic mode ([`super::CudaTuning::deterministic`]) there is no GEMV: every product,
+//! of any row count, takes bf16 inputs and runs the pinned cuBLASLt algorithm of its weight shape
+//! ([`super::gemm_pinned`]), so a row's result does not depend on the rows beside it.
 
 use std::ffi::c_void;
 
@@ -137,6 +140,9 @@ impl CudaBackend {
     /// bf16 (fast mode, more rows than the GEMV takes), f32 for the GEMV (which reads f32 and
     /// rounds as it multiplies) and in precise mode (whose products keep f32 inputs).
     pub(super) fn matmul_input_dtype_impl(&self, rows: usize) -> DType {
+        if self.tuning.deterministic && !self.precise {
+            return DType::BF16;
+        }
         if self.bf16_inputs && !self.precise && rows > self.tuning.gemv_max_rows.min(GEMV_MAX_N) {
             DType::BF16
         } else {
@@ -147,7 +153,10 @@ impl CudaBackend {
     /// Whether a product of `n` rows with inner dimension `k` goes to `gemv.cu` (fast mode, few
     /// rows, 16-byte weight rows).
     fn gemv_applies(&self, n: usize, k: usize) -> bool {
-        !self.precise && n <= self.tuning.gemv_max_rows.min(GEMV_MAX_N) && k.is_multiple_of(8)
+        !self.precise
+            && !self.tuning.deterministic
+            && n <= self.tuning.gemv_max_rows.min(GEMV_MAX_N)
+            && k.is_multiple_of(8)
     }
 
     /// `out = silu(x @ Wg^T) * (x @ Wu^T)` for `w = [Wg; Wu]` (see
@@ -308,6 +317,12 @@ impl CudaBackend {
             i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("matmul dimension {v}")))
         };
         let (mi, ni, ki) = (dims(m)?, dims(n)?, dims(k)?);
+        if let Some(pinned) = &self.pinned {
+            // SAFETY: as below; the pinned product runs on this backend's stream.
+            return unsafe {
+                pinned.matmul(self.stream.cu_stream() as _, x, w, out, (n, k, m), beta)
+            };
+        }
         let alpha = 1.0f32;
         // SAFETY: the three addresses point at live buffers of at least m*k, n*k (bf16) and n*m
         // (f32) elements (checked by the caller); the handle is bound to this backend's stream.

@@ -22,11 +22,13 @@
 //! [`CudaBackend::new`] then returns a clear error.
 
 mod attention;
+mod attention_rows;
 mod backend_impl;
 mod buffer;
 mod decode_scratch;
 mod device;
 mod gemm;
+mod gemm_pinned;
 mod graph;
 mod modules;
 mod ops;
@@ -36,6 +38,8 @@ mod tuning;
 
 #[cfg(test)]
 mod bench;
+#[cfg(test)]
+mod deterministic_tests;
 #[cfg(test)]
 mod fused_rope_tests;
 #[cfg(test)]

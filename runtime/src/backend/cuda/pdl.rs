@@ -41,6 +41,37 @@ impl CudaBackend {
         cfg: LaunchConfig,
         params: &mut [*mut c_void],
     ) -> Result<(), BackendError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_ex(f, cfg, params, self.pdl) }
+    }
+
+    /// [`Self::launch_overlapping`] without the programmatic serialization: the kernel starts
+    /// after the one before it has finished, so it may read anything earlier work wrote.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list in number, order and types, and every
+    /// pointer in it must stay valid for the call.
+    pub(super) unsafe fn launch_serial(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<(), BackendError> {
+        // SAFETY: the caller's contract; without the attribute the launch is an ordinary one.
+        unsafe { self.launch_ex(f, cfg, params, false) }
+    }
+
+    /// `cuLaunchKernelEx` of `f`, with programmatic stream serialization when `overlap`.
+    ///
+    /// # Safety
+    /// As [`Self::launch_overlapping`] when `overlap`, else as [`Self::launch_serial`].
+    unsafe fn launch_ex(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+        overlap: bool,
+    ) -> Result<(), BackendError> {
         self.ctx.bind_to_thread().map_err(driver_err)?;
         // SAFETY: an all-zero CUlaunchAttribute is a valid value (id 0 = ignore, zero padding); the
         // fields used are set below.
@@ -57,7 +88,7 @@ impl CudaBackend {
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: u32::from(self.pdl),
+            numAttrs: u32::from(overlap),
         };
         // SAFETY: the config points at `attr`, alive for the call; the function belongs to a loaded
         // module of this context (bound above); `params` is the caller's contract.

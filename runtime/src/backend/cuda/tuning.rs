@@ -47,6 +47,21 @@ pub struct CudaTuning {
     /// picks the most that keep the grid in one wave (2 for Llama-3-8B's o and down products, 1
     /// for the others); forcing 1 cost 0.06 ms a batch-1 step.
     pub gemv_split: Option<usize>,
+    /// Batch-invariant mode (`sov --deterministic`; not an environment variable of this struct,
+    /// the command line sets it): every row's result is independent of the rows it is batched
+    /// with, and a prefill computes the same K/V and attention as decode steps (see
+    /// `kernels/README.md`). Products go through one pinned cuBLASLt algorithm per weight shape
+    /// (no GEMV, bf16 inputs at every row count), decode attention cuts contexts into splits of
+    /// [`Self::deterministic_split_tokens`], and prefill attention runs the decode kernel once per
+    /// query token. Default off.
+    pub deterministic: bool,
+    /// Split length of decode attention in deterministic mode, in tokens
+    /// (`SOV_DETERMINISTIC_SPLIT_TOKENS`, a multiple of 64). Default 128.
+    pub deterministic_split_tokens: usize,
+    /// Rows at which the pinned cuBLASLt algorithm of each weight shape is chosen in deterministic
+    /// mode (`SOV_DETERMINISTIC_GEMM_ROWS`, at least 1): the heuristic's pick for a product of this
+    /// many rows is then used for every row count. Default 128.
+    pub deterministic_gemm_rows: usize,
     /// How the kernel units are compiled and loaded.
     pub kernels: KernelBuild,
 }
@@ -131,6 +146,9 @@ impl Default for CudaTuning {
             decode_tensor_cores: true,
             gemv_max_rows: 1,
             gemv_split: None,
+            deterministic: false,
+            deterministic_split_tokens: 128,
+            deterministic_gemm_rows: 128,
             kernels: KernelBuild::default(),
         }
     }
@@ -235,6 +253,9 @@ const CARVEOUT_VAR: &str = "SOV_DECODE_CARVEOUT";
 const ATTENTION_DEFINES_VAR: &str = "SOV_DECODE_ATTENTION_DEFINES";
 const GEMV_DEFINES_VAR: &str = "SOV_GEMV_DEFINES";
 const SOURCE_DIR_VAR: &str = "SOV_KERNEL_SOURCE_DIR";
+const DET_SPLIT_VAR: &str = "SOV_DETERMINISTIC_SPLIT_TOKENS";
+const DET_ROWS_VAR: &str = "SOV_DETERMINISTIC_GEMM_ROWS";
+const DET_SPLIT_EXPECTED: &str = "a positive multiple of 64";
 
 const GEMV_SPLITS: [usize; 4] = [1, 2, 4, 8];
 const GEMV_SPLIT_EXPECTED: &str = "1, 2, 4 or 8";
@@ -243,7 +264,7 @@ const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (th
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 11] = [
+    pub const VARS: [&str; 13] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -255,6 +276,8 @@ impl CudaTuning {
         ATTENTION_DEFINES_VAR,
         GEMV_DEFINES_VAR,
         SOURCE_DIR_VAR,
+        DET_SPLIT_VAR,
+        DET_ROWS_VAR,
     ];
 
     /// The default tuning with every variable that `get` returns applied (a program's edge calls
@@ -283,6 +306,15 @@ impl CudaTuning {
                 Ok(s) if GEMV_SPLITS.contains(&s) => t.gemv_split = Some(s),
                 _ => return Err(invalid(GEMV_SPLIT_VAR, &v, GEMV_SPLIT_EXPECTED)),
             }
+        }
+        if let Some(v) = lookup(&get, DET_SPLIT_VAR) {
+            match v.parse::<usize>() {
+                Ok(s) if s > 0 && s.is_multiple_of(64) => t.deterministic_split_tokens = s,
+                _ => return Err(invalid(DET_SPLIT_VAR, &v, DET_SPLIT_EXPECTED)),
+            }
+        }
+        if let Some(v) = lookup(&get, DET_ROWS_VAR) {
+            t.deterministic_gemm_rows = parse_count(DET_ROWS_VAR, &v, 1)?;
         }
         let k = &mut t.kernels;
         if let Some(v) = lookup(&get, STAGES_VAR) {
@@ -316,6 +348,18 @@ impl CudaTuning {
         Ok(t)
     }
 
+    /// The precision name a receipt records for a backend of this tuning: `bf16` or `f32`
+    /// (`precise`, [`super::CudaBackend::with_precise`]), with `-deterministic` appended in
+    /// deterministic mode.
+    pub fn precision_name(&self, precise: bool) -> &'static str {
+        match (precise, self.deterministic) {
+            (false, false) => "bf16",
+            (true, false) => "f32",
+            (false, true) => "bf16-deterministic",
+            (true, true) => "f32-deterministic",
+        }
+    }
+
     /// Checks values set in code against what each setting accepts (the ranges
     /// [`Self::from_vars`] enforces); the error names the field's variable.
     pub fn validate(&self) -> Result<(), TuningError> {
@@ -327,6 +371,17 @@ impl CudaTuning {
         }
         if let Some(s) = self.gemv_split.filter(|s| !GEMV_SPLITS.contains(s)) {
             return Err(invalid(GEMV_SPLIT_VAR, &s.to_string(), GEMV_SPLIT_EXPECTED));
+        }
+        let split = self.deterministic_split_tokens;
+        if split == 0 || !split.is_multiple_of(64) {
+            return Err(invalid(
+                DET_SPLIT_VAR,
+                &split.to_string(),
+                DET_SPLIT_EXPECTED,
+            ));
+        }
+        if self.deterministic_gemm_rows == 0 {
+            return Err(invalid(DET_ROWS_VAR, "0", "a whole number of at least 1"));
         }
         let stages = self.kernels.decode_stages;
         if !sov_kernels::DECODE_MMA_STAGES.contains(&stages) {
@@ -400,6 +455,8 @@ mod tests {
             ("SOV_DECODE_ATTENTION_DEFINES", "-DREG_LOADS  -DPREFETCH"),
             ("SOV_GEMV_DEFINES", "-DUNROLL=4"),
             ("SOV_KERNEL_SOURCE_DIR", "kernels/cuda"),
+            ("SOV_DETERMINISTIC_SPLIT_TOKENS", "256"),
+            ("SOV_DETERMINISTIC_GEMM_ROWS", "64"),
         ]))
         .unwrap();
         let expect = CudaTuning {
@@ -409,6 +466,9 @@ mod tests {
             decode_tensor_cores: false,
             gemv_max_rows: 0,
             gemv_split: Some(8),
+            deterministic: false,
+            deterministic_split_tokens: 256,
+            deterministic_gemm_rows: 64,
             kernels: KernelBuild {
                 decode_stages: 3,
                 decode_carveout: DecodeCarveout {
@@ -449,6 +509,9 @@ mod tests {
             ("SOV_DECODE_CARVEOUT", "40"),
             ("SOV_DECODE_CARVEOUT", "40,101"),
             ("SOV_DECODE_CARVEOUT", "x,72"),
+            ("SOV_DETERMINISTIC_SPLIT_TOKENS", "100"),
+            ("SOV_DETERMINISTIC_SPLIT_TOKENS", "0"),
+            ("SOV_DETERMINISTIC_GEMM_ROWS", "0"),
         ] {
             let err = CudaTuning::from_vars(vars(&[(var, value)])).unwrap_err();
             assert_eq!(err.var, var, "{value}");
@@ -505,6 +568,18 @@ mod tests {
                 "SOV_DECODE_CARVEOUT"
             ]
         );
+    }
+
+    #[test]
+    fn precision_names_say_deterministic() {
+        let mut t = CudaTuning::default();
+        assert_eq!(
+            (t.precision_name(false), t.precision_name(true)),
+            ("bf16", "f32")
+        );
+        t.deterministic = true;
+        assert_eq!(t.precision_name(false), "bf16-deterministic");
+        assert_eq!(t.precision_name(true), "f32-deterministic");
     }
 
     #[test]

@@ -1,0 +1,229 @@
+//! Batch-invariant matrix products: cuBLASLt with one pinned algorithm per weight shape.
+//!
+//! Design (the deterministic mode of `kernels/README.md`): cuBLAS picks its kernel -- tile shape,
+//! K split, reduction -- from the problem size, so a token's row of `x @ w^T` rounds differently
+//! at different batch sizes. Here the algorithm of each weight shape `(m, k)` is chosen once, by
+//! cuBLASLt's heuristic for a product of [`super::CudaTuning::deterministic_gemm_rows`] rows, and
+//! then used for every row count. A fixed algorithm fixes the tile, the K split and the order in
+//! which each output element's K chunks are accumulated; the row count only decides how many
+//! column tiles run, so an output row does not depend on how many rows share the launch
+//! (`deterministic_tests.rs` checks it bit for bit for 1..=256 rows). bf16 operands, f32
+//! accumulation and f32 output, in the layout of [`super::gemm`]: cuBLAS's
+//! `C[m, n] = op(W)[m, k] · X[k, n]` with `W` transposed.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::sync::Mutex;
+
+use cudarc::cublaslt::{result as lt, sys};
+
+use super::buffer::CudaBuffer;
+use crate::backend::BackendError;
+
+/// Workspace bytes a pinned algorithm may use (NVIDIA's recommendation for Hopper).
+pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Most rows one launch of a pinned algorithm takes; longer products run in launches of this
+/// many rows (the same rows, so the same results). On the H200 every Llama-3-8B product ran at
+/// each of 1..=256 rows with the algorithms picked at 128 rows, while the down projection's
+/// (k = 14336) rejected 2048 rows with CUBLAS_STATUS_INVALID_VALUE
+/// (kernels/bench/logs/gpu-exactness-2026-12-01T1803.log).
+const MAX_LAUNCH_ROWS: usize = 256;
+
+/// A cuBLASLt handle, its workspace and the pinned algorithm of each weight shape.
+pub(super) struct PinnedGemm {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaBuffer,
+    /// The heuristic's rows for choosing an algorithm.
+    pick_rows: usize,
+    algos: Mutex<HashMap<(usize, usize), sys::cublasLtMatmulAlgo_t>>,
+}
+
+// SAFETY: the handle is used only under the backend's stream order (one op at a time through
+// `&CudaBackend`, whose ops are not reentrant), and cuBLASLt handles may be used from any thread;
+// the algorithm cache is behind a mutex.
+unsafe impl Send for PinnedGemm {}
+// SAFETY: as for Send: shared use goes through the mutex or through cuBLASLt calls that only
+// read the handle.
+unsafe impl Sync for PinnedGemm {}
+
+impl Drop for PinnedGemm {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `new` and is destroyed once, here.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+fn lt_err(what: &str, e: lt::CublasError) -> BackendError {
+    BackendError::Device(format!("cuBLASLt {what}: {e:?}"))
+}
+
+/// The descriptors of one product, destroyed on drop.
+struct Problem {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
+}
+
+impl Problem {
+    /// `C[m, n] (f32) = W^T · X` with `W: [k, m]` bf16 (ld k), `X: [k, n]` bf16 (ld k).
+    fn new(m: usize, n: usize, k: usize) -> Result<Self, BackendError> {
+        let desc = lt::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
+        )
+        .map_err(|e| lt_err("matmul descriptor", e))?;
+        let mut p = Problem {
+            desc,
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            c: std::ptr::null_mut(),
+        };
+        let trans: i32 = 1; // CUBLAS_OP_T (cublasOperation_t is a 32-bit enum)
+        // SAFETY: the descriptor was just created; the buffer is an i32 holding CUBLAS_OP_T.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                p.desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&trans) as *const _ as *const c_void,
+                size_of::<i32>(),
+            )
+        }
+        .map_err(|e| lt_err("transpose attribute", e))?;
+        let (m, n, k) = (m as u64, n as u64, k as u64);
+        let ld = k as i64;
+        p.a = lt::create_matrix_layout(sys::cudaDataType_t::CUDA_R_16BF, k, m, ld)
+            .map_err(|e| lt_err("layout", e))?;
+        p.b = lt::create_matrix_layout(sys::cudaDataType_t::CUDA_R_16BF, k, n, ld)
+            .map_err(|e| lt_err("layout", e))?;
+        p.c = lt::create_matrix_layout(sys::cudaDataType_t::CUDA_R_32F, m, n, m as i64)
+            .map_err(|e| lt_err("layout", e))?;
+        Ok(p)
+    }
+}
+
+impl Drop for Problem {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `Problem::new` (null ones were not and are
+        // skipped) and is destroyed once, here.
+        unsafe {
+            for l in [self.a, self.b, self.c] {
+                if !l.is_null() {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+impl PinnedGemm {
+    /// A handle with `workspace` (at least [`WORKSPACE_BYTES`] bytes of device memory) choosing
+    /// algorithms at `pick_rows` rows.
+    pub(super) fn new(workspace: CudaBuffer, pick_rows: usize) -> Result<Self, BackendError> {
+        let handle = lt::create_handle().map_err(|e| lt_err("init", e))?;
+        Ok(Self {
+            handle,
+            workspace,
+            pick_rows: pick_rows.max(1),
+            algos: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The pinned algorithm of weight shape `(m, k)`, chosen on first use.
+    fn algo(&self, m: usize, k: usize) -> Result<sys::cublasLtMatmulAlgo_t, BackendError> {
+        let mut algos = self
+            .algos
+            .lock()
+            .map_err(|_| BackendError::Device("cuBLASLt algorithm cache poisoned".into()))?;
+        if let Some(a) = algos.get(&(m, k)) {
+            return Ok(*a);
+        }
+        let p = Problem::new(m, self.pick_rows, k)?;
+        let pref = lt::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
+        let ws = WORKSPACE_BYTES;
+        // SAFETY: `pref` was just created; the buffers are a usize and a u32, of the sizes given. The heuristic reads
+        // descriptors created above, alive for the call.
+        let found = unsafe {
+            let set = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws) as *const usize as *const c_void,
+                size_of::<usize>(),
+            );
+            // Split-K only with the in-place reduction (the splits added into the output in
+            // order, counters in the workspace): a reduction through a workspace buffer needs
+            // room growing with the row count, so an algorithm picked at `pick_rows` could not
+            // run a long prefill (2048 rows of the 14336-wide down projection failed so).
+            let mask = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_INPLACE as u32;
+            let set = set.and_then(|_| {
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                    (&mask) as *const u32 as *const c_void,
+                    size_of::<u32>(),
+                )
+            });
+            let found = set.and_then(|_| {
+                lt::get_matmul_algo_heuristic(self.handle, p.desc, p.a, p.b, p.c, p.c, pref)
+            });
+            let _ = lt::destroy_matmul_pref(pref);
+            found
+        }
+        .map_err(|e| lt_err(&format!("no algorithm for {m}x{k}"), e))?;
+        algos.insert((m, k), found.algo);
+        Ok(found.algo)
+    }
+
+    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` on `stream` with the
+    /// pinned algorithm of `(m, k)`.
+    ///
+    /// # Safety
+    /// `x`, `w` and `out` must be device addresses of at least `n*k`, `m*k` bf16 and `n*m` f32
+    /// elements, live until the product has run on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul(
+        &self,
+        stream: sys::cudaStream_t,
+        x: u64,
+        w: u64,
+        out: u64,
+        (n, k, m): (usize, usize, usize),
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        let algo = self.algo(m, k)?;
+        let alpha = 1.0f32;
+        for row0 in (0..n).step_by(MAX_LAUNCH_ROWS) {
+            let rows = MAX_LAUNCH_ROWS.min(n - row0);
+            let p = Problem::new(m, rows, k)?;
+            let (xs, outs) = (x + (row0 * k * 2) as u64, out + (row0 * m * 4) as u64);
+            // SAFETY: descriptors and algorithm are live; rows row0..row0 + rows of x (bf16) and
+            // out (f32) lie inside the caller's buffers (its contract); the workspace holds
+            // WORKSPACE_BYTES, the most the heuristic was allowed.
+            unsafe {
+                lt::matmul(
+                    self.handle,
+                    p.desc,
+                    (&alpha) as *const f32 as *const c_void,
+                    (&beta) as *const f32 as *const c_void,
+                    w as *const c_void,
+                    p.a,
+                    xs as *const c_void,
+                    p.b,
+                    outs as *const c_void,
+                    p.c,
+                    outs as *mut c_void,
+                    p.c,
+                    &algo,
+                    self.workspace.ptr() as *mut c_void,
+                    WORKSPACE_BYTES,
+                    stream,
+                )
+            }
+            .map_err(|e| lt_err(&format!("matmul ({rows}x{k} @ {m}x{k}^T)"), e))?;
+        }
+        Ok(())
+    }
+}
