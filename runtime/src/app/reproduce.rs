@@ -184,10 +184,15 @@ pub fn replay_caveat(run: &Platform, replay: &Platform) -> Option<String> {
             name(run)
         ));
     }
-    if run.backend.as_deref() != Some("cpu") {
+    let invariant = run.backend.as_deref() == Some("cpu")
+        || run
+            .precision
+            .as_deref()
+            .is_some_and(|p| p.ends_with("-deterministic"));
+    if !invariant {
         return Some(format!(
-            "the run ran on {}, whose kernels are not batch-invariant yet: a request's tokens can \
-             depend on its batch, so a difference is not proof of forgery",
+            "the run ran on {} without batch-invariant kernels (--deterministic): a request's \
+             tokens can depend on its batch, so a difference is not proof of forgery",
             name(run)
         ));
     }
@@ -295,6 +300,9 @@ mod tests {
             "{gpu_on_cpu}"
         );
         assert!(replay_caveat(&p("cuda", "bf16"), &p("cuda", "bf16")).is_some());
+        let det = p("cuda", "bf16-deterministic");
+        assert_eq!(replay_caveat(&det, &det), None);
+        assert!(replay_caveat(&det, &p("cuda", "bf16")).is_some());
         assert_eq!(replay_caveat(&Platform::default(), &p("cpu", "f32")), None);
     }
 }

@@ -360,12 +360,11 @@ pub fn default_kv_mode(checkpoint_kv: Option<i64>, device: Device) -> KvMode {
 }
 
 /// What the heads say the engine runs on: `cpu`/`cuda` and `f32`/`bf16` (a GPU computes in bf16
-/// unless `precise`).
-pub fn platform_of(device: Device, precise: bool) -> Platform {
+/// unless `precise`), `-deterministic` appended on a GPU in batch-invariant mode.
+pub fn platform_of(device: Device, precise: bool, tuning: &CudaTuning) -> Platform {
     let (backend, precision) = match device {
         Device::Cpu => ("cpu", "f32"),
-        Device::Cuda(_) if precise => ("cuda", "f32"),
-        Device::Cuda(_) => ("cuda", "bf16"),
+        Device::Cuda(_) => ("cuda", tuning.precision_name(precise)),
     };
     Platform {
         backend: Some(backend.into()),
@@ -427,7 +426,7 @@ fn open_worm<M: Machine>(
         anchor,
         mode,
         resume: c.resume,
-        platform: platform_of(device, opts.precise),
+        platform: platform_of(device, opts.precise, &opts.cuda_tuning),
     })
     .map_err(ck)?;
     let witnesses = match &opts.witnesses {

@@ -19,8 +19,9 @@ use super::model_args::PrecisionChoice;
 use super::model_args::{ModelArgs, StartExtras};
 use crate::app::reproduce::{Verdict, plan, replay_caveat};
 use crate::app::run_dir::checkpoint_dir;
-use crate::app::start::{Device, platform_of};
+use crate::app::start::platform_of;
 use crate::app::{SovDirs, model_digest};
+use crate::backend::cuda::CudaTuning;
 use crate::checkpoint::digest::to_hex;
 use crate::checkpoint::head::TreeHead;
 use crate::checkpoint::journal::{self, JournalRecord};
@@ -80,7 +81,18 @@ pub fn run(args: AuditArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         to_hex(&args.model.spec_digest())
     );
     let plan = plan(&scan);
-    let started = args.model.start_parts(
+    let run_on = signed_platform(&dir)?;
+    // A GPU run in batch-invariant mode is replayed in that mode unless told otherwise.
+    let mut model = args.model.clone();
+    if model.deterministic.is_none() {
+        model.deterministic = Some(
+            run_on
+                .precision
+                .as_deref()
+                .is_some_and(|p| p.ends_with("-deterministic")),
+        );
+    }
+    let started = model.start_parts(
         parts,
         dirs,
         StartExtras {
@@ -89,16 +101,14 @@ pub fn run(args: AuditArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         },
         t_load,
     )?;
-    let device = args.model.device();
-    let replay_on = platform_of(device, args.model.precision == PrecisionChoice::F32);
-    let run_on = signed_platform(&dir)?;
-    match replay_caveat(&run_on, &replay_on) {
-        Some(why) => eprintln!("sov: note: cannot promise a bit-exact replay: {why}"),
-        None if device != Device::Cpu => eprintln!(
-            "sov: note: replaying on {device:?}; bit-exact replay is expected on the CPU backend, \
-             whose results do not depend on the batch; GPU kernels are not yet batch-invariant"
-        ),
-        None => {}
+    let device = model.device();
+    let tuning = CudaTuning {
+        deterministic: model.deterministic == Some(true),
+        ..CudaTuning::default()
+    };
+    let replay_on = platform_of(device, model.precision == PrecisionChoice::F32, &tuning);
+    if let Some(why) = replay_caveat(&run_on, &replay_on) {
+        eprintln!("sov: note: cannot promise a bit-exact replay: {why}");
     }
     let t0 = Instant::now();
     let requests = plan.replays.iter().map(|r| r.request.clone()).collect();
