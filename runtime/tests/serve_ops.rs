@@ -68,6 +68,11 @@ const NAMES: &[(&str, &str)] = &[
     ("sov_num_preemptions_total", "counter"),
     ("sov_checkpoints_total", "counter"),
     ("sov_spec_decode_accepted_tokens_total", "counter"),
+    ("sov_kv_blocks_swapped_out_total", "counter"),
+    ("sov_kv_blocks_swapped_in_total", "counter"),
+    ("sov_num_recomputed_sequences_total", "counter"),
+    ("sov_prefix_cache_queries_total", "counter"),
+    ("sov_prefix_cache_hits_total", "counter"),
 ];
 
 const HISTOGRAMS: &[&str] = &[
