@@ -29,6 +29,7 @@ impl Backend for CudaBackend {
             HostData::BF16(v) => v.clone(),
             HostData::F16(v) => v.iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
             HostData::F32(v) => v.iter().map(|&x| bf16::from_f32(x)).collect(),
+            HostData::Quant(q) => q.to_f32().into_iter().map(bf16::from_f32).collect(),
         };
         if data.len() != tensor.numel() {
             return Err(BackendError::Shape {
