@@ -4,7 +4,9 @@
 //! Design: a broadcast pool (as llama.cpp's ggml threadpool). [`Pool::run`] publishes a job (a
 //! borrowed `Fn(task)` and a task count) under a new epoch number; workers, which spin briefly
 //! on the epoch before parking on a condition variable, pick tasks from a shared atomic counter
-//! alongside the caller, and the caller returns once every worker has checked in. At decode size
+//! alongside the caller. The caller returns once every task has finished and no worker still holds
+//! the job: a worker that wakes late (descheduled on a busy machine) finds the job withdrawn and
+//! does not hold the op up, since completion counts tasks, not workers. At decode size
 //! an op is tens of microseconds, so waking parked threads per op (rayon's `install` +
 //! `par_iter`) costs a sizeable share of a token; spinning between the ops of a step keeps the
 //! hand-off to a cache line. Workers park after [`SPIN_ROUNDS`] idle polls, so an idle server
@@ -26,12 +28,15 @@ type JobPtr = *const (dyn Fn(usize) + Sync);
 struct Shared {
     /// Bumped (Release) after `job` is written for each run; workers Acquire it.
     epoch: AtomicU64,
-    /// The current job; written only by the caller holding `run_lock`, before `epoch` moves.
-    job: Mutex<Option<(SendPtr, usize)>>,
+    /// The current job and its epoch; set by the caller holding `run_lock` before `epoch` moves,
+    /// withdrawn (`None`) once its tasks are done. Workers join it under this lock.
+    job: Mutex<Option<(SendPtr, usize, u64)>>,
     /// Next task index to hand out.
     next: AtomicUsize,
-    /// Workers that finished the current epoch.
-    done: AtomicUsize,
+    /// Tasks of the current job that have finished.
+    finished: AtomicUsize,
+    /// Workers that joined the current job and have not left it.
+    active: AtomicUsize,
     /// Set on drop: workers exit.
     stop: AtomicBool,
     /// Parked workers wait here for a new epoch.
@@ -43,8 +48,8 @@ struct Shared {
 /// The job pointer, sendable to workers.
 #[derive(Clone, Copy)]
 struct SendPtr(JobPtr);
-// SAFETY: the pointee is `Sync` (`dyn Fn + Sync`) and outlives every use: `run` waits for every
-// worker to finish the epoch before its borrow ends.
+// SAFETY: the pointee is `Sync` (`dyn Fn + Sync`) and outlives every use: `run` withdraws the job
+// and waits until no worker holds it before its borrow ends.
 unsafe impl Send for SendPtr {}
 
 thread_local! {
@@ -94,7 +99,8 @@ impl Pool {
                 epoch: AtomicU64::new(0),
                 job: Mutex::new(None),
                 next: AtomicUsize::new(0),
-                done: AtomicUsize::new(0),
+                finished: AtomicUsize::new(0),
+                active: AtomicUsize::new(0),
                 stop: AtomicBool::new(false),
                 wake: Condvar::new(),
                 park: Mutex::new(()),
@@ -122,32 +128,38 @@ impl Pool {
         }
         let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY (of the lifetime erasure below): the pointer is only dereferenced by workers
-        // during this epoch, and this function does not return before every worker has counted
-        // itself in `done`, after its last use of the pointer.
+        // SAFETY (of the lifetime erasure below): workers dereference the pointer only while
+        // counted in `active`, and this function withdraws the job and waits for `active` to
+        // reach zero before it returns.
         let ptr: JobPtr = unsafe {
             std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
         };
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some((SendPtr(ptr), tasks));
         s.next.store(0, Ordering::Relaxed);
-        s.done.store(0, Ordering::Relaxed);
+        s.finished.store(0, Ordering::Relaxed);
+        let epoch = s.epoch.load(Ordering::Relaxed) + 1;
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some((SendPtr(ptr), tasks, epoch));
         {
             let _g = s.park.lock().unwrap_or_else(|e| e.into_inner());
-            s.epoch.fetch_add(1, Ordering::Release);
+            s.epoch.store(epoch, Ordering::Release);
         }
         s.wake.notify_all();
         run_tasks(s, f, tasks);
-        let workers = self.workers.len();
-        let mut spins = 0u32;
-        while s.done.load(Ordering::Acquire) < workers {
-            spins += 1;
-            if spins < SPIN_ROUNDS {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        wait_until(|| s.finished.load(Ordering::Acquire) >= tasks);
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        wait_until(|| s.active.load(Ordering::Acquire) == 0);
+    }
+}
+
+/// Spins (then yields) until `done()`.
+fn wait_until(done: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !done() {
+        spins += 1;
+        if spins < SPIN_ROUNDS {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -183,6 +195,7 @@ fn run_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), tasks: usize) {
             break;
         }
         f(i);
+        s.finished.fetch_add(1, Ordering::Release);
     }
     std::mem::forget(guard);
     IN_TASK.with(|t| t.set(was));
@@ -224,13 +237,23 @@ fn worker(s: &Shared) {
             return;
         }
         seen = epoch;
-        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
+        let job = {
+            let g = s.job.lock().unwrap_or_else(|e| e.into_inner());
+            match *g {
+                Some((ptr, tasks, e)) if e == epoch => {
+                    s.active.fetch_add(1, Ordering::AcqRel);
+                    Some((ptr, tasks))
+                }
+                _ => None, // withdrawn: the caller finished without this worker
+            }
+        };
         if let Some((SendPtr(ptr), tasks)) = job {
-            // SAFETY: `run` keeps the job alive until this worker increments `done` below.
+            // SAFETY: this worker is counted in `active`, so `run` has not returned and the job
+            // it points to is alive until the decrement below.
             let f = unsafe { &*ptr };
             run_tasks(s, f, tasks);
+            s.active.fetch_sub(1, Ordering::Release);
         }
-        s.done.fetch_add(1, Ordering::Release);
     }
 }
 

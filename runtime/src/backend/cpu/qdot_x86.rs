@@ -1,10 +1,13 @@
 //! x86-64 kernels of [`super::qdot`] for the 32-value block types Q4_0, Q4_1 and Q8_0.
 //!
-//! Design: one block per step; its codes are widened to i32 (`vpmovzxbd`/`vpmovsxbd`), converted
-//! to f32 and scaled with the reference's operations (`d * (q - 8)`, `d * q + m`, `q * d`: a
-//! multiply then an add, never a fused one, so the weights equal [`decode_block`]'s bit for
-//! bit), then multiply-added into per-row accumulators. AVX-512 holds a half block per register
-//! and keeps two accumulators per row; AVX2 holds a quarter block and keeps four.
+//! Design: one block per step, weights rebuilt with the reference's operations (`d * (q - 8)`,
+//! `d * q + m`, `q * d`: a multiply then an add, never a fused one, so they equal
+//! [`decode_block`]'s bit for bit), then multiply-added into per-row accumulators. AVX-512 holds
+//! a half block per register and keeps two accumulators per row; for the 4-bit types it computes
+//! the block's 16 possible values once (`d * iota + m`) and looks each code up with `vpermps`
+//! (which reads the low 4 bits of each lane), saving the int-to-float conversions and half the
+//! scaling. AVX2 widens the codes to i32, converts and scales them, a quarter block per register,
+//! with four accumulators per row.
 //!
 //! [`decode_block`]: crate::loader::gguf::quant::decode_block
 
@@ -34,39 +37,48 @@ fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// The 32 codes of block `p` of `ty` as two groups of 16 (elements 0..16 and 16..32), as i32
-/// already offset (Q4_0: `q - 8`); and the block's `(d, m)` (`m = 0` except for Q4_1).
+/// The 32 weights of block `p` of `ty` as two groups of 16 (elements 0..16 and 16..32).
 ///
 /// # Safety
-/// The CPU has AVX-512F/BW/VL and F16C; `p` points at one whole block of `ty`.
+/// The CPU has AVX-512F/BW/VL and F16C; `p` points at one whole block of `ty` (Q4_0, Q4_1 or
+/// Q8_0).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn codes512(ty: QuantType, p: *const u8) -> (__m512i, __m512i, f32, f32) {
-    let nib = _mm_set1_epi8(0x0f);
+unsafe fn weights512(ty: QuantType, p: *const u8) -> (__m512, __m512) {
+    let iota = _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    );
     // SAFETY: every read stays inside the block at `p` (18, 20 or 34 bytes; caller contract).
     unsafe {
         match ty {
-            QuantType::Q4_0 => {
-                let q = _mm_loadu_si128(p.add(2) as *const __m128i);
-                let eight = _mm512_set1_epi32(8);
-                let lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, nib));
-                let hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), nib));
+            QuantType::Q4_0 | QuantType::Q4_1 => {
+                let (table, off) = if ty == QuantType::Q4_0 {
+                    let d = _mm512_set1_ps(f16_at(p));
+                    (
+                        _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0))),
+                        2,
+                    )
+                } else {
+                    // d and m are adjacent f16s: one load, one conversion.
+                    let dm =
+                        _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)));
+                    let d = _mm512_broadcastss_ps(dm);
+                    let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+                    (_mm512_add_ps(_mm512_mul_ps(d, iota), m), 4)
+                };
+                let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(off) as *const __m128i));
                 (
-                    _mm512_sub_epi32(lo, eight),
-                    _mm512_sub_epi32(hi, eight),
-                    f16_at(p),
-                    0.0,
+                    _mm512_permutexvar_ps(idx, table),
+                    _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), table),
                 )
             }
-            QuantType::Q4_1 => {
-                let q = _mm_loadu_si128(p.add(4) as *const __m128i);
-                let lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, nib));
-                let hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), nib));
-                (lo, hi, f16_at(p), f16_at(p.add(2)))
-            }
             _ => {
+                let d = _mm512_set1_ps(f16_at(p));
                 let lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2) as *const __m128i));
                 let hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(18) as *const __m128i));
-                (lo, hi, f16_at(p), 0.0)
+                (
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d),
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d),
+                )
             }
         }
     }
@@ -86,17 +98,7 @@ pub unsafe fn avx512<const N: usize>(ty: QuantType, w: &[u8], xs: &[&[f32]; N]) 
     for b in 0..nb {
         // SAFETY: block `b < nb` lies inside `w`; `xs[r]` holds `32 * nb` values (contract).
         unsafe {
-            let (lo, hi, d, m) = codes512(ty, w.as_ptr().add(b * bb));
-            let dv = _mm512_set1_ps(d);
-            let (mut wlo, mut whi) = (
-                _mm512_mul_ps(dv, _mm512_cvtepi32_ps(lo)),
-                _mm512_mul_ps(dv, _mm512_cvtepi32_ps(hi)),
-            );
-            if ty == QuantType::Q4_1 {
-                let mv = _mm512_set1_ps(m);
-                wlo = _mm512_add_ps(wlo, mv);
-                whi = _mm512_add_ps(whi, mv);
-            }
+            let (wlo, whi) = weights512(ty, w.as_ptr().add(b * bb));
             for r in 0..N {
                 let xp = xs[r].as_ptr().add(b * 32);
                 acc0[r] = _mm512_fmadd_ps(wlo, _mm512_loadu_ps(xp), acc0[r]);
