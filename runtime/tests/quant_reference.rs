@@ -92,6 +92,32 @@ fn quantized_kernels_follow_the_f32_reference_at_least_as_long_as_f16_storage() 
             .any(|t| matches!(t.data, HostData::Quant(_))),
         "the default model's weights stay quantized"
     );
+    // Resident weight bytes (what the CPU backend's buffers hold: blocks as they are, f32 norms)
+    // against the GGUF's tensor bytes.
+    let file = std::fs::read(&path).expect("model readable");
+    let gguf = sov::loader::gguf::reader::Gguf::parse(&file, &path).expect("parses");
+    let file_bytes: u64 = gguf
+        .tensors
+        .iter()
+        .filter_map(|t| t.ggml_type.byte_size(&t.ne))
+        .sum();
+    let host_bytes: usize = loaded
+        .tensors
+        .values()
+        .map(|t| match &t.data {
+            HostData::Quant(q) => q.bytes.len(),
+            HostData::F32(v) => 4 * v.len(),
+            HostData::F16(v) => 2 * v.len(),
+            HostData::BF16(v) => 2 * v.len(),
+        })
+        .sum();
+    let ratio = host_bytes as f64 / file_bytes as f64;
+    println!("weights: {host_bytes} bytes resident, {file_bytes} in the GGUF ({ratio:.3}x)");
+    assert!(
+        ratio <= 1.1,
+        "weights take {ratio:.3}x the file's tensor bytes"
+    );
+    drop(file);
     let build = |tensors: &HashMap<String, HostTensor>| {
         LlamaModel::new(CpuBackend::new(), &loaded.config, tensors).expect("model builds")
     };

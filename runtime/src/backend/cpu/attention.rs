@@ -80,6 +80,7 @@ pub fn token_positions(
 /// (sequence `s`, position `p` from [`token_positions`]) and query head `h`.
 /// `qkv: [n_tokens, (H + 2*KVH) * D]`, `kv.k`, `kv.v`: `[num_blocks * block_size, KVH * D]`,
 /// `out: [n_tokens, H * D]`.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     pool: &Pool,
     qkv: &[f32],

@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use super::pool::Pool;
 
 use super::dot::{WeightRow, dot_rows};
-use crate::loader::gguf::quant::decode_blocks;
+use super::qdot::decode_rows;
 use crate::loader::tensor::QuantType;
 
 /// Activation row counts up to this use the GEMV kernel for f32 weights (`gemm` needs no
@@ -206,7 +206,7 @@ fn gemm_tiled(
                 WeightRow::F32(s) => dst.copy_from_slice(s),
                 WeightRow::F16(s) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(s, dst),
                 WeightRow::BF16(s) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(s, dst),
-                WeightRow::Quant(t, s) => decode_blocks(t, s, dst),
+                WeightRow::Quant(t, s) => decode_rows(t, s, dst),
             }
             // SAFETY: the tile writes output columns `r0 .. r1` of every row, which no other
             // tile writes; `out` holds `n * m` elements (checked in `matmul`).
@@ -353,6 +353,7 @@ mod tests {
 mod quant_tests {
     use super::*;
     use crate::backend::cpu::qdot::tests::{Rng, random_blocks};
+    use crate::loader::gguf::quant::decode_blocks;
 
     /// Quantized weights through both paths (GEMV for few rows, dequantized tiles + `gemm` for
     /// many) against "dequantize to f32, then an f64 product", every type, ragged row counts.

@@ -19,7 +19,7 @@
 
 use std::sync::OnceLock;
 
-use crate::loader::gguf::quant::decode_block;
+use crate::loader::gguf::quant::{decode_block, decode_blocks};
 use crate::loader::tensor::QuantType;
 
 use super::dot::{WeightRow, dot_rows};
@@ -40,17 +40,17 @@ pub enum Level {
 impl Level {
     /// The best level this CPU runs (detected once).
     pub fn detect() -> Level {
-        static LEVEL: OnceLock<Level> = OnceLock::new();
-        *LEVEL.get_or_init(|| {
-            Level::available()
-                .into_iter()
-                .last()
-                .unwrap_or(Level::Scalar)
-        })
+        *Level::available().last().unwrap_or(&Level::Scalar)
     }
 
-    /// Every level this CPU runs, worst first (always starts with [`Level::Scalar`]).
-    pub fn available() -> Vec<Level> {
+    /// Every level this CPU runs, worst first (always starts with [`Level::Scalar`]; detected
+    /// once).
+    pub fn available() -> &'static [Level] {
+        static LEVELS: OnceLock<Vec<Level>> = OnceLock::new();
+        LEVELS.get_or_init(Level::probe)
+    }
+
+    fn probe() -> Vec<Level> {
         let mut levels = vec![Level::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
@@ -126,6 +126,29 @@ pub fn qdot_rows_at<const N: usize>(
         }
         _ => tiled(ty, w, xs),
     }
+}
+
+/// Decodes whole blocks of `ty` into `out` (as [`decode_blocks`], bit-identical), with the
+/// AVX-512 kernel's weight rebuild where it applies: the prefill path widens weight tiles with it.
+///
+/// # Panics
+/// When `out` is not whole blocks or `bytes` is too short (a caller bug).
+pub fn decode_rows(ty: QuantType, bytes: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if Level::detect() == Level::Avx512
+        && matches!(ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0)
+    {
+        let blocks = out.len() / 32;
+        assert!(
+            out.len().is_multiple_of(32) && bytes.len() >= blocks * ty.block_bytes(),
+            "decode_rows: not whole blocks"
+        );
+        // SAFETY: the CPU has AVX-512F/BW/VL, AVX2, FMA and F16C (detected); `bytes` holds
+        // `blocks` whole blocks and `out` holds `32 * blocks` values (asserted above).
+        unsafe { super::qdot_x86::decode512(ty, &bytes[..blocks * ty.block_bytes()], out) };
+        return;
+    }
+    decode_blocks(ty, bytes, out);
 }
 
 /// The reference: each block decoded to f32, then multiply-adds in element order.

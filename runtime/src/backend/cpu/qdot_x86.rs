@@ -109,6 +109,25 @@ pub unsafe fn avx512<const N: usize>(ty: QuantType, w: &[u8], xs: &[&[f32]; N]) 
     std::array::from_fn(|r| _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])))
 }
 
+/// Decodes whole blocks into f32 with [`weights512`] (the same values as the reference decoder).
+///
+/// # Safety
+/// The CPU has AVX-512F/BW/VL, AVX2, FMA and F16C; `ty` is Q4_0, Q4_1 or Q8_0; `w` is whole
+/// blocks of `ty` and `out` holds at least `32` values per block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn decode512(ty: QuantType, w: &[u8], out: &mut [f32]) {
+    let bb = ty.block_bytes();
+    for b in 0..w.len() / bb {
+        // SAFETY: block `b` lies inside `w`; `out` holds `32 * (b + 1)` values (contract).
+        unsafe {
+            let (lo, hi) = weights512(ty, w.as_ptr().add(b * bb));
+            let o = out.as_mut_ptr().add(32 * b);
+            _mm512_storeu_ps(o, lo);
+            _mm512_storeu_ps(o.add(16), hi);
+        }
+    }
+}
+
 /// AVX2 kernel: `out[r] = dequant(w) . xs[r]`.
 ///
 /// # Safety

@@ -40,7 +40,7 @@ pub(crate) fn random_blocks(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<
     for b in out.chunks_exact_mut(bb) {
         for &at in scale_at {
             let mag = 1e-3 + rng.f32().abs() * 2e-2;
-            let sign = if at == 2 && ty == QuantType::Q4_1 && rng.next() % 2 == 0 {
+            let sign = if at == 2 && ty == QuantType::Q4_1 && rng.next().is_multiple_of(2) {
                 -1.0
             } else {
                 1.0
@@ -90,7 +90,7 @@ fn check<const N: usize>(level: Level, ty: QuantType, blocks: usize, seed: u64) 
 
 #[test]
 fn every_level_matches_the_reference_for_every_type_and_row_count() {
-    for level in Level::available() {
+    for &level in Level::available() {
         for ty in QuantType::ALL {
             for (i, blocks) in [1usize, 2, 3, 5, 18, 48].into_iter().enumerate() {
                 let seed = i as u64 * 131 + ty.block_bytes() as u64;
@@ -104,8 +104,27 @@ fn every_level_matches_the_reference_for_every_type_and_row_count() {
 }
 
 #[test]
+fn tile_decoding_equals_the_reference_decoder_bit_for_bit() {
+    for ty in QuantType::ALL {
+        let mut rng = Rng::new(ty.block_bytes() as u64);
+        let blocks = 2 * 256 / ty.block_elems() + 1;
+        let w = random_blocks(ty, blocks, &mut rng);
+        let n = blocks * ty.block_elems();
+        let (mut fast, mut want) = (vec![f32::NAN; n], vec![0f32; n]);
+        super::decode_rows(ty, &w, &mut fast);
+        decode_blocks(ty, &w, &mut want);
+        assert!(
+            fast.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty:?}"
+        );
+    }
+}
+
+#[test]
 fn this_machine_detects_a_simd_level() {
-    let levels = Level::available();
+    let levels = Level::available().to_vec();
     println!(
         "kernel levels on this CPU: {levels:?}; chosen {:?}",
         Level::detect()
