@@ -477,6 +477,7 @@ pub fn model_digest(parts: &ModelParts) -> crate::checkpoint::Digest {
             HostData::F32(v) => (b"f32", bytemuck::cast_slice(v)),
             HostData::F16(v) => (b"f16", bytemuck::cast_slice(v)),
             HostData::BF16(v) => (b"bf16", bytemuck::cast_slice(v)),
+            HostData::Quant(q) => (q.ty.name().as_bytes(), &q.bytes),
         };
         h.update(dtype);
         h.update_rayon(bytes);

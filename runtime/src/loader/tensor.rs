@@ -7,8 +7,10 @@
 
 use half::{bf16, f16};
 
-/// Element storage of a host tensor. Quantized GGUF types are dequantized by the loader into
-/// `F16`/`BF16` (or `F32`), so the model never sees block formats.
+pub use super::gguf::quant::{QuantData, QuantType};
+
+/// Element storage of a host tensor. Quantized GGUF types stay in their block format
+/// ([`HostData::Quant`]); backends that cannot compute with blocks widen them at upload.
 #[derive(Debug, Clone)]
 pub enum HostData {
     /// 32-bit floats.
@@ -17,6 +19,25 @@ pub enum HostData {
     F16(Vec<f16>),
     /// bfloat16s.
     BF16(Vec<bf16>),
+    /// Quantized blocks (GGUF Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K), row-major.
+    Quant(QuantData),
+}
+
+impl HostData {
+    /// Number of elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            HostData::F32(v) => v.len(),
+            HostData::F16(v) => v.len(),
+            HostData::BF16(v) => v.len(),
+            HostData::Quant(q) => q.numel(),
+        }
+    }
+
+    /// True when no element is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A named, shaped tensor in host memory.
@@ -34,12 +55,13 @@ impl HostTensor {
         self.shape.iter().product()
     }
 
-    /// The data as f32 (copies and widens 16-bit data).
+    /// The data as f32 (copies, widens 16-bit data, dequantizes blocks).
     pub fn to_f32(&self) -> Vec<f32> {
         match &self.data {
             HostData::F32(v) => v.clone(),
             HostData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             HostData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HostData::Quant(q) => q.to_f32(),
         }
     }
 }

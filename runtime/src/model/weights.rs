@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::backend::Backend;
-use crate::loader::tensor::{HostData, HostTensor};
+use crate::loader::tensor::{HostData, HostTensor, QuantData, QuantType};
 
 use super::config::LlamaConfig;
 use super::error::ModelError;
@@ -72,11 +72,7 @@ impl<'a> TensorSource<'a> {
         if t.shape != shape {
             return Err(wrong(t.shape.clone()));
         }
-        let len = match &t.data {
-            HostData::F32(v) => v.len(),
-            HostData::F16(v) => v.len(),
-            HostData::BF16(v) => v.len(),
-        };
+        let len = t.data.len();
         if len != t.numel() {
             return Err(wrong(vec![len]));
         }
@@ -93,11 +89,16 @@ fn upload<B: Backend>(backend: &B, t: Cow<'_, HostTensor>) -> Result<B::Buffer, 
 }
 
 /// Concatenates row-major tensors along their first axis (all share the trailing dims). Keeps the
-/// common dtype, or widens to f32 when the parts differ.
+/// common dtype (quantized parts of one block type stay quantized: blocks run along rows, so rows
+/// of blocks concatenate like rows of values), or widens to f32 when the parts differ.
 fn concat_rows(parts: &[&HostTensor]) -> HostTensor {
     let rows: usize = parts.iter().map(|t| t.shape[0]).sum();
     let mut shape = parts[0].shape.clone();
     shape[0] = rows;
+    let quant_ty = match &parts[0].data {
+        HostData::Quant(q) => Some(q.ty),
+        _ => None,
+    };
     let data = match parts.iter().map(|t| &t.data).collect::<Vec<_>>().as_slice() {
         all if all.iter().all(|d| matches!(d, HostData::F16(_))) => HostData::F16(
             all.iter()
@@ -123,6 +124,25 @@ fn concat_rows(parts: &[&HostTensor]) -> HostTensor {
                 .copied()
                 .collect(),
         ),
+        all if all
+            .iter()
+            .all(|d| matches!(d, HostData::Quant(q) if Some(q.ty) == quant_ty)) =>
+        {
+            HostData::Quant(QuantData {
+                ty: quant_ty.unwrap_or(QuantType::Q8_0),
+                bytes: all
+                    .iter()
+                    .flat_map(|d| {
+                        if let HostData::Quant(q) = d {
+                            q.bytes.as_slice()
+                        } else {
+                            &[]
+                        }
+                    })
+                    .copied()
+                    .collect(),
+            })
+        }
         _ => HostData::F32(parts.iter().flat_map(|t| t.to_f32()).collect()),
     };
     HostTensor { shape, data }
@@ -222,6 +242,33 @@ mod tests {
         };
         let mixed = concat_rows(&[&a, &f]);
         assert_eq!(mixed.to_f32(), vec![1.0, 0.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn concat_rows_keeps_quantized_blocks_of_one_type() {
+        // Q8_0 rows of 32 values: d = 1.0 (f16 0x3c00), codes 0..32 and 32..64.
+        let block = |base: u8| -> Vec<u8> {
+            let mut b = vec![0x00, 0x3c];
+            b.extend((0..32).map(|i| base + i));
+            b
+        };
+        let q = |base: u8| HostTensor {
+            shape: vec![1, 32],
+            data: HostData::Quant(QuantData {
+                ty: QuantType::Q8_0,
+                bytes: block(base),
+            }),
+        };
+        let c = concat_rows(&[&q(0), &q(32)]);
+        assert_eq!(c.shape, vec![2, 32]);
+        assert!(matches!(&c.data, HostData::Quant(d) if d.ty == QuantType::Q8_0));
+        let want: Vec<f32> = (0..64).map(|i| i as f32).collect();
+        assert_eq!(c.to_f32(), want);
+        let f = HostTensor {
+            shape: vec![1, 32],
+            data: HostData::F32(vec![0.5; 32]),
+        };
+        assert!(matches!(concat_rows(&[&q(0), &f]).data, HostData::F32(_)));
     }
 
     #[test]

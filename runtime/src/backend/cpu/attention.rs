@@ -6,9 +6,8 @@
 //! as `torch.softmax`) and the weighted sum of values. GQA: query head `h` reads kv head
 //! `h / (H / KVH)`.
 
-use rayon::prelude::*;
-
 use super::dot::{WeightRow, dot_rows};
+use super::pool::Pool;
 use crate::backend::{BackendError, HeadShape, KvLayer};
 
 /// Per-step batch layout read back from the metadata buffers.
@@ -81,7 +80,9 @@ pub fn token_positions(
 /// (sequence `s`, position `p` from [`token_positions`]) and query head `h`.
 /// `qkv: [n_tokens, (H + 2*KVH) * D]`, `kv.k`, `kv.v`: `[num_blocks * block_size, KVH * D]`,
 /// `out: [n_tokens, H * D]`.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
+    pool: &Pool,
     qkv: &[f32],
     kv: KvLayer<&[f32]>,
     batch: &AttnBatch<'_>,
@@ -99,42 +100,40 @@ pub fn paged_attention(
         k: k_cache,
         v: v_cache,
     } = kv;
-    out.par_chunks_mut(d).enumerate().for_each_init(
-        Vec::new,
-        |scores: &mut Vec<f32>, (task, o)| {
-            let (i, h) = (task / heads.n_heads, task % heads.n_heads);
-            let (s, pos) = rows[i];
-            let table = &batch.block_tables[s * batch.max_blocks_per_seq..];
-            let g = h / group;
-            let q = &qkv[i * width + h * d..i * width + (h + 1) * d];
-            let slot_offset = |j: usize| (table[j / bs] as usize * bs + j % bs) * kvw + g * d;
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for j in 0..=pos {
-                let at = slot_offset(j);
-                let [dotp] = dot_rows(WeightRow::F32(&k_cache[at..at + d]), &[q]);
-                let sc = dotp * scale;
-                max = max.max(sc);
-                scores.push(sc);
+    pool.rows_mut(out, d, 1, &|task, o| {
+        let mut scores: Vec<f32> = Vec::new();
+        let (i, h) = (task / heads.n_heads, task % heads.n_heads);
+        let (s, pos) = rows[i];
+        let table = &batch.block_tables[s * batch.max_blocks_per_seq..];
+        let g = h / group;
+        let q = &qkv[i * width + h * d..i * width + (h + 1) * d];
+        let slot_offset = |j: usize| (table[j / bs] as usize * bs + j % bs) * kvw + g * d;
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for j in 0..=pos {
+            let at = slot_offset(j);
+            let [dotp] = dot_rows(WeightRow::F32(&k_cache[at..at + d]), &[q]);
+            let sc = dotp * scale;
+            max = max.max(sc);
+            scores.push(sc);
+        }
+        let mut sum = 0f32;
+        for sc in scores.iter_mut() {
+            *sc = (*sc - max).exp();
+            sum += *sc;
+        }
+        o.fill(0.0);
+        for (j, p) in scores.iter().enumerate() {
+            let at = slot_offset(j);
+            for (a, v) in o.iter_mut().zip(&v_cache[at..at + d]) {
+                *a += p * v;
             }
-            let mut sum = 0f32;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            o.fill(0.0);
-            for (j, p) in scores.iter().enumerate() {
-                let at = slot_offset(j);
-                for (a, v) in o.iter_mut().zip(&v_cache[at..at + d]) {
-                    *a += p * v;
-                }
-            }
-            let inv = 1.0 / sum;
-            for a in o.iter_mut() {
-                *a *= inv;
-            }
-        },
-    );
+        }
+        let inv = 1.0 / sum;
+        for a in o.iter_mut() {
+            *a *= inv;
+        }
+    });
 }
 
 #[cfg(test)]
@@ -220,7 +219,16 @@ mod tests {
             k: &k_cache[..],
             v: &v_cache[..],
         };
-        paged_attention(&qkv, kv, &batch, &rows, &mut out, heads, scale);
+        paged_attention(
+            &crate::backend::cpu::pool::Pool::new(2).expect("pool"),
+            &qkv,
+            kv,
+            &batch,
+            &rows,
+            &mut out,
+            heads,
+            scale,
+        );
         for (i, &(s, pos)) in rows.iter().enumerate() {
             for h in 0..heads.n_heads {
                 let g = h / 2;

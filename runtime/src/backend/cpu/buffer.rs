@@ -1,8 +1,10 @@
 //! Host-memory buffers of the CPU backend: one typed `Vec` per buffer, with checked typed views.
+//! Quantized weights keep their GGUF blocks ([`CpuBuffer::Quant`]).
 
 use half::{bf16, f16};
 
 use crate::backend::{BackendError, DType, DeviceBuffer};
+use crate::loader::tensor::QuantData;
 
 /// A flat buffer in host memory.
 #[derive(Debug, Clone)]
@@ -17,6 +19,9 @@ pub enum CpuBuffer {
     U32(Vec<u32>),
     /// [`DType::I32`] elements.
     I32(Vec<i32>),
+    /// A quantized weight matrix (blocks along rows). It reports [`DType::F32`], the dtype it
+    /// computes in; byte-level ops refuse it.
+    Quant(QuantData),
 }
 
 impl DeviceBuffer for CpuBuffer {
@@ -27,6 +32,7 @@ impl DeviceBuffer for CpuBuffer {
             CpuBuffer::BF16(_) => DType::BF16,
             CpuBuffer::U32(_) => DType::U32,
             CpuBuffer::I32(_) => DType::I32,
+            CpuBuffer::Quant(_) => DType::F32,
         }
     }
 
@@ -37,6 +43,7 @@ impl DeviceBuffer for CpuBuffer {
             CpuBuffer::BF16(v) => v.len(),
             CpuBuffer::U32(v) => v.len(),
             CpuBuffer::I32(v) => v.len(),
+            CpuBuffer::Quant(q) => q.numel(),
         }
     }
 }
@@ -102,7 +109,12 @@ impl CpuBuffer {
         Ok(())
     }
 
-    /// All elements as little-endian bytes.
+    /// Whether this is a quantized weight (whose bytes are blocks, not elements).
+    pub fn is_quant(&self) -> bool {
+        matches!(self, CpuBuffer::Quant(_))
+    }
+
+    /// All elements as little-endian bytes (a quantized buffer's blocks).
     pub fn bytes(&self) -> &[u8] {
         match self {
             CpuBuffer::F32(v) => bytemuck::cast_slice(v),
@@ -110,6 +122,7 @@ impl CpuBuffer {
             CpuBuffer::BF16(v) => bytemuck::cast_slice(v),
             CpuBuffer::U32(v) => bytemuck::cast_slice(v),
             CpuBuffer::I32(v) => bytemuck::cast_slice(v),
+            CpuBuffer::Quant(q) => &q.bytes,
         }
     }
 
@@ -121,6 +134,7 @@ impl CpuBuffer {
             CpuBuffer::BF16(v) => bytemuck::cast_slice_mut(v),
             CpuBuffer::U32(v) => bytemuck::cast_slice_mut(v),
             CpuBuffer::I32(v) => bytemuck::cast_slice_mut(v),
+            CpuBuffer::Quant(q) => &mut q.bytes,
         }
     }
 }

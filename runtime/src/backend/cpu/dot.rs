@@ -1,11 +1,16 @@
-//! Dot products of one weight row (f32, f16 or bf16) with up to four f32 activation rows.
+//! Dot products of one weight row (f32, f16, bf16 or quantized blocks) with up to four f32
+//! activation rows.
 //!
 //! The weight row is read once and widened to f32 on the fly, so 16-bit weights cost half the
 //! memory traffic of f32 ones (decode on CPU is bound by memory bandwidth). An AVX2+FMA+F16C
 //! kernel is chosen at run time when the CPU has those features; otherwise a portable kernel,
-//! written in 8-wide chunks the compiler vectorizes, computes the same sums.
+//! written in 8-wide chunks the compiler vectorizes, computes the same sums. Quantized rows go to
+//! [`super::qdot`].
 
 use half::{bf16, f16};
+
+use crate::loader::gguf::quant::decode_block;
+use crate::loader::tensor::QuantType;
 
 /// One weight row, in the dtype the backend stores it in.
 #[derive(Debug, Clone, Copy)]
@@ -16,6 +21,8 @@ pub enum WeightRow<'a> {
     F16(&'a [f16]),
     /// A bf16 row.
     BF16(&'a [bf16]),
+    /// A row of whole quantized blocks.
+    Quant(QuantType, &'a [u8]),
 }
 
 impl WeightRow<'_> {
@@ -25,6 +32,7 @@ impl WeightRow<'_> {
             WeightRow::F32(w) => w.len(),
             WeightRow::F16(w) => w.len(),
             WeightRow::BF16(w) => w.len(),
+            WeightRow::Quant(t, w) => w.len() / t.block_bytes() * t.block_elems(),
         }
     }
 
@@ -39,6 +47,12 @@ impl WeightRow<'_> {
             WeightRow::F32(w) => w[i],
             WeightRow::F16(w) => w[i].to_f32(),
             WeightRow::BF16(w) => w[i].to_f32(),
+            WeightRow::Quant(t, w) => {
+                let (be, bb) = (t.block_elems(), t.block_bytes());
+                let mut buf = [0f32; 256];
+                decode_block(*t, &w[i / be * bb..(i / be + 1) * bb], &mut buf);
+                buf[i % be]
+            }
         }
     }
 }
@@ -50,6 +64,9 @@ impl WeightRow<'_> {
 pub fn dot_rows<const N: usize>(w: WeightRow<'_>, xs: &[&[f32]; N]) -> [f32; N] {
     for x in xs {
         assert!(x.len() >= w.len(), "activation row shorter than weight row");
+    }
+    if let WeightRow::Quant(t, q) = w {
+        return super::qdot::qdot_rows(t, q, xs);
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -72,6 +89,9 @@ pub fn has_avx2() -> bool {
 
 /// Portable kernel: 8-wide partial sums the compiler turns into vector code.
 pub fn dot_rows_portable<const N: usize>(w: WeightRow<'_>, xs: &[&[f32]; N]) -> [f32; N] {
+    if let WeightRow::Quant(t, q) = w {
+        return super::qdot::qdot_rows_at(super::qdot::Level::Scalar, t, q, xs);
+    }
     let k = w.len();
     let mut acc = [[0f32; 8]; N];
     let mut wbuf = [0f32; 8];
@@ -88,6 +108,11 @@ pub fn dot_rows_portable<const N: usize>(w: WeightRow<'_>, xs: &[&[f32]; N]) -> 
             WeightRow::BF16(w) => {
                 for (d, s) in wbuf.iter_mut().zip(&w[i..i + 8]) {
                     *d = s.to_f32();
+                }
+            }
+            WeightRow::Quant(..) => {
+                for (l, d) in wbuf.iter_mut().enumerate() {
+                    *d = w.get(i + l);
                 }
             }
         }
@@ -206,6 +231,7 @@ mod avx2 {
                 WeightRow::F32(w) => dot_f32(w, xs),
                 WeightRow::F16(w) => dot_f16(w, xs),
                 WeightRow::BF16(w) => dot_bf16(w, xs),
+                WeightRow::Quant(t, q) => super::super::qdot::qdot_rows(t, q, xs),
             }
         }
     }

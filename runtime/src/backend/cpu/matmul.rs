@@ -1,18 +1,24 @@
-//! `out[n, m] = x[n, k] @ w[m, k]^T` on the CPU, threaded with rayon.
+//! `out[n, m] = x[n, k] @ w[m, k]^T` on the CPU, threaded on the backend's [`Pool`].
 //!
 //! Two paths, chosen by the number of activation rows `n`:
 //! - few rows (decode): a GEMV-style kernel reads each weight row once, widens it to f32 on the
-//!   fly and dots it with up to four activation rows at a time ([`super::dot`]); threads split the
-//!   weight rows. This path is bound by weight memory traffic, so 16-bit weights run ~2x faster.
-//! - many rows (prefill; over 8 rows for f32 weights, over 40 for 16-bit ones): f32 weights go
-//!   straight to the `gemm` crate; 16-bit weights are widened tile by tile (`TILE_ROWS` rows at a
-//!   time, per thread) into f32 scratch and multiplied by `gemm`.
+//!   fly (quantized blocks are dequantized in registers, [`super::qdot`]) and dots it with up to
+//!   four activation rows at a time ([`super::dot`]); threads split the weight rows. This path is
+//!   bound by weight memory traffic, so 16-bit weights run ~2x faster than f32 and 4-bit ones
+//!   faster still.
+//! - many rows (prefill; over 8 rows for f32 weights, 16 for quantized, 40 for 16-bit ones): f32
+//!   weights go straight to the `gemm` crate; others are widened tile by tile (`TILE_ROWS` rows at
+//!   a time, per thread) into f32 scratch and multiplied by `gemm`.
 
 use gemm::Parallelism;
 use half::{bf16, f16};
-use rayon::prelude::*;
+use std::cell::RefCell;
+
+use super::pool::Pool;
 
 use super::dot::{WeightRow, dot_rows};
+use super::qdot::decode_rows;
+use crate::loader::tensor::QuantType;
 
 /// Activation row counts up to this use the GEMV kernel for f32 weights (`gemm` needs no
 /// widening pass for them, so it wins early).
@@ -20,6 +26,9 @@ const GEMV_MAX_ROWS_F32: usize = 8;
 /// Activation row counts up to this use the GEMV kernel for 16-bit weights: the GEMM path first
 /// widens the whole matrix to f32, which costs about as much as ~40 rows of GEMV work.
 const GEMV_MAX_ROWS_16BIT: usize = 40;
+/// Activation row counts up to this use the GEMV kernel for quantized weights (above it, tiles
+/// are dequantized to f32 once and multiplied by `gemm`).
+const GEMV_MAX_ROWS_QUANT: usize = 16;
 /// Weight rows widened to f32 per tile on the GEMM path.
 const TILE_ROWS: usize = 64;
 
@@ -32,6 +41,8 @@ pub enum Weights<'a> {
     F16(&'a [f16]),
     /// bf16 weights.
     BF16(&'a [bf16]),
+    /// Quantized blocks (rows of `k / block_elems` blocks).
+    Quant(QuantType, &'a [u8]),
 }
 
 impl<'a> Weights<'a> {
@@ -41,6 +52,10 @@ impl<'a> Weights<'a> {
             Weights::F32(w) => WeightRow::F32(&w[r0 * k..r1 * k]),
             Weights::F16(w) => WeightRow::F16(&w[r0 * k..r1 * k]),
             Weights::BF16(w) => WeightRow::BF16(&w[r0 * k..r1 * k]),
+            Weights::Quant(t, w) => {
+                let row = k / t.block_elems() * t.block_bytes();
+                WeightRow::Quant(t, &w[r0 * row..r1 * row])
+            }
         }
     }
 }
@@ -65,7 +80,15 @@ impl OutPtr {
 ///
 /// # Panics
 /// When a slice is shorter than its shape says (the backend checks shapes before calling).
-pub fn matmul(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m: usize) {
+pub fn matmul(
+    pool: &Pool,
+    x: &[f32],
+    w: Weights<'_>,
+    out: &mut [f32],
+    n: usize,
+    k: usize,
+    m: usize,
+) {
     assert!(
         x.len() >= n * k && out.len() >= n * m,
         "matmul: slice shorter than shape"
@@ -74,6 +97,11 @@ pub fn matmul(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m:
         Weights::F32(wf) => assert!(wf.len() >= m * k, "matmul: weight shorter than shape"),
         Weights::F16(wf) => assert!(wf.len() >= m * k, "matmul: weight shorter than shape"),
         Weights::BF16(wf) => assert!(wf.len() >= m * k, "matmul: weight shorter than shape"),
+        Weights::Quant(t, wq) => assert!(
+            k.is_multiple_of(t.block_elems())
+                && wq.len() >= m * (k / t.block_elems()) * t.block_bytes(),
+            "matmul: quantized weight is not whole blocks of its shape"
+        ),
     }
     if n == 0 || m == 0 {
         return;
@@ -85,28 +113,23 @@ pub fn matmul(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m:
     let gemv_max_rows = match w {
         Weights::F32(_) => GEMV_MAX_ROWS_F32,
         Weights::F16(_) | Weights::BF16(_) => GEMV_MAX_ROWS_16BIT,
+        Weights::Quant(..) => GEMV_MAX_ROWS_QUANT,
     };
     if n <= gemv_max_rows {
-        gemv(x, w, out, n, k, m);
+        gemv(pool, x, w, out, n, k, m);
     } else {
-        match w {
-            Weights::F32(wf) => {
-                // SAFETY: shapes checked above; see `gemm_f32`.
-                unsafe { gemm_f32(x, wf, out.as_mut_ptr(), n, k, m, m, Parallelism::Rayon(0)) }
-            }
-            _ => gemm_widened(x, w, out, n, k, m),
-        }
+        gemm_tiled(pool, x, w, out, n, k, m);
     }
 }
 
 /// GEMV path: threads split the weight rows; each weight row is dotted with every activation row.
-fn gemv(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m: usize) {
-    let threads = rayon::current_num_threads().max(1);
+fn gemv(pool: &Pool, x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m: usize) {
+    let threads = pool.threads();
     // A few chunks per thread for balance, but at least 16 rows per chunk.
     let chunk = m.div_ceil(threads * 4).max(16);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let xrows: Vec<&[f32]> = (0..n).map(|i| &x[i * k..(i + 1) * k]).collect();
-    (0..m.div_ceil(chunk)).into_par_iter().for_each(|c| {
+    pool.run(m.div_ceil(chunk), &|c| {
         let r0 = c * chunk;
         let r1 = (r0 + chunk).min(m);
         for j in r0..r1 {
@@ -136,20 +159,54 @@ fn gemv(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m: usize
     });
 }
 
-/// GEMM path for 16-bit weights: widen `TILE_ROWS` weight rows to f32, multiply with `gemm`.
-fn gemm_widened(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, m: usize) {
+thread_local! {
+    /// Per-thread f32 scratch for a widened weight tile (reused across calls).
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// GEMM path: `TILE_ROWS` weight rows at a time per task (16-bit and quantized ones widened to
+/// f32 scratch first), multiplied by `gemm` on one thread.
+fn gemm_tiled(
+    pool: &Pool,
+    x: &[f32],
+    w: Weights<'_>,
+    out: &mut [f32],
+    n: usize,
+    k: usize,
+    m: usize,
+) {
     let out_ptr = OutPtr(out.as_mut_ptr());
-    (0..m.div_ceil(TILE_ROWS)).into_par_iter().for_each_init(
-        || vec![0f32; TILE_ROWS * k],
-        |tile, t| {
-            let r0 = t * TILE_ROWS;
-            let r1 = (r0 + TILE_ROWS).min(m);
-            let rows = r1 - r0;
+    pool.run(m.div_ceil(TILE_ROWS), &|t| {
+        let r0 = t * TILE_ROWS;
+        let r1 = (r0 + TILE_ROWS).min(m);
+        let rows = r1 - r0;
+        if let WeightRow::F32(s) = w.rows(r0, r1, k) {
+            // SAFETY: as below; f32 rows are multiplied in place.
+            unsafe {
+                gemm_f32(
+                    x,
+                    s,
+                    out_ptr.get().add(r0),
+                    n,
+                    k,
+                    rows,
+                    m,
+                    Parallelism::None,
+                )
+            };
+            return;
+        }
+        TILE.with(|tile| {
+            let mut tile = tile.borrow_mut();
+            if tile.len() < rows * k {
+                tile.resize(rows * k, 0.0);
+            }
             let dst = &mut tile[..rows * k]; // [rows, k] f32
             match w.rows(r0, r1, k) {
                 WeightRow::F32(s) => dst.copy_from_slice(s),
                 WeightRow::F16(s) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(s, dst),
                 WeightRow::BF16(s) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(s, dst),
+                WeightRow::Quant(t, s) => decode_rows(t, s, dst),
             }
             // SAFETY: the tile writes output columns `r0 .. r1` of every row, which no other
             // tile writes; `out` holds `n * m` elements (checked in `matmul`).
@@ -165,8 +222,8 @@ fn gemm_widened(x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: usize, 
                     Parallelism::None,
                 )
             }
-        },
-    );
+        });
+    });
 }
 
 /// `dst[i * dst_stride + j] = sum_l x[i, l] * w[j, l]` for `i < n`, `j < m` through `gemm`.
@@ -283,10 +340,63 @@ mod tests {
             ];
             for (w, wide) in cases {
                 let mut out = vec![f32::NAN; n * m];
-                matmul(&x, w, &mut out, n, k, m);
+                matmul(&Pool::new(2).expect("pool"), &x, w, &mut out, n, k, m);
                 let want = reference(&x, &wide, n, k, m);
                 let err = rel_err(&out, &want);
                 assert!(err < 1e-6, "n={n} k={k} m={m}: rel err {err}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod quant_tests {
+    use super::*;
+    use crate::backend::cpu::qdot::tests::{Rng, random_blocks};
+    use crate::loader::gguf::quant::decode_blocks;
+
+    /// Quantized weights through both paths (GEMV for few rows, dequantized tiles + `gemm` for
+    /// many) against "dequantize to f32, then an f64 product", every type, ragged row counts.
+    #[test]
+    fn quantized_matmul_matches_dequantize_then_f32_on_both_paths() {
+        for ty in QuantType::ALL {
+            let be = ty.block_elems();
+            for &(n, blocks, m) in &[
+                (1, 3, 33),
+                (3, 2, 70),
+                (5, 1, 129),
+                (17, 3, 65),
+                (45, 2, 80),
+            ] {
+                let k = blocks * be;
+                let mut rng = Rng::new((n * 1000 + m) as u64 + ty.block_bytes() as u64);
+                let wq = random_blocks(ty, m * blocks, &mut rng);
+                let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+                let mut wide = vec![0f32; m * k];
+                decode_blocks(ty, &wq, &mut wide);
+                let mut out = vec![f32::NAN; n * m];
+                matmul(
+                    &Pool::new(2).expect("pool"),
+                    &x,
+                    Weights::Quant(ty, &wq),
+                    &mut out,
+                    n,
+                    k,
+                    m,
+                );
+                for i in 0..n {
+                    for j in 0..m {
+                        let terms =
+                            (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(wide[j * k + l]));
+                        let exact: f64 = terms.clone().sum();
+                        let scale: f64 = terms.map(f64::abs).sum();
+                        let got = f64::from(out[i * m + j]);
+                        assert!(
+                            (got - exact).abs() <= 1e-5 * scale.max(1e-6),
+                            "{ty:?} n={n} k={k} m={m} [{i},{j}]: {got} vs {exact}"
+                        );
+                    }
+                }
             }
         }
     }
@@ -311,10 +421,11 @@ mod bench {
             let x: Vec<f32> = (0..k).map(|i| (i % 13) as f32 * 0.1).collect();
             let mut out = vec![0f32; m];
             let reps = (2_000_000_000 / (m * k * 2)).max(3);
-            matmul(&x, Weights::F16(&w), &mut out, 1, k, m);
+            let pool = Pool::new(0).expect("pool");
+            matmul(&pool, &x, Weights::F16(&w), &mut out, 1, k, m);
             let t = Instant::now();
             for _ in 0..reps {
-                matmul(&x, Weights::F16(&w), &mut out, 1, k, m);
+                matmul(&pool, &x, Weights::F16(&w), &mut out, 1, k, m);
             }
             let gemv = t.elapsed().as_secs_f64() / reps as f64;
             let t = Instant::now();
@@ -323,9 +434,9 @@ mod bench {
                 let bytes: &[u64] = bytemuck::cast_slice(&w[..w.len() / 4 * 4]);
                 sink = sink.wrapping_add(
                     bytes
-                        .par_chunks(4096)
+                        .chunks(4096)
                         .map(|c| c.iter().fold(0u64, |a, b| a ^ b))
-                        .reduce(|| 0, |a, b| a ^ b),
+                        .fold(0, |a, b| a ^ b),
                 );
             }
             let read = t.elapsed().as_secs_f64() / reps as f64;

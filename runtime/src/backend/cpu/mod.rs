@@ -1,8 +1,9 @@
-//! The CPU backend: host-memory buffers, rayon threads, AVX2 kernels with a portable fallback.
+//! The CPU backend: host-memory buffers, one persistent worker pool ([`pool`]), SIMD kernels
+//! chosen at run time with a portable fallback.
 //!
 //! Design: activations and the KV cache are f32; weights keep their source dtype (f32 stays f32
-//! for exact parity with references, f16/bf16 stay 16-bit because decode is bound by memory
-//! bandwidth). Every op checks its buffers' dtypes and lengths against the shapes it is given and
+//! for exact parity with references, f16/bf16 stay 16-bit and GGUF blocks stay quantized,
+//! [`qdot`], because decode is bound by memory bandwidth). Every op checks its buffers' dtypes and lengths against the shapes it is given and
 //! returns [`BackendError::Shape`] on a mismatch, then runs a slice kernel from [`ops`],
 //! [`matmul`] or [`attention`].
 
@@ -11,6 +12,12 @@ pub mod buffer;
 pub mod dot;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
+pub mod qdot;
+#[cfg(target_arch = "aarch64")]
+mod qdot_neon;
+#[cfg(target_arch = "x86_64")]
+mod qdot_x86;
 
 pub use buffer::CpuBuffer;
 
@@ -22,15 +29,16 @@ use crate::backend::{
     AttentionShape, Backend, BackendError, BatchMeta, DType, DeviceBuffer, HeadShape, KvLayer,
     RmsNorm, RopeTables,
 };
+use crate::loader::gguf::quant::decode_blocks;
 use crate::loader::tensor::{HostData, HostTensor};
 use attention::AttnBatch;
 use matmul::Weights;
+use pool::Pool;
 
-/// The CPU backend: a rayon thread pool of its own; every op runs inside it.
+/// The CPU backend: a worker pool of its own; every op splits its rows over it.
 #[derive(Debug, Clone)]
 pub struct CpuBackend {
-    /// `None` when the pool could not be started: ops then run on rayon's global pool.
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Arc<Pool>,
 }
 
 impl Default for CpuBackend {
@@ -40,43 +48,26 @@ impl Default for CpuBackend {
 }
 
 impl CpuBackend {
-    /// A CPU backend with one thread per available core (`RAYON_NUM_THREADS` overrides).
+    /// A CPU backend with one thread per available core.
     pub fn new() -> Self {
         Self::with_threads(0)
     }
 
-    /// A CPU backend with `threads` threads (0: one per available core, or `RAYON_NUM_THREADS`).
-    /// If the threads cannot be started, it logs why and falls back to rayon's global pool.
+    /// A CPU backend with `threads` threads (0: one per available core). If worker threads
+    /// cannot be started, it logs why and runs every op on the calling thread.
     pub fn with_threads(threads: usize) -> Self {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("sov-cpu-{i}"))
-            .build();
-        match pool {
-            Ok(pool) => CpuBackend {
-                pool: Some(Arc::new(pool)),
-            },
-            Err(e) => {
-                tracing::warn!("cannot start CPU threads ({e}); using rayon's global pool");
-                CpuBackend { pool: None }
-            }
+        let pool = Pool::new(threads).unwrap_or_else(|e| {
+            tracing::warn!("cannot start CPU threads ({e}); running on one thread");
+            Pool::single()
+        });
+        CpuBackend {
+            pool: Arc::new(pool),
         }
     }
 
-    /// Number of worker threads.
+    /// Number of threads that run ops (the calling thread included).
     pub fn threads(&self) -> usize {
-        match &self.pool {
-            Some(p) => p.current_num_threads(),
-            None => rayon::current_num_threads(),
-        }
-    }
-
-    /// Runs `f` on a worker of the pool (directly, when already on one).
-    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        match &self.pool {
-            Some(p) => p.install(f),
-            None => f(),
-        }
+        self.pool.threads()
     }
 }
 
@@ -84,7 +75,15 @@ fn shape_err(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
 }
 
-/// A weight matrix view of `need` elements, any float dtype.
+/// Byte-level ops address elements, which a quantized buffer does not store one by one.
+fn refuse_quant(op: &'static str, buf: &CpuBuffer) -> Result<(), BackendError> {
+    if buf.is_quant() {
+        return Err(shape_err(op, "buffer holds quantized blocks".into()));
+    }
+    Ok(())
+}
+
+/// A weight matrix view of `need` elements, any float dtype or quantized blocks.
 fn weights<'a>(
     op: &'static str,
     buf: &'a CpuBuffer,
@@ -95,6 +94,16 @@ fn weights<'a>(
         CpuBuffer::F32(v) => Ok(Weights::F32(&v[..need])),
         CpuBuffer::F16(v) => Ok(Weights::F16(&v[..need])),
         CpuBuffer::BF16(v) => Ok(Weights::BF16(&v[..need])),
+        CpuBuffer::Quant(q) => match q.ty.bytes_for(need) {
+            Some(bytes) => Ok(Weights::Quant(q.ty, &q.bytes[..bytes])),
+            None => Err(shape_err(
+                op,
+                format!(
+                    "{need} weight elements are not whole {} blocks",
+                    q.ty.name()
+                ),
+            )),
+        },
         other => Err(shape_err(
             op,
             format!("weight has dtype {:?}, expected a float", other.dtype()),
@@ -115,6 +124,7 @@ impl Backend for CpuBackend {
             HostData::F32(v) => CpuBuffer::F32(v.clone()),
             HostData::F16(v) => CpuBuffer::F16(v.clone()),
             HostData::BF16(v) => CpuBuffer::BF16(v.clone()),
+            HostData::Quant(q) => CpuBuffer::Quant(q.clone()),
         };
         if buf.len() != numel {
             return Err(shape_err(
@@ -135,6 +145,7 @@ impl Backend for CpuBackend {
             HostData::F32(v) => CpuBuffer::F32(v),
             HostData::F16(v) => CpuBuffer::F16(v),
             HostData::BF16(v) => CpuBuffer::BF16(v),
+            HostData::Quant(q) => CpuBuffer::Quant(q),
         };
         if buf.len() != numel {
             return Err(shape_err(
@@ -187,6 +198,7 @@ impl Backend for CpuBackend {
         elem_offset: usize,
         n_elems: usize,
     ) -> Result<Vec<u8>, BackendError> {
+        refuse_quant("read_bytes", buf)?;
         let size = buf.dtype().size_bytes();
         buf.check_len("read_bytes", "buffer", elem_offset + n_elems)?;
         Ok(buf.bytes()[elem_offset * size..(elem_offset + n_elems) * size].to_vec())
@@ -198,6 +210,7 @@ impl Backend for CpuBackend {
         elem_offset: usize,
         bytes: &[u8],
     ) -> Result<(), BackendError> {
+        refuse_quant("write_bytes", buf)?;
         let size = buf.dtype().size_bytes();
         if !bytes.len().is_multiple_of(size) {
             return Err(shape_err(
@@ -221,6 +234,7 @@ impl Backend for CpuBackend {
         dst_offset: usize,
         n_elems: usize,
     ) -> Result<(), BackendError> {
+        refuse_quant("copy_within", buf)?;
         buf.check_len(
             "copy_within",
             "buffer",
@@ -244,7 +258,7 @@ impl Backend for CpuBackend {
     }
 
     fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
-        self.install(step)
+        step()
     }
 
     fn embedding(
@@ -277,6 +291,11 @@ impl Backend for CpuBackend {
                 Weights::BF16(t) => {
                     half::slice::HalfFloatSliceExt::convert_to_f32_slice(&t[span], row)
                 }
+                Weights::Quant(ty, t) => {
+                    // `hidden` is whole blocks: `weights` checked `vocab * hidden` is.
+                    let row_bytes = hidden / ty.block_elems() * ty.block_bytes();
+                    decode_blocks(ty, &t[id * row_bytes..(id + 1) * row_bytes], row);
+                }
             }
         }
         Ok(())
@@ -295,7 +314,7 @@ impl Backend for CpuBackend {
         let w = norm.weight.f32s(OP, "weight", d)?;
         let out = out.f32s_mut(OP, "out", n * d)?;
         if d > 0 {
-            self.install(|| ops::rms_norm(x, w, out, d, norm.eps));
+            ops::rms_norm(&self.pool, x, w, out, d, norm.eps);
         }
         Ok(())
     }
@@ -315,7 +334,7 @@ impl Backend for CpuBackend {
         let w = norm.weight.f32s(OP, "weight", d)?;
         let out = out.f32s_mut(OP, "out", n * d)?;
         if d > 0 {
-            self.install(|| ops::add_rms_norm(residual, x, w, out, d, norm.eps));
+            ops::add_rms_norm(&self.pool, residual, x, w, out, d, norm.eps);
         }
         Ok(())
     }
@@ -333,7 +352,7 @@ impl Backend for CpuBackend {
         let x = x.f32s(OP, "x", n * k)?;
         let w = weights(OP, w, m * k)?;
         let out = out.f32s_mut(OP, "out", n * m)?;
-        self.install(|| matmul::matmul(x, w, out, n, k, m));
+        matmul::matmul(&self.pool, x, w, out, n, k, m);
         Ok(())
     }
 
@@ -379,7 +398,7 @@ impl Backend for CpuBackend {
             ));
         }
         if half > 0 {
-            self.install(|| ops::rope(qkv, positions, cos, sin, heads));
+            ops::rope(&self.pool, qkv, positions, cos, sin, heads);
         }
         Ok(())
     }
@@ -464,9 +483,7 @@ impl Backend for CpuBackend {
         let rows = attention::token_positions(&batch, n)?;
         let out = out.f32s_mut(OP, "out", n * heads.q_width())?;
         if heads.head_dim > 0 {
-            self.install(|| {
-                attention::paged_attention(qkv, cache, &batch, &rows, out, heads, scale)
-            });
+            attention::paged_attention(&self.pool, qkv, cache, &batch, &rows, out, heads, scale);
         }
         Ok(())
     }
@@ -482,7 +499,7 @@ impl Backend for CpuBackend {
         let gate_up = gate_up.f32s(OP, "gate_up", n * 2 * f)?;
         let out = out.f32s_mut(OP, "out", n * f)?;
         if f > 0 {
-            self.install(|| ops::silu_mul(gate_up, out, f));
+            ops::silu_mul(&self.pool, gate_up, out, f);
         }
         Ok(())
     }

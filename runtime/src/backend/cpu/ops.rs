@@ -2,13 +2,13 @@
 //! residual add), bias add, RoPE on the fused qkv rows, SwiGLU and KV-cache writes.
 //!
 //! Shapes are checked by the caller (`super::CpuBackend`); these functions index within them.
-//! Rows are processed in parallel with rayon once there are enough of them to pay for it.
+//! Rows are processed in parallel on the backend's [`Pool`] once there are enough of them to pay
+//! for it.
 
-use rayon::prelude::*;
-
+use super::pool::{Pool, SharedMut};
 use crate::backend::HeadShape;
 
-/// Rows per rayon task for row-wise ops (below this many rows the op runs on one thread).
+/// Rows per pool task for row-wise ops (up to this many rows the op runs on the calling thread).
 const ROWS_PER_TASK: usize = 4;
 
 /// `out = x / sqrt(mean(x^2) + eps) * weight` for one row (f32 math, as Hugging Face).
@@ -21,15 +21,15 @@ fn rms_norm_row(x: &[f32], weight: &[f32], out: &mut [f32], eps: f32) {
 }
 
 /// RMSNorm per row. `x: [n, d]`, `weight: [d]`, `out: [n, d]`.
-pub fn rms_norm(x: &[f32], weight: &[f32], out: &mut [f32], d: usize, eps: f32) {
-    out.par_chunks_mut(d)
-        .with_min_len(ROWS_PER_TASK)
-        .zip(x.par_chunks(d))
-        .for_each(|(o, xr)| rms_norm_row(xr, weight, o, eps));
+pub fn rms_norm(pool: &Pool, x: &[f32], weight: &[f32], out: &mut [f32], d: usize, eps: f32) {
+    pool.rows_mut(out, d, ROWS_PER_TASK, &|i, o| {
+        rms_norm_row(&x[i * d..(i + 1) * d], weight, o, eps)
+    });
 }
 
 /// `residual += x; out = rms_norm(residual) * weight`. `residual, x, out: [n, d]`, `weight: [d]`.
 pub fn add_rms_norm(
+    pool: &Pool,
     residual: &mut [f32],
     x: &[f32],
     weight: &[f32],
@@ -37,17 +37,14 @@ pub fn add_rms_norm(
     d: usize,
     eps: f32,
 ) {
-    residual
-        .par_chunks_mut(d)
-        .with_min_len(ROWS_PER_TASK)
-        .zip(x.par_chunks(d))
-        .zip(out.par_chunks_mut(d))
-        .for_each(|((r, xr), o)| {
-            for (a, b) in r.iter_mut().zip(xr) {
-                *a += b;
-            }
-            rms_norm_row(r, weight, o, eps);
-        });
+    let o = SharedMut::new(out);
+    pool.rows_mut(residual, d, ROWS_PER_TASK, &|i, r| {
+        for (a, b) in r.iter_mut().zip(&x[i * d..(i + 1) * d]) {
+            *a += b;
+        }
+        // SAFETY: row `i` of `out` is written by the task that owns row `i` of `residual` only.
+        rms_norm_row(r, weight, unsafe { o.chunk(i * d, (i + 1) * d) }, eps);
+    });
 }
 
 /// `x[i, :] += bias`. `x: [n, m]`, `bias: [m]`.
@@ -62,39 +59,42 @@ pub fn add_bias(x: &mut [f32], bias: &[f32], m: usize) {
 /// Hugging Face `rotate_half` RoPE on the q and k heads of fused qkv rows, in place.
 /// `qkv: [n, (H + 2*KVH) * D]`, `positions: [n]`, `cos`, `sin`: `[max_pos, D/2]`.
 /// Positions are checked by the caller to be `< max_pos`.
-pub fn rope(qkv: &mut [f32], positions: &[u32], cos: &[f32], sin: &[f32], heads: HeadShape) {
+pub fn rope(
+    pool: &Pool,
+    qkv: &mut [f32],
+    positions: &[u32],
+    cos: &[f32],
+    sin: &[f32],
+    heads: HeadShape,
+) {
     let d = heads.head_dim;
     let half = d / 2;
     let width = heads.qkv_width();
     let rotated_heads = heads.n_heads + heads.n_kv_heads;
-    qkv.par_chunks_mut(width)
-        .with_min_len(ROWS_PER_TASK)
-        .zip(positions.par_iter())
-        .for_each(|(row, &p)| {
-            let c = &cos[p as usize * half..(p as usize + 1) * half];
-            let s = &sin[p as usize * half..(p as usize + 1) * half];
-            for head in row[..rotated_heads * d].chunks_mut(d) {
-                let (lo, hi) = head.split_at_mut(half);
-                for j in 0..half {
-                    let (a, b) = (lo[j], hi[j]);
-                    lo[j] = a * c[j] - b * s[j];
-                    hi[j] = b * c[j] + a * s[j];
-                }
+    let rows = positions.len().min(qkv.len() / width.max(1));
+    pool.rows_mut(&mut qkv[..rows * width], width, ROWS_PER_TASK, &|i, row| {
+        let p = positions[i];
+        let c = &cos[p as usize * half..(p as usize + 1) * half];
+        let s = &sin[p as usize * half..(p as usize + 1) * half];
+        for head in row[..rotated_heads * d].chunks_mut(d) {
+            let (lo, hi) = head.split_at_mut(half);
+            for j in 0..half {
+                let (a, b) = (lo[j], hi[j]);
+                lo[j] = a * c[j] - b * s[j];
+                hi[j] = b * c[j] + a * s[j];
             }
-        });
+        }
+    });
 }
 
 /// `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]`. `gate_up: [n, 2f]`, `out: [n, f]`.
-pub fn silu_mul(gate_up: &[f32], out: &mut [f32], f: usize) {
-    out.par_chunks_mut(f)
-        .with_min_len(ROWS_PER_TASK)
-        .zip(gate_up.par_chunks(2 * f))
-        .for_each(|(o, gu)| {
-            let (g, u) = gu.split_at(f);
-            for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
-                *o = g / (1.0 + (-g).exp()) * u;
-            }
-        });
+pub fn silu_mul(pool: &Pool, gate_up: &[f32], out: &mut [f32], f: usize) {
+    pool.rows_mut(out, f, ROWS_PER_TASK, &|i, o| {
+        let (g, u) = gate_up[2 * f * i..2 * f * (i + 1)].split_at(f);
+        for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    });
 }
 
 /// Copies the k and v heads of each token into its cache slot.
@@ -122,12 +122,16 @@ pub fn kv_write(
 mod tests {
     use super::*;
 
+    fn pool() -> Pool {
+        Pool::new(2).expect("pool")
+    }
+
     #[test]
     fn rms_norm_matches_formula() {
         let x = [1.0f32, -2.0, 3.0, 0.5, 4.0, -1.0];
         let w = [0.5f32, 2.0, 1.0];
         let mut out = [0f32; 6];
-        rms_norm(&x, &w, &mut out, 3, 1e-6);
+        rms_norm(&pool(), &x, &w, &mut out, 3, 1e-6);
         for r in 0..2 {
             let row = &x[r * 3..r * 3 + 3];
             let ms = row.iter().map(|v| (v * v) as f64).sum::<f64>() / 3.0;
@@ -144,10 +148,10 @@ mod tests {
         let x = [0.5f32, -1.0, 2.0, 1.0];
         let w = [1.0f32, 3.0];
         let mut out = vec![0f32; 4];
-        add_rms_norm(&mut res, &x, &w, &mut out, 2, 1e-5);
+        add_rms_norm(&pool(), &mut res, &x, &w, &mut out, 2, 1e-5);
         assert_eq!(res, vec![1.5, 1.0, 5.0, 5.0]);
         let mut want = vec![0f32; 4];
-        rms_norm(&res, &w, &mut want, 2, 1e-5);
+        rms_norm(&pool(), &res, &w, &mut want, 2, 1e-5);
         assert_eq!(out, want);
     }
 
@@ -170,7 +174,7 @@ mod tests {
         let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
         let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
         let positions = [2u32, 1];
-        rope(&mut qkv, &positions, &cos, &sin, heads);
+        rope(&pool(), &mut qkv, &positions, &cos, &sin, heads);
         for i in 0..n {
             let p = positions[i] as usize;
             let row = &orig[i * 16..(i + 1) * 16];
@@ -191,7 +195,7 @@ mod tests {
     fn silu_mul_matches_formula() {
         let gu = [1.0f32, -2.0, 3.0, 0.5];
         let mut out = [0f32; 2];
-        silu_mul(&gu, &mut out, 2);
+        silu_mul(&pool(), &gu, &mut out, 2);
         let silu = |x: f32| x / (1.0 + (-x).exp());
         assert!((out[0] - silu(1.0) * 3.0).abs() < 1e-6);
         assert!((out[1] - silu(-2.0) * 0.5).abs() < 1e-6);

@@ -29,6 +29,12 @@ impl Backend for CudaBackend {
             HostData::BF16(v) => v.clone(),
             HostData::F16(v) => v.iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
             HostData::F32(v) => v.iter().map(|&x| bf16::from_f32(x)).collect(),
+            // Through f16 as when the loader widened blocks to f16, so GPU weights are unchanged.
+            HostData::Quant(q) => q
+                .to_f32()
+                .into_iter()
+                .map(|x| bf16::from_f32(half::f16::from_f32(x).to_f32()))
+                .collect(),
         };
         if data.len() != tensor.numel() {
             return Err(BackendError::Shape {

@@ -1,4 +1,4 @@
-//! Dequantization of GGUF tensor data into [`HostData`].
+//! GGUF tensor data into [`HostData`], and the scalar decoders of the 32-value block types.
 //!
 //! Design: block layouts exactly as ggml defines them (ggml-common.h, and `gguf.quants` of the
 //! `gguf` Python package 0.19.0, which our fixtures use as the reference):
@@ -6,117 +6,88 @@
 //! - `Q4_0`: f16 `d`, 16 bytes; low nibbles are elements 0..16, high nibbles 16..32;
 //!   `x = (q - 8) * d`.
 //! - `Q4_1`: f16 `d`, f16 `m`, 16 bytes (same nibble order); `x = q * d + m`.
-//! - `Q4_K`, `Q6_K` (the two types of llama.cpp's common `Q4_K_M` files): see [`super::kquants`].
+//! - `Q4_K`, `Q5_K`, `Q6_K`: see [`super::kquants`].
 //!
-//! Quantized blocks are expanded in f32 and stored as `F16` (its 11-bit significand holds a 4- or
-//! 8-bit code times a scale closer than bf16's 8 bits would), halving the memory and bandwidth of
-//! f32 on CPU. F32, F16 and BF16 sources keep their type. Blocks are independent, so rows are
-//! dequantized in parallel with rayon.
+//! Quantized tensors stay quantized ([`HostData::Quant`], the file's blocks copied once); the
+//! decoders here compute in f32 with gguf-py's operation order, so they are bit-identical to it and
+//! serve as the reference of the CPU kernels. F32, F16 and BF16 sources keep their type.
 
 use half::{bf16, f16};
-use rayon::prelude::*;
 
-use super::kquants::{self, QK_K};
+use super::quant::{QuantData, QuantType};
 use super::types::GgmlType;
 use crate::loader::tensor::HostData;
 
 /// Elements in one Q8_0/Q4_0/Q4_1 block.
 const QK: usize = 32;
-/// Blocks handed to one rayon task.
-const BLOCKS_PER_TASK: usize = 1024;
 
-/// Dequantizes `bytes` of type `ty` (exactly `numel` elements). Returns `None` for a type sov does
-/// not support or a byte length that does not match `numel`.
+/// The tensor data of `bytes` of type `ty` (exactly `numel` elements). Returns `None` for a type
+/// sov does not support or a byte length that does not match `numel`.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Option<HostData> {
     let expected = ty.byte_size(&[numel as u64])?;
     if bytes.len() as u64 != expected {
         return None;
     }
+    if let Some(q) = QuantType::from_ggml(ty) {
+        return Some(HostData::Quant(QuantData {
+            ty: q,
+            bytes: bytes.to_vec(),
+        }));
+    }
     Some(match ty {
         t if t == GgmlType::F32 => HostData::F32(
             bytes
                 .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
         ),
         t if t == GgmlType::F16 => HostData::F16(
             bytes
                 .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                .map(|c| f16::from_le_bytes([c[0], c[1]]))
                 .collect(),
         ),
         t if t == GgmlType::BF16 => HostData::BF16(
             bytes
                 .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]]))
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]))
                 .collect(),
         ),
-        t if t == GgmlType::Q8_0 => HostData::F16(blocks(bytes, numel, QK, 34, block_q8_0)),
-        t if t == GgmlType::Q4_0 => HostData::F16(blocks(bytes, numel, QK, 18, block_q4_0)),
-        t if t == GgmlType::Q4_1 => HostData::F16(blocks(bytes, numel, QK, 20, block_q4_1)),
-        t if t == GgmlType::Q4_K => {
-            HostData::F16(blocks(bytes, numel, QK_K, 144, kquants::block_q4_k))
-        }
-        t if t == GgmlType::Q6_K => {
-            HostData::F16(blocks(bytes, numel, QK_K, 210, kquants::block_q6_k))
-        }
         _ => return None,
     })
 }
 
-/// Runs `decode` over every `block_bytes`-sized block of `block_elems` values, in parallel, into
-/// `numel` f16 values.
-fn blocks(
-    bytes: &[u8],
-    numel: usize,
-    block_elems: usize,
-    block_bytes: usize,
-    decode: fn(&[u8], &mut [f16]),
-) -> Vec<f16> {
-    let mut out = vec![f16::ZERO; numel]; // [numel]
-    out.par_chunks_mut(block_elems * BLOCKS_PER_TASK)
-        .zip(bytes.par_chunks(block_bytes * BLOCKS_PER_TASK))
-        .for_each(|(dst, src)| {
-            for (d, s) in dst
-                .chunks_exact_mut(block_elems)
-                .zip(src.chunks_exact(block_bytes))
-            {
-                decode(s, d);
-            }
-        });
-    out
-}
-
+/// The f16 at byte `at` of `b`, as f32.
 pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
 /// One Q8_0 block (34 bytes) into 32 values.
-fn block_q8_0(b: &[u8], out: &mut [f16]) {
+pub(super) fn block_q8_0(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
-    for (o, &q) in out.iter_mut().zip(&b[2..2 + QK]) {
-        *o = f16::from_f32(d * f32::from(q as i8));
+    for (o, &q) in out[..QK].iter_mut().zip(&b[2..2 + QK]) {
+        *o = f32::from(q as i8) * d;
     }
 }
 
 /// One Q4_0 block (18 bytes) into 32 values.
-fn block_q4_0(b: &[u8], out: &mut [f16]) {
+pub(super) fn block_q4_0(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
-    let (lo, hi) = out.split_at_mut(QK / 2);
+    let (lo, hi) = out[..QK].split_at_mut(QK / 2);
     for (i, &q) in b[2..2 + QK / 2].iter().enumerate() {
-        lo[i] = f16::from_f32(d * (f32::from(q & 0x0f) - 8.0));
-        hi[i] = f16::from_f32(d * (f32::from(q >> 4) - 8.0));
+        lo[i] = d * f32::from((q & 0x0f) as i8 - 8);
+        hi[i] = d * f32::from((q >> 4) as i8 - 8);
     }
 }
 
 /// One Q4_1 block (20 bytes) into 32 values.
-fn block_q4_1(b: &[u8], out: &mut [f16]) {
+pub(super) fn block_q4_1(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
     let m = f16_at(b, 2);
-    let (lo, hi) = out.split_at_mut(QK / 2);
+    let (lo, hi) = out[..QK].split_at_mut(QK / 2);
     for (i, &q) in b[4..4 + QK / 2].iter().enumerate() {
-        lo[i] = f16::from_f32(d * f32::from(q & 0x0f) + m);
-        hi[i] = f16::from_f32(d * f32::from(q >> 4) + m);
+        lo[i] = d * f32::from(q & 0x0f) + m;
+        hi[i] = d * f32::from(q >> 4) + m;
     }
 }
 
@@ -126,8 +97,8 @@ mod tests {
 
     fn f16s(data: HostData) -> Vec<f32> {
         match data {
-            HostData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            other => panic!("expected F16, got {other:?}"),
+            HostData::Quant(q) => q.to_f32(),
+            other => panic!("expected quantized data, got {other:?}"),
         }
     }
 

@@ -2,14 +2,16 @@
 //! tokenizer and (possibly quantized) weights, turned into a [`LoadedModel`].
 //!
 //! Design: [`reader`] parses the header over the mmap, [`config`] and [`tokenizer`] read the
-//! metadata, [`dequant`] expands each tensor, [`names`] maps llama.cpp names to Hugging Face names
-//! and undoes the Q/K row permutation, so the model code sees the same tensors as from a Hugging
-//! Face folder.
+//! metadata, [`dequant`] turns each tensor into host data (quantized blocks stay blocks, see
+//! [`quant`]), [`names`] maps llama.cpp names to Hugging Face names and undoes the Q/K row
+//! permutation (on whole rows of blocks for quantized tensors), so the model code sees the same
+//! tensors as from a Hugging Face folder.
 
 pub mod config;
 pub mod dequant;
 pub mod kquants;
 pub mod names;
+pub mod quant;
 pub mod reader;
 pub mod tokenizer;
 pub mod types;
@@ -21,6 +23,7 @@ use std::path::Path;
 use memmap2::Mmap;
 
 use self::names::{Permuted, hf_name, permuted, unpermute_rows};
+use self::quant::QuantData;
 use self::reader::{Gguf, MetaValue, TensorInfo};
 use super::chat_template::ChatTemplate;
 use super::error::LoadError;
@@ -117,7 +120,7 @@ pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> 
     })
 }
 
-/// Dequantizes one tensor and, for Q and K projections, restores Hugging Face's row order.
+/// Reads one tensor and, for Q and K projections, restores Hugging Face's row order.
 fn load_tensor(
     g: &Gguf<'_>,
     info: &TensorInfo,
@@ -163,6 +166,14 @@ fn unpermute(data: HostData, rows: usize, cols: usize, heads: usize) -> Option<H
         HostData::F32(v) => HostData::F32(unpermute_rows(&v, rows, cols, heads)?),
         HostData::F16(v) => HostData::F16(unpermute_rows(&v, rows, cols, heads)?),
         HostData::BF16(v) => HostData::BF16(unpermute_rows(&v, rows, cols, heads)?),
+        HostData::Quant(q) => {
+            // Blocks run along rows, so a row of `cols` values is `row_bytes` contiguous bytes.
+            let row_bytes = q.ty.bytes_for(cols)?;
+            HostData::Quant(QuantData {
+                ty: q.ty,
+                bytes: unpermute_rows(&q.bytes, rows, row_bytes, heads)?,
+            })
+        }
     })
 }
 

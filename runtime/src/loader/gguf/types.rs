@@ -2,7 +2,7 @@
 //!
 //! Design: the table mirrors `GGML_QUANT_SIZES` of the `gguf` Python package 0.19.0 (ggml.h's
 //! `ggml_type`). Knowing every type's block size lets the reader bounds-check any file, while
-//! [`GgmlType::is_supported`] says which ones sov can dequantize.
+//! [`GgmlType::is_supported`] says which ones sov can load.
 
 /// A ggml element/block type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,6 +67,8 @@ impl GgmlType {
     pub const Q8_0: GgmlType = GgmlType::known(8);
     /// 4-bit k-quant super-blocks of 256.
     pub const Q4_K: GgmlType = GgmlType::known(12);
+    /// 5-bit K-quant super-block.
+    pub const Q5_K: GgmlType = GgmlType::known(13);
     /// 6-bit k-quant super-blocks of 256.
     pub const Q6_K: GgmlType = GgmlType::known(14);
     /// bfloat16.
@@ -127,6 +129,7 @@ impl GgmlType {
             Self::Q4_0,
             Self::Q4_1,
             Self::Q4_K,
+            Self::Q5_K,
             Self::Q6_K,
         ]
         .contains(self)
