@@ -14,6 +14,7 @@ pub mod run_dir;
 pub mod runs;
 pub mod slot_file;
 pub mod start;
+pub mod tensor_parallel;
 pub mod witnesses;
 
 pub use dirs::{DirOverrides, SovDirs};

@@ -20,6 +20,7 @@ use crate::engine::EngineError;
 use crate::engine::checkpointing::{self, ResumeBook, Worm, WormConfig};
 use crate::engine::codec::{ByteCodec, TextCodec};
 use crate::engine::constraint::GrammarSupport;
+use crate::engine::forward::ForwardModel;
 use crate::engine::handle::{Durability, Engine, EngineConfig};
 use crate::engine::hook::{CheckpointHook, RequestJournal};
 use crate::engine::kv_policy::KvPolicy;
@@ -95,6 +96,8 @@ pub struct EngineOptions {
     pub swap_memory_bytes: usize,
     /// Submit every signed head to these witnesses (needs checkpoints); None: no witnesses.
     pub witnesses: Option<WitnessConfig>,
+    /// Ranks the model is split across (tensor parallelism; 1: the whole model on one device).
+    pub tensor_parallel: usize,
 }
 
 /// How the engine checkpoints.
@@ -148,6 +151,7 @@ impl Default for EngineOptions {
             prefix_cache: true,
             swap_memory_bytes: 0,
             witnesses: None,
+            tensor_parallel: 1,
         }
     }
 }
@@ -238,6 +242,9 @@ pub fn start_engine<M: Machine + 'static>(
     opts: &EngineOptions,
 ) -> Result<Started, EngineError> {
     let parts = parts.into();
+    if opts.tensor_parallel > 1 {
+        return super::tensor_parallel::start_tensor_parallel::<M>(parts, opts);
+    }
     match opts.device {
         Device::Cpu => start_on::<M, _>(CpuBackend::new(), parts, opts),
         Device::Cuda(n) => {
@@ -252,38 +259,101 @@ pub fn start_engine<M: Machine + 'static>(
 /// Starts an engine for `parts` on `backend`.
 pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     backend: B,
-    parts: ModelParts,
+    mut parts: ModelParts,
     opts: &EngineOptions,
 ) -> Result<Started, EngineError> {
+    let prep = prepare::<M>(backend.kv_dtype().size_bytes(), &parts, opts)?;
+    // Weights move to the backend one tensor at a time: host memory never holds two copies.
+    let tensors = std::mem::take(&mut parts.tensors);
+    let model = LlamaModel::from_tensors(backend, &parts.config, tensors)
+        .map_err(|e| EngineError::Forward(e.to_string()))?;
+    // Scratch for the largest step the scheduler can form (a prefill budget plus one decode token
+    // per sequence), allocated now rather than in the middle of serving.
+    let (rows, seqs, context) = prep.scratch(opts);
+    model
+        .reserve_scratch(rows, seqs, context)
+        .map_err(|e| EngineError::Forward(e.to_string()))?;
+    let runner = LlamaRunner::with_decode(
+        model,
+        prep.num_blocks,
+        prep.block_size,
+        B::new_decode(&opts.runner),
+    )
+    .map_err(|e| EngineError::Forward(e.to_string()))?;
+    launch::<M, _>(runner, prep, parts, opts)
+}
+
+/// What a start settles before the weights move to a backend.
+pub(crate) struct Prepared {
+    /// Tokens per KV block (the machine's `block_size`).
+    pub block_size: usize,
+    /// KV bytes of one token in every layer.
+    pub per_token: usize,
+    /// KV blocks the budget holds.
+    pub num_blocks: usize,
+    /// The context cap: the option, the model's, whichever is smaller.
+    pub context_len: usize,
+    run_lock: Option<RunLock>,
+    worm: Option<(Worm, CheckpointInfo)>,
+}
+
+impl Prepared {
+    /// Rows, sequences and context [`LlamaModel::reserve_scratch`] is sized for.
+    pub fn scratch(&self, opts: &EngineOptions) -> (usize, usize, usize) {
+        (
+            opts.max_prefill_tokens.max(1) + opts.max_batch,
+            opts.max_batch,
+            self.context_len.min(self.num_blocks * self.block_size),
+        )
+    }
+}
+
+/// The KV budget in blocks of `kv_dtype_bytes` elements, the run lock and the checkpoint store,
+/// settled while `parts` still holds the weights (receipts hash them).
+pub(crate) fn prepare<M: Machine>(
+    kv_dtype_bytes: usize,
+    parts: &ModelParts,
+    opts: &EngineOptions,
+) -> Result<Prepared, EngineError> {
     let block_size = M::constant("block_size").unwrap_or(16).max(1) as usize;
-    let per_token = kv_bytes_per_token(&parts.config, backend.kv_dtype().size_bytes()).max(1);
+    let per_token = kv_bytes_per_token(&parts.config, kv_dtype_bytes).max(1);
     let num_blocks = (opts.kv_memory_bytes / (per_token * block_size)).max(1);
-    // Hashed before the weights move to the backend: receipts name the exact model.
     // Held as long as the engine runs: no second process resumes or prunes this run meanwhile.
     let run_lock = opts.run_dir.as_deref().map(RunLock::acquire).transpose()?;
+    // Hashed before the weights move to the backend: receipts name the exact model.
     let worm = match &opts.checkpoints {
-        Some(c) => Some(open_worm::<M>(c, opts, &parts)?),
+        Some(c) => Some(open_worm::<M>(c, opts, parts)?),
         None => None,
     };
-    // Weights move to the backend one tensor at a time: host memory never holds two copies.
-    let model = LlamaModel::from_tensors(backend, &parts.config, parts.tensors)
-        .map_err(|e| EngineError::Forward(e.to_string()))?;
     let context_len = opts
         .max_context
         .unwrap_or(usize::MAX)
         .min(parts.config.max_position_embeddings);
-    // Scratch for the largest step the scheduler can form (a prefill budget plus one decode token
-    // per sequence), allocated now rather than in the middle of serving.
-    model
-        .reserve_scratch(
-            opts.max_prefill_tokens.max(1) + opts.max_batch,
-            opts.max_batch,
-            context_len.min(num_blocks * block_size),
-        )
-        .map_err(|e| EngineError::Forward(e.to_string()))?;
-    let runner =
-        LlamaRunner::with_decode(model, num_blocks, block_size, B::new_decode(&opts.runner))
-            .map_err(|e| EngineError::Forward(e.to_string()))?;
+    Ok(Prepared {
+        block_size,
+        per_token,
+        num_blocks,
+        context_len,
+        run_lock,
+        worm,
+    })
+}
+
+/// Starts the engine thread of machine `M` on `runner` (whose weights came from `parts`).
+pub(crate) fn launch<M: Machine + 'static, F: ForwardModel + 'static>(
+    runner: F,
+    prep: Prepared,
+    parts: ModelParts,
+    opts: &EngineOptions,
+) -> Result<Started, EngineError> {
+    let Prepared {
+        block_size,
+        per_token,
+        num_blocks,
+        context_len,
+        run_lock,
+        worm,
+    } = prep;
     let (durability, checkpoints) = match worm {
         Some((worm, info)) => (
             Some(Durability {
@@ -359,15 +429,25 @@ pub fn default_kv_mode(checkpoint_kv: Option<i64>, device: Device) -> KvMode {
     }
 }
 
-/// What the heads say the engine runs on: `cpu`/`cuda` and `f32`/`bf16` (a GPU computes in bf16
-/// unless `precise`), `-deterministic` appended on a GPU in batch-invariant mode.
-pub fn platform_of(device: Device, precise: bool, tuning: &CudaTuning) -> Platform {
+/// What the heads say the engine runs on: `cpu`/`cuda` (`-tpN` across N tensor-parallel ranks,
+/// whose sums round differently) and `f32`/`bf16` (a GPU computes in bf16 unless `precise`),
+/// `-deterministic` appended on a GPU in batch-invariant mode.
+pub fn platform_of(
+    device: Device,
+    precise: bool,
+    tuning: &CudaTuning,
+    tensor_parallel: usize,
+) -> Platform {
     let (backend, precision) = match device {
         Device::Cpu => ("cpu", "f32"),
         Device::Cuda(_) => ("cuda", tuning.precision_name(precise)),
     };
+    let backend = match tensor_parallel {
+        0 | 1 => backend.to_string(),
+        n => format!("{backend}-tp{n}"),
+    };
     Platform {
-        backend: Some(backend.into()),
+        backend: Some(backend),
         precision: Some(precision.into()),
     }
 }
@@ -426,7 +506,12 @@ fn open_worm<M: Machine>(
         anchor,
         mode,
         resume: c.resume,
-        platform: platform_of(device, opts.precise, &opts.cuda_tuning),
+        platform: platform_of(
+            device,
+            opts.precise,
+            &opts.cuda_tuning,
+            opts.tensor_parallel,
+        ),
     })
     .map_err(ck)?;
     let witnesses = match &opts.witnesses {

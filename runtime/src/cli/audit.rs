@@ -106,7 +106,12 @@ pub fn run(args: AuditArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         deterministic: model.deterministic == Some(true),
         ..CudaTuning::default()
     };
-    let replay_on = platform_of(device, model.precision == PrecisionChoice::F32, &tuning);
+    let replay_on = platform_of(
+        device,
+        model.precision == PrecisionChoice::F32,
+        &tuning,
+        usize::from(model.tensor_parallel),
+    );
     if let Some(why) = replay_caveat(&run_on, &replay_on) {
         eprintln!("sov: note: cannot promise a bit-exact replay: {why}");
     }

@@ -108,6 +108,11 @@ pub struct ModelArgs {
     /// Host memory in MiB for KV swapped out under pressure; 0: preempt by recomputation only.
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     pub swap_mb: usize,
+    /// Split the model across N tensor-parallel ranks (Megatron-style: heads and MLP columns per
+    /// rank, an all-reduce after the o and down products). On the CPU the ranks run in this
+    /// process; on CUDA this build refuses it (no NCCL binding yet).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub tensor_parallel: u16,
 }
 
 /// GPU arithmetic on the command line (see [`ModelArgs::precision`]).
@@ -266,6 +271,7 @@ impl ModelArgs {
             kv_memory_bytes: self.kv_memory_mb << 20,
             prefix_cache: !self.no_prefix_cache,
             swap_memory_bytes: self.swap_mb << 20,
+            tensor_parallel: usize::from(self.tensor_parallel),
             max_batch: self.max_batch,
             max_prefill_tokens: self.max_prefill_tokens,
             max_context: self.max_context,

@@ -117,11 +117,9 @@ fn shard_tensor(name: &str, t: &HostTensor, split: Split) -> Result<HostTensor, 
         HostData::F32(v) => HostData::F32(slice2d(v, cols, &r, &c)),
         HostData::F16(v) => HostData::F16(slice2d(v, cols, &r, &c)),
         HostData::BF16(v) => HostData::BF16(slice2d(v, cols, &r, &c)),
-        HostData::Quant(_) => {
-            return Err(ModelError::InvalidConfig(format!(
-                "tensor `{name}` is quantized; tensor parallelism splits 16- and 32-bit weights only"
-            )));
-        }
+        // Quantized blocks run along rows and a column split would cut them: a split tensor is
+        // dequantized to f32 first (replicated ones stay quantized).
+        HostData::Quant(_) => HostData::F32(slice2d(&t.to_f32(), cols, &r, &c)),
     };
     let shape = if t.shape.len() == 1 {
         vec![r.len()]
