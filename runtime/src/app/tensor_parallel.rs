@@ -36,7 +36,7 @@ pub fn start_tensor_parallel<M: Machine + 'static>(
         .collect();
     let tensors = std::mem::take(&mut parts.tensors);
     let tp = TensorParallel::new(backends, &parts.config, &tensors)
-        .map_err(|e| EngineError::Forward(e.to_string()))?;
+        .map_err(|e| EngineError::Forward(format!("--tensor-parallel {world}: {e}")))?;
     drop(tensors);
     let (rows, seqs, context) = prep.scratch(opts);
     for rank in 0..world {

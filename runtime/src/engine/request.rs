@@ -14,7 +14,9 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
-/// Sampling parameters, with the meaning (and defaults) of vLLM's `SamplingParams`.
+/// Sampling parameters, with the meaning (and defaults) of vLLM's `SamplingParams`. The default
+/// samples at temperature 1.0 without a seed, so two runs differ: set `temperature: 0.0` for greedy
+/// decoding, or a `seed` for reproducible sampling.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0 means greedy (argmax); otherwise logits are divided by it.
@@ -181,7 +183,8 @@ pub struct Request {
 }
 
 impl Request {
-    /// A request for `max_tokens` new tokens after `prompt`, default sampling.
+    /// A request for `max_tokens` new tokens after `prompt`, default sampling (temperature 1.0,
+    /// unseeded: see [`SamplingParams`]).
     pub fn new(prompt: Prompt, max_tokens: usize) -> Self {
         Self {
             prompt,
