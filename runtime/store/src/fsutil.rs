@@ -76,20 +76,7 @@ pub fn write_once(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
             path.display()
         )));
     }
-    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(FILE_MODE)
-        .open(&tmp)
-        .map_err(|e| CheckpointError::io(&tmp, e))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| CheckpointError::io(&tmp, e))?;
-    drop(f);
-    fs::rename(&tmp, &path).map_err(|e| CheckpointError::io(&path, e))?;
-    sync_dir(dir)
+    replace_file(dir, name, bytes)
 }
 
 /// Open an append-only file for appending (creating it if absent).
