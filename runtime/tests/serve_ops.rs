@@ -395,7 +395,10 @@ async fn suspend_pauses_and_resume_serves() {
     done |= feed(&mut sse, &first, &mut text);
     let (status, _) = s.post("/admin/suspend", &json!({})).await;
     assert_eq!(status, 200);
-    assert_eq!(sov_slots(&s, &["get", "power_state"]), "suspend");
+    // `suspend` until the engine's next step takes the interrupt, whose updates set it back to
+    // `active` while the machine sits in `suspended` (a race the test must not depend on).
+    let power = sov_slots(&s, &["get", "power_state"]);
+    assert!(power == "suspend" || power == "active", "{power}");
 
     let res = s
         .req(Method::POST, "/v1/completions")
