@@ -3,7 +3,8 @@
 //!
 //! Design: the wrapper fixes the small API the engine needs (encode, decode, token/id lookup,
 //! vocabulary size) and owns the one thing `tokenizer.json` expresses through its post-processor
-//! but GGUF expresses through `tokenizer.ggml.add_bos_token`: prepending BOS.
+//! but GGUF expresses through `tokenizer.ggml.add_bos_token` / `add_eos_token`: prepending BOS
+//! and appending EOS.
 
 use std::path::Path;
 
@@ -16,12 +17,24 @@ pub struct Tokenizer {
     /// Token prepended by `encode(_, true)` (GGUF `add_bos_token`); tokenizer.json files do this
     /// in their own post-processor instead.
     prepend_bos: Option<u32>,
+    /// Token appended by `encode(_, true)` (GGUF `add_eos_token`).
+    append_eos: Option<u32>,
 }
 
 impl Tokenizer {
     /// Wraps a built `tokenizers` tokenizer; `prepend_bos` is added in front of `encode(_, true)`.
     pub fn from_inner(inner: tokenizers::Tokenizer, prepend_bos: Option<u32>) -> Self {
-        Tokenizer { inner, prepend_bos }
+        Tokenizer {
+            inner,
+            prepend_bos,
+            append_eos: None,
+        }
+    }
+
+    /// This tokenizer, with `append_eos` added at the end of `encode(_, true)`.
+    pub fn with_eos_appended(mut self, append_eos: Option<u32>) -> Self {
+        self.append_eos = append_eos;
+        self
     }
 
     /// Reads a Hugging Face `tokenizer.json`.
@@ -49,15 +62,16 @@ impl Tokenizer {
                     message: format!("encoding {} bytes of text: {e}", text.len()),
                 })?;
         let ids = encoding.get_ids();
+        let mut out = Vec::with_capacity(ids.len() + 2);
         match self.prepend_bos {
-            Some(bos) if add_special && ids.first() != Some(&bos) => {
-                let mut out = Vec::with_capacity(ids.len() + 1);
-                out.push(bos);
-                out.extend_from_slice(ids);
-                Ok(out)
-            }
-            _ => Ok(ids.to_vec()),
+            Some(bos) if add_special && ids.first() != Some(&bos) => out.push(bos),
+            _ => {}
         }
+        out.extend_from_slice(ids);
+        if let Some(eos) = self.append_eos.filter(|_| add_special) {
+            out.push(eos);
+        }
+        Ok(out)
     }
 
     /// Text of `ids`, special tokens included (so `decode(encode(s))` gives back `s`). Ids outside

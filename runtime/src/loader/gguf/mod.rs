@@ -13,6 +13,9 @@ pub mod kquants;
 pub mod names;
 pub mod quant;
 pub mod reader;
+pub mod spm;
+#[cfg(test)]
+mod spm_tests;
 pub mod tokenizer;
 pub mod types;
 

@@ -1,7 +1,8 @@
 //! A [`Tokenizer`] built from GGUF tokenizer metadata (`tokenizer.ggml.*`).
 //!
-//! Design: only the `gpt2` model type (byte-level BPE, used by Llama 3, SmolLM, Qwen, ...) is
-//! supported. The vocabulary (`tokens`) and `merges` build a `tokenizers` BPE model; the
+//! Design: two model types. `llama` (SentencePiece: Llama 2, Mistral, TinyLlama) is built by
+//! [`super::spm`]. `gpt2` (byte-level BPE, used by Llama 3, SmolLM, Qwen, ...): the vocabulary
+//! (`tokens`) and `merges` build a `tokenizers` BPE model; the
 //! pre-tokenizer is chosen from `tokenizer.ggml.pre` to match what llama.cpp does for that name
 //! (llama-vocab.cpp) and what the model's own tokenizer.json does:
 //! - `smollm`: single digits split first, then the GPT-2 regex (`Digits(individual_digits)` +
@@ -42,6 +43,8 @@ pub struct SpecialTokens {
     /// Whether prompts get the BOS token prepended (`tokenizer.ggml.add_bos_token`; default:
     /// yes when there is a BOS token).
     pub add_bos: bool,
+    /// Whether prompts get the EOS token appended (`tokenizer.ggml.add_eos_token`; default no).
+    pub add_eos: bool,
 }
 
 /// Builds the tokenizer described by `g`'s metadata.
@@ -54,13 +57,17 @@ pub fn tokenizer_from_gguf(g: &Gguf<'_>) -> Result<(Tokenizer, SpecialTokens), L
         .get("tokenizer.ggml.model")
         .and_then(MetaValue::as_str)
         .ok_or_else(|| err("missing tokenizer.ggml.model".into()))?;
-    if model != "gpt2" {
-        return Err(err(format!(
-            "tokenizer model {model:?} is not supported (only \"gpt2\", byte-level BPE)"
-        )));
-    }
+    let spm = match model {
+        "gpt2" => false,
+        "llama" => true,
+        other => {
+            return Err(err(format!(
+                "tokenizer model {other:?} is not supported (only \"gpt2\", byte-level BPE, and \
+                 \"llama\", SentencePiece)"
+            )));
+        }
+    };
     let tokens = string_array(g, "tokenizer.ggml.tokens").map_err(err)?;
-    let merges = string_array(g, "tokenizer.ggml.merges").map_err(err)?;
     let types: Vec<i64> = match g.get("tokenizer.ggml.token_type") {
         None => vec![1; tokens.len()],
         Some(v) => v
@@ -71,6 +78,61 @@ pub fn tokenizer_from_gguf(g: &Gguf<'_>) -> Result<(Tokenizer, SpecialTokens), L
                 err("tokenizer.ggml.token_type is not an integer array as long as tokens".into())
             })?,
     };
+    let id = |key: &str| -> Result<Option<u32>, LoadError> {
+        match g.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_u64().and_then(|v| u32::try_from(v).ok()) {
+                Some(id) if (id as usize) < tokens.len() => Ok(Some(id)),
+                _ => Err(err(format!("{key} = {v:?} is not a token id"))),
+            },
+        }
+    };
+    // llama.cpp's defaults for a SentencePiece vocabulary without the keys: <unk>, <s>, </s> =
+    // 0, 1, 2 (llama-vocab.cpp, `load`), when the vocabulary is that large.
+    let default_id = |spm_id: u32| (spm && (spm_id as usize) < tokens.len()).then_some(spm_id);
+    let bos = id("tokenizer.ggml.bos_token_id")?.or(default_id(1));
+    let eos = id("tokenizer.ggml.eos_token_id")?.or(default_id(2));
+    let flag = |key: &str| g.get(key).and_then(MetaValue::as_bool);
+
+    let inner = if spm {
+        let scores = float_array(g, "tokenizer.ggml.scores").map_err(err)?;
+        let vocab = super::spm::SpmVocab {
+            tokens: &tokens,
+            scores: &scores,
+            types: &types,
+            unk: id("tokenizer.ggml.unknown_token_id")?.or(default_id(0)),
+            add_space_prefix: flag("tokenizer.ggml.add_space_prefix").unwrap_or(true),
+        };
+        super::spm::spm_tokenizer(&vocab).map_err(err)?
+    } else {
+        byte_level_bpe(g, &tokens, &types).map_err(err)?
+    };
+
+    // llama.cpp's default when the flag is absent is to add BOS (both vocabulary types) and not
+    // EOS.
+    let add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(bos.is_some()) && bos.is_some();
+    let add_eos = flag("tokenizer.ggml.add_eos_token").unwrap_or(false) && eos.is_some();
+    let special = SpecialTokens {
+        bos,
+        eos,
+        add_bos,
+        add_eos,
+    };
+    let prepend = if add_bos { bos } else { None };
+    let append = if add_eos { eos } else { None };
+    Ok((
+        Tokenizer::from_inner(inner, prepend).with_eos_appended(append),
+        special,
+    ))
+}
+
+/// The byte-level BPE tokenizer of a `gpt2` vocabulary.
+fn byte_level_bpe(
+    g: &Gguf<'_>,
+    tokens: &[&str],
+    types: &[i64],
+) -> Result<tokenizers::Tokenizer, String> {
+    let merges = string_array(g, "tokenizer.ggml.merges")?;
     let pre = g
         .get("tokenizer.ggml.pre")
         .and_then(MetaValue::as_str)
@@ -86,25 +148,21 @@ pub fn tokenizer_from_gguf(g: &Gguf<'_>) -> Result<(Tokenizer, SpecialTokens), L
         .map(|m| {
             m.split_once(' ')
                 .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| {
-                    err(format!(
-                        "merge {m:?} is not two tokens separated by a space"
-                    ))
-                })
+                .ok_or_else(|| format!("merge {m:?} is not two tokens separated by a space"))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .ignore_merges(pre == "llama-bpe")
         .build()
-        .map_err(|e| err(format!("building the BPE model: {e}")))?;
+        .map_err(|e| format!("building the BPE model: {e}"))?;
 
     let mut inner = tokenizers::Tokenizer::new(bpe);
-    inner.with_pre_tokenizer(Some(pre_tokenizer(pre).map_err(err)?));
+    inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
     let added: Vec<AddedToken> = tokens
         .iter()
-        .zip(&types)
+        .zip(types)
         .filter_map(|(t, &ty)| match ty {
             TOKEN_TYPE_CONTROL => Some(AddedToken::from(t.to_string(), true)),
             TOKEN_TYPE_USER_DEFINED => Some(AddedToken::from(t.to_string(), false)),
@@ -112,27 +170,7 @@ pub fn tokenizer_from_gguf(g: &Gguf<'_>) -> Result<(Tokenizer, SpecialTokens), L
         })
         .collect();
     inner.add_special_tokens(&added);
-
-    let id = |key: &str| -> Result<Option<u32>, LoadError> {
-        match g.get(key) {
-            None => Ok(None),
-            Some(v) => match v.as_u64().and_then(|v| u32::try_from(v).ok()) {
-                Some(id) if (id as usize) < tokens.len() => Ok(Some(id)),
-                _ => Err(err(format!("{key} = {v:?} is not a token id"))),
-            },
-        }
-    };
-    let bos = id("tokenizer.ggml.bos_token_id")?;
-    let eos = id("tokenizer.ggml.eos_token_id")?;
-    // llama.cpp's default for BPE vocabularies when the flag is absent is to add BOS.
-    let add_bos = g
-        .get("tokenizer.ggml.add_bos_token")
-        .and_then(MetaValue::as_bool)
-        .unwrap_or(bos.is_some())
-        && bos.is_some();
-    let special = SpecialTokens { bos, eos, add_bos };
-    let prepend = if add_bos { bos } else { None };
-    Ok((Tokenizer::from_inner(inner, prepend), special))
+    Ok(inner)
 }
 
 /// The pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre` = `pre`.
@@ -166,4 +204,16 @@ fn string_array<'g>(g: &'g Gguf<'_>, key: &str) -> Result<Vec<&'g str>, String> 
         .and_then(MetaValue::as_array)
         .and_then(|a| a.iter().map(MetaValue::as_str).collect::<Option<Vec<_>>>())
         .ok_or_else(|| format!("{key} is missing or not a string array"))
+}
+
+/// The number array at `key`, as f32 (`tokenizer.ggml.scores`).
+fn float_array(g: &Gguf<'_>, key: &str) -> Result<Vec<f32>, String> {
+    g.get(key)
+        .and_then(MetaValue::as_array)
+        .and_then(|a| {
+            a.iter()
+                .map(|v| v.as_f64().map(|x| x as f32))
+                .collect::<Option<Vec<_>>>()
+        })
+        .ok_or_else(|| format!("{key} is missing or not a number array"))
 }
