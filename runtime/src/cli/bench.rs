@@ -1,7 +1,8 @@
 //! `sov bench`: offline serving benchmark with vLLM's `bench serve` conventions. N requests of
 //! random token ids with fixed (or, with `--random-range-ratio`, uniformly varying) input and
 //! output lengths, at most `--concurrency` in flight; reports request and token throughput, TTFT,
-//! TPOT and ITL (mean, median, p99) and peak memory; `--json [FILE]` for machines. With `--url`
+//! TPOT and ITL (mean, median, p99), prefill and decode tok/s as llama-bench's pp / tg
+//! ([`super::bench_stats::PhaseRates`]) and peak memory; `--json [FILE]` for machines. With `--url`
 //! it benchmarks a running OpenAI-compatible server instead ([`super::bench_serve`]).
 
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::bench_serve::OnlineArgs;
-use super::bench_stats::{Summary, peak_rss_bytes, summarize};
+use super::bench_stats::{PhaseRates, Summary, Timeline, peak_rss_bytes, phase_rates, summarize};
 use super::model_args::ModelArgs;
 use crate::engine::{Engine, FinishReason, Finished, Prompt, Request, SamplingParams};
 
@@ -107,6 +108,10 @@ pub struct BenchResult {
     pub output_throughput: f64,
     /// Prompt plus generated tokens per second.
     pub total_token_throughput: f64,
+    /// Prefill (pp) and decode (tg) tokens per second, llama-bench style (see [`PhaseRates`] for
+    /// the definitions and how they compare with llama-bench's pp512 / tg128 and
+    /// llama-batched-bench's S_PP / S_TG).
+    pub phases: PhaseRates,
     /// Time to first token (submit to first token).
     pub ttft: Summary,
     /// Time per output token after the first, per request.
@@ -206,7 +211,7 @@ fn run_requests(
     engine: &Engine,
     args: &BenchArgs,
     work: Vec<(Vec<u32>, usize)>,
-) -> (Vec<(Finished, Duration)>, usize, Duration) {
+) -> (Vec<(Finished, Duration, Duration)>, usize, Duration) {
     let concurrency = args
         .concurrency
         .unwrap_or(work.len())
@@ -240,7 +245,11 @@ fn run_requests(
                     match engine.submit(request).ok().and_then(|s| collect(s.rx)) {
                         Some((f, end)) if !matches!(f.reason, FinishReason::Error(_)) => {
                             if let Ok(mut r) = results.lock() {
-                                r.push((f, end.duration_since(submitted)));
+                                r.push((
+                                    f,
+                                    end.duration_since(submitted),
+                                    submitted.duration_since(t0),
+                                ));
                             }
                         }
                         _ => {
@@ -336,7 +345,7 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
     let tpots: Vec<Duration> = results
         .iter()
         .filter(|r| r.0.output_tokens.len() > 1)
-        .filter_map(|(f, e2e)| {
+        .filter_map(|(f, e2e, _)| {
             let ttft = f.time_to_first_token?;
             Some(e2e.saturating_sub(ttft) / (f.output_tokens.len() as u32 - 1))
         })
@@ -346,6 +355,16 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
         .flat_map(|r| r.0.inter_token_latencies.iter().copied())
         .collect();
     let e2els: Vec<Duration> = results.iter().map(|r| r.1).collect();
+    let timelines: Vec<Timeline<'_>> = results
+        .iter()
+        .filter_map(|(f, _, submitted)| {
+            Some(Timeline {
+                submitted: *submitted,
+                ttft: f.time_to_first_token?,
+                itls: &f.inter_token_latencies,
+            })
+        })
+        .collect();
     let result = BenchResult {
         model: model_name.to_string(),
         num_prompts: args.num_prompts,
@@ -358,6 +377,7 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
         request_throughput: results.len() as f64 / secs,
         output_throughput: total_output_tokens as f64 / secs,
         total_token_throughput: (total_input_tokens + total_output_tokens) as f64 / secs,
+        phases: phase_rates(total_input_tokens, &timelines),
         ttft: summarize(&ttfts),
         tpot: summarize(&tpots),
         itl: summarize(&itls),
@@ -415,6 +435,15 @@ fn print_report(r: &BenchResult) {
     line(
         "Total Token throughput (tok/s):",
         format!("{:.2}", r.total_token_throughput),
+    );
+    println!("{:-^52}", "Prefill / decode (llama-bench pp / tg)");
+    line(
+        "Prefill throughput, pp (tok/s):",
+        format!("{:.2}", r.phases.prefill_tok_s),
+    );
+    line(
+        "Decode throughput, tg (tok/s):",
+        format!("{:.2}", r.phases.decode_tok_s),
     );
     for (title, short, s) in [
         ("Time to First Token", "TTFT", r.ttft),

@@ -136,7 +136,7 @@ fn merges(v: &SpmVocab<'_>, vocab: &Vocab) -> Vec<(String, String)> {
         }
     }
     // Stable sort on the score alone, over a list in (piece id, left id, right id) order.
-    ranked.sort_by(|a, b| (a.1, a.2, a.3).cmp(&(b.1, b.2, b.3)));
+    ranked.sort_by_key(|a| (a.1, a.2, a.3));
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
     ranked
         .into_iter()
