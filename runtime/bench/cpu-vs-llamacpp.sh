@@ -15,6 +15,7 @@
 #
 # Usage:
 #   runtime/bench/cpu-vs-llamacpp.sh LLAMA_BIN_DIR GGUF [SOV_BIN] [OUT_DIR]
+#   runtime/bench/cpu-vs-llamacpp.sh --table OUT_DIR   (the table of an earlier, maybe partial, run)
 #     LLAMA_BIN_DIR  folder holding llama-bench and llama-batched-bench
 #     GGUF           the model file both load (the default model: ~/.cache/sov/*.gguf)
 #     SOV_BIN        sov's binary (default: target/release/sov)
@@ -25,14 +26,77 @@
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
-    sed -n '2,25p' "$0"
+    sed -n '2,26p' "$0"
     exit 2
+fi
+TABLE_ONLY=""
+if [ "$1" = --table ]; then
+    TABLE_ONLY=1 OUT_DIR=$2
+fi
+THREADS=${THREADS:-2} NPP=${NPP:-128} NTG=${NTG:-128} NPL=${NPL:-"1 4 16 64"} SEED=${SEED:-0}
+SOV_ARGS=${SOV_ARGS:-"--device cpu"}
+
+# Prints the table of the results in $OUT_DIR (rows whose files are missing show "-").
+table() {
+python3 - "$OUT_DIR" "$NPP" "$NTG" $NPL <<'EOF'
+import json, os, sys
+
+out, npp, ntg, npl = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+
+
+def lines(name):
+    """The JSON lines of out/name (none when the file is missing)."""
+    try:
+        with open(os.path.join(out, name)) as f:
+            return [json.loads(l) for l in f if l.lstrip().startswith("{")]
+    except OSError:
+        return []
+
+
+def last(name):
+    rows = lines(name)
+    return rows[-1] if rows else None
+
+
+def num(x):
+    return "-" if x is None else f"{x:.1f}"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+bench = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in lines("llama-bench.jsonl")}
+rows = [("bench", "1", bench.get((npp, 0)), bench.get((0, ntg)), None, last("sov-1.json"))]
+for n in npl:
+    b = last(f"llama-batched-{n}.jsonl")
+    rows.append(("batched", n, b and b["speed_pp"], b and b["speed_tg"],
+                 b and b["pl"] * b["tg"] / b["t"], last(f"sov-{n}.json")))
+
+head = ("llama.cpp", "N", "llama pp", "sov pp", "ratio", "llama tg", "sov tg", "ratio",
+        "llama out", "sov out", "ratio", "sov TTFT ms")
+print(f"pp{npp} / tg{ntg} tok/s; out = generated tok/s including prefill; ratio = sov / llama.cpp")
+print("| " + " | ".join(head) + " |")
+print("|" + "---|" * len(head))
+for kind, n, pp, tg, total, s in rows:
+    ph = s["phases"] if s else {}
+    spp, stg = ph.get("prefill_tok_s"), ph.get("decode_tok_s")
+    sout = s["output_throughput"] if s else None
+    ttft = s["ttft"]["mean_ms"] if s else None
+    cells = [kind, n, num(pp), num(spp), ratio(spp, pp), num(tg), num(stg), ratio(stg, tg),
+             num(total), num(sout), ratio(sout, total), "-" if ttft is None else f"{ttft:.0f}"]
+    print("| " + " | ".join(cells) + " |")
+print(f"raw results: {out}")
+EOF
+}
+
+if [ -n "$TABLE_ONLY" ]; then
+    table
+    exit 0
 fi
 LLAMA_DIR=$1 GGUF=$2
 SOV_BIN=${3:-target/release/sov}
 OUT_DIR=${4:-$(mktemp -d -t cpu-vs-llamacpp.XXXXXX)}
-THREADS=${THREADS:-2} NPP=${NPP:-128} NTG=${NTG:-128} NPL=${NPL:-"1 4 16 64"} SEED=${SEED:-0}
-SOV_ARGS=${SOV_ARGS:-"--device cpu"}
 mkdir -p "$OUT_DIR"
 for bin in "$LLAMA_DIR/llama-bench" "$LLAMA_DIR/llama-batched-bench" "$SOV_BIN"; do
     [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit 2; }
@@ -64,40 +128,4 @@ for n in $NPL; do
     fi
 done
 
-python3 - "$OUT_DIR" "$NPP" "$NTG" $NPL <<'EOF'
-import json, os, sys
-
-out, npp, ntg, npl = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-
-def jsonl(path):
-    with open(path) as f:
-        return [json.loads(l) for l in f if l.lstrip().startswith("{")]
-
-def ratio(a, b):
-    return f"{a / b:.2f}x" if b else "-"
-
-bench = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in jsonl(os.path.join(out, "llama-bench.jsonl"))}
-rows = []
-sov1 = jsonl(os.path.join(out, "sov-1.json"))[-1]
-rows.append(("bench 1", bench.get((npp, 0), 0.0), bench.get((0, ntg), 0.0), None, sov1))
-for n in npl:
-    b = jsonl(os.path.join(out, f"llama-batched-{n}.jsonl"))[-1]
-    s = jsonl(os.path.join(out, f"sov-{n}.json"))[-1]
-    rows.append((f"batched {n}", b["speed_pp"], b["speed_tg"], b["pl"] * b["tg"] / b["t"], s))
-
-head = ("llama.cpp", "N", "llama pp", "sov pp", "ratio", "llama tg", "sov tg", "ratio",
-        "llama out", "sov out", "ratio", "sov TTFT ms")
-print(f"pp{npp} / tg{ntg} tok/s; out = generated tok/s including prefill; ratio = sov / llama.cpp")
-print("| " + " | ".join(head) + " |")
-print("|" + "---|" * len(head))
-for name, pp, tg, total, s in rows:
-    kind, n = name.split()
-    ph = s["phases"]
-    cells = [kind, n, f"{pp:.1f}", f"{ph['prefill_tok_s']:.1f}", ratio(ph["prefill_tok_s"], pp),
-             f"{tg:.1f}", f"{ph['decode_tok_s']:.1f}", ratio(ph["decode_tok_s"], tg),
-             "-" if total is None else f"{total:.1f}", f"{s['output_throughput']:.1f}",
-             "-" if total is None else ratio(s["output_throughput"], total),
-             f"{s['ttft']['mean_ms']:.0f}"]
-    print("| " + " | ".join(cells) + " |")
-print(f"raw results: {out}")
-EOF
+table

@@ -15,23 +15,48 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The fixture GGUF's bytes.
-fn gguf_bytes() -> Vec<u8> {
-    std::fs::read(fixture("spm_tokenizer.gguf")).expect("fixture exists")
-}
-
-/// The tokenizer of the fixture, with its metadata changed by `edit` first.
-fn tokenizer_with(edit: impl FnOnce(&mut Gguf<'_>)) -> Result<Tokenizer, LoadError> {
-    let bytes = gguf_bytes();
-    let path = fixture("spm_tokenizer.gguf");
-    let mut g = Gguf::parse(&bytes, &path).expect("fixture parses");
+/// The tokenizer of the GGUF at `path`, with its metadata changed by `edit` first.
+fn load_with(path: &Path, edit: impl FnOnce(&mut Gguf<'_>)) -> Result<Tokenizer, LoadError> {
+    let bytes = std::fs::read(path).expect("the GGUF exists");
+    let mut g = Gguf::parse(&bytes, path).expect("the GGUF parses");
     edit(&mut g);
     tokenizer_from_gguf(&g).map(|(t, _)| t)
 }
 
+/// The tokenizer of the fixture, with its metadata changed by `edit` first.
+fn tokenizer_with(edit: impl FnOnce(&mut Gguf<'_>)) -> Result<Tokenizer, LoadError> {
+    load_with(&fixture("spm_tokenizer.gguf"), edit)
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("the reference exists");
+    serde_json::from_str(&text).expect("the reference is JSON")
+}
+
 fn reference() -> serde_json::Value {
-    let text = std::fs::read_to_string(fixture("spm_reference.json")).expect("reference exists");
-    serde_json::from_str(&text).expect("reference is JSON")
+    read_json(&fixture("spm_reference.json"))
+}
+
+/// Mismatches of `t` against reference `r`: ids of `encode(text, true)` and decoded text.
+fn mismatches(t: &Tokenizer, r: &serde_json::Value) -> Vec<String> {
+    assert_eq!(
+        t.vocab_size() as u64,
+        r["vocab_size"].as_u64().expect("size")
+    );
+    let mut failures = Vec::new();
+    for case in r["cases"].as_array().expect("cases") {
+        let text = case["text"].as_str().expect("text");
+        let want = ids_of(case);
+        let got = t.encode(text, true).expect("encodes");
+        if got != want {
+            failures.push(format!("{text:?}: got {got:?}, sentencepiece {want:?}"));
+        }
+        let decoded = t.decode_skip_special(&want).expect("decodes");
+        if decoded != case["decoded"].as_str().expect("decoded") {
+            failures.push(format!("{text:?}: decodes to {decoded:?}"));
+        }
+    }
+    failures
 }
 
 fn ids_of(case: &serde_json::Value) -> Vec<u32> {
