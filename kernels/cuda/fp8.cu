@@ -18,7 +18,9 @@
 // loads instead of the 4-byte pieces of the mma fragment layout. The two mmas of the chunk take
 // the four 4-byte words of those loads as if they were the fragment's k positions: A and B use
 // the same permutation of k, so the dot product is the same. Needs k % 16 == 0 (16-byte rows).
-// Up to 4 n-tiles of 8 rows (n <= 32) share each weight load.
+// Up to 4 n-tiles of 8 rows (n <= 32) share each weight load. Launched with programmatic
+// serialization after quantize_rows (which lets it start at once): its first weight loads are in
+// flight while the input is still being quantized.
 // fp8_gemm_scalar: one thread per output, any k (odd shapes and the reference for the others).
 // fp8_rescale: out[r, j] *= sx[r] * sw[j], for cuBLASLt products run with unit scales.
 #include "common.cuh"
@@ -73,6 +75,10 @@ template <typename T>
 __device__ __forceinline__ void quantize_rows(u8* __restrict__ q, float* __restrict__ scale,
                                               const T* __restrict__ x, int k) {
     __shared__ float red[32];
+    // Launched with programmatic serialization: x is the previous kernel's output, and the
+    // product after this one may start loading its weights while this runs.
+    wait_for_prerequisites();
+    allow_dependents_early();
     const size_t row = blockIdx.x;
     const T* xr = x + row * (size_t)k;
     u8* qr = q + row * (size_t)k;
@@ -140,7 +146,7 @@ __device__ __forceinline__ uint4 load16_or_zero(const u8* p, bool ok) {
 }
 
 #ifndef SMALL_UNROLL
-#define SMALL_UNROLL 2  // 64-wide k chunks a warp loads before it multiplies
+#define SMALL_UNROLL 4  // 64-wide k chunks a warp loads before it multiplies (2: down 38 us, 1.5 TB/s)
 #endif
 
 // See the file comment. Grid: ceil(m / 16) CTAs of 32 * SMALL_WARPS threads. TILES = ceil(n / 8).
@@ -185,6 +191,7 @@ __device__ __forceinline__ void gemm_small(float* __restrict__ out, const u8* __
         }
     }
     wait_for_prerequisites();  // for k == 0 (the loop never ran)
+    allow_dependents_early();
 #pragma unroll
     for (int tile = 0; tile < TILES; tile++)
 #pragma unroll

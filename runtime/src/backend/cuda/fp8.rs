@@ -19,6 +19,7 @@ use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
 use super::gemm_fp8::ScaleMode;
 use super::ops::to_i32;
+use super::pdl::arg;
 use super::tuning::Quantization;
 use crate::backend::{Backend, BackendError, DType, check_buffer};
 use crate::loader::tensor::HostTensor;
@@ -102,11 +103,10 @@ impl CudaBackend {
             block_dim: (QUANT_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&q).arg(&scale).arg(&x).arg(&ki);
-        // SAFETY: the arguments are the kernel's (q, scale, x, k); sizes are the caller's contract.
-        unsafe { b.launch(cfg) }.map_err(driver_err)?;
-        Ok(())
+        let mut params = [arg(&q), arg(&scale), arg(&x), arg(&ki)];
+        // SAFETY: the parameters are the kernel's (q, scale, x, k), alive for the call; sizes are
+        // the caller's contract; the kernel waits for its prerequisites before touching memory.
+        unsafe { self.launch_overlapping(&f, cfg, &mut params) }
     }
 
     /// Grows the FP8 input scratch to `n` rows of `k` (e4m3 values, then `n` f32 scales).
@@ -237,20 +237,28 @@ impl CudaBackend {
             }
         };
         let f = self.modules.function(KernelId::Fp8, None, &name)?;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&o)
-            .arg(&qx)
-            .arg(&sx)
-            .arg(&qw)
-            .arg(&sw)
-            .arg(&ni)
-            .arg(&ki)
-            .arg(&mi);
-        // SAFETY: both kernels take (out, qx, sx, qw, sw, n, k, m); the buffers hold what those
-        // sizes need (checked above; the scratch reserved by quantize_input); the small kernel
-        // gets ceil(n / 8) <= 4 tiles and k % 16 == 0 (small_ok).
-        unsafe { b.launch(cfg) }.map_err(driver_err)?;
-        Ok(())
+        let mut params = [
+            arg(&o),
+            arg(&qx),
+            arg(&sx),
+            arg(&qw),
+            arg(&sw),
+            arg(&ni),
+            arg(&ki),
+            arg(&mi),
+        ];
+        // SAFETY: both kernels take (out, qx, sx, qw, sw, n, k, m), alive for the call; the
+        // buffers hold what those sizes need (checked above; the scratch reserved by
+        // quantize_input); the small kernel gets ceil(n / 8) <= 4 tiles and k % 16 == 0
+        // (small_ok) and reads only the weights before its wait for the prerequisites; the
+        // scalar kernel starts after the kernel before it.
+        unsafe {
+            if path == Fp8Path::Small {
+                self.launch_overlapping(&f, cfg, &mut params)
+            } else {
+                self.launch_serial(&f, cfg, &mut params)
+            }
+        }
     }
 
     /// The e4m3 bytes and the `[m]` scales of an FP8 weight of `m` rows (for tests and tools).

@@ -5,7 +5,10 @@
 //!   for bit (GPU);
 //! - every product path (small-M tensor cores, cuBLASLt, scalar) against an f64 CPU product of
 //!   the same quantized values with the same scale math, odd shapes included; the bound is that of
-//!   f32 accumulation order: |out - ref| <= 1e-5 * sum_k |qx * qw| * sx * sw (GPU);
+//!   f32 accumulation order, |out - ref| <= 1e-5 * sum_k |qx * qw| * sx * sw, for the small-M and
+//!   scalar kernels, and 1e-4 for cuBLASLt, whose FP8 kernels on the H200 keep partial sums in
+//!   Hopper's FP8 tensor-core accumulator (measured up to 6.8e-5; the small-M kernel's mma.sync
+//!   stays within 3e-8) (GPU);
 //! - the whole model (random bf16 weights, a SmolLM2-like shape, several layers) in FP8 against
 //!   bf16: last-token logits within 15% relative L2 (e4m3 keeps 3 mantissa bits: one rounding is
 //!   up to 6.25% of a value) (GPU).
@@ -44,17 +47,19 @@ fn encode(v: f32) -> u8 {
             best = code;
         }
     }
-    if best == 0 { 0 } else { sign | best }
+    sign | best
 }
 
 /// The W8A8 quantization of one row (see `fp8.cu`): e4m3 bytes and the scale.
 fn quantize_row(x: &[f32]) -> (Vec<u8>, f32) {
     let a = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    if a == 0.0 {
-        return (vec![0; x.len()], 1.0);
-    }
-    let inv = 448.0f32 / a;
-    (x.iter().map(|&v| encode(v * inv)).collect(), a / 448.0)
+    let (inv, scale) = if a > 0.0 {
+        (448.0f32 / a, a / 448.0)
+    } else {
+        (0.0, 1.0)
+    };
+    // A zero row keeps each value's sign: -0.0 is e4m3 0x80, as the device's conversion writes it.
+    (x.iter().map(|&v| encode(v * inv)).collect(), scale)
 }
 
 #[test]
@@ -68,12 +73,11 @@ fn encoder_matches_the_ofp8_table() {
     assert_eq!(encode(1.0625), 0x38); // tie between 1.0 and 1.125: even
     assert_eq!(encode(1.1875), 0x3a); // tie between 1.125 and 1.25: even (1.25)
     assert_eq!(encode(0.0), 0);
+    assert_eq!(encode(-0.0), 0x80);
+    assert_eq!(encode(-(2f32.powi(-11))), 0x80); // rounds to -0
     for code in 0u8..=0x7e {
         assert_eq!(encode(decode(code)), code);
-        assert_eq!(
-            encode(-decode(code)),
-            if code == 0 { 0 } else { code | 0x80 }
-        );
+        assert_eq!(encode(-decode(code)), code | 0x80);
     }
 }
 
@@ -192,6 +196,12 @@ fn every_product_path_matches_the_reference_of_the_same_quantized_values() {
                 let Some(out) = product(&b, &x, &w, (n, k, m), path) else {
                     continue;
                 };
+                let lt = path == Fp8Path::CublasLt
+                    || (path == Fp8Path::Auto
+                        && n > b.tuning.fp8_small_max_rows
+                        && k % 16 == 0
+                        && m % 4 == 0);
+                let rel = if lt { 1e-4 } else { 1e-5 };
                 let mut worst = 0f64;
                 for r in 0..n {
                     let (qx, sx) = &rows[r];
@@ -203,7 +213,7 @@ fn every_product_path_matches_the_reference_of_the_same_quantized_values() {
                             mag += p.abs();
                         }
                         let want = (sum as f32 * sx * sw[j]) as f64;
-                        let bound = 1e-5 * mag * (*sx as f64) * (sw[j] as f64) + 1e-30;
+                        let bound = rel * mag * (*sx as f64) * (sw[j] as f64) + 1e-30;
                         worst = worst.max((out[r * m + j] as f64 - want).abs() / bound);
                     }
                 }
