@@ -96,6 +96,69 @@ __device__ __forceinline__ void quantize_rows(u8* __restrict__ q, float* __restr
     }
 }
 
+// Eight consecutive values (16-byte aligned for bf16, 32 for f32) as f32.
+__device__ __forceinline__ void load8(const float* p, float* v) {
+    const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16_t* p, float* v) { unpack8(*(const uint4*)p, v); }
+
+#define QUANT_VEC_CHUNKS 8  // 8-value chunks a thread holds: k <= QUANT_THREADS * 64 = 16384
+
+// quantize_rows for k % 8 == 0 and k <= 16384: the same values (the same max, the same product
+// and rounding of each element), with the row read once into registers, 16- or 32-byte loads
+// and 8-byte stores (the byte-wise kernel took 13 us for one row of 14336).
+template <typename T>
+__device__ __forceinline__ void quantize_rows_vec(u8* __restrict__ q, float* __restrict__ scale,
+                                                  const T* __restrict__ x, int k) {
+    __shared__ float red[32];
+    wait_for_prerequisites();
+    allow_dependents_early();
+    const size_t row = blockIdx.x;
+    const T* xr = x + row * (size_t)k;
+    u8* qr = q + row * (size_t)k;
+    const int chunks = k / 8;
+    float v[QUANT_VEC_CHUNKS][8];
+    float a = 0.f;
+#pragma unroll
+    for (int c = 0; c < QUANT_VEC_CHUNKS; c++) {
+        const int idx = threadIdx.x + c * QUANT_THREADS;
+        if (idx < chunks) {
+            load8(xr + (size_t)idx * 8, v[c]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) a = fmaxf(a, fabsf(v[c][j]));
+        }
+    }
+    a = block_max(a, red);
+    const float inv = a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f;
+    if (threadIdx.x == 0) scale[row] = a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f;
+#pragma unroll
+    for (int c = 0; c < QUANT_VEC_CHUNKS; c++) {
+        const int idx = threadIdx.x + c * QUANT_THREADS;
+        if (idx < chunks) {
+            u32 w[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float* p = v[c] + 4 * h;
+                const u32 lo = f32x2_to_e4m3x2(__fmul_rn(p[0], inv), __fmul_rn(p[1], inv));
+                const u32 hi = f32x2_to_e4m3x2(__fmul_rn(p[2], inv), __fmul_rn(p[3], inv));
+                w[h] = lo | (hi << 16);
+            }
+            *(uint2*)(qr + (size_t)idx * 8) = make_uint2(w[0], w[1]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(QUANT_THREADS)
+quantize_rows_vec_f32(u8* __restrict__ q, float* __restrict__ scale, const float* __restrict__ x, int k) {
+    quantize_rows_vec<float>(q, scale, x, k);
+}
+
+extern "C" __global__ void __launch_bounds__(QUANT_THREADS)
+quantize_rows_vec_bf16(u8* __restrict__ q, float* __restrict__ scale, const bf16_t* __restrict__ x, int k) {
+    quantize_rows_vec<bf16_t>(q, scale, x, k);
+}
+
 extern "C" __global__ void __launch_bounds__(QUANT_THREADS)
 quantize_rows_f32(u8* __restrict__ q, float* __restrict__ scale, const float* __restrict__ x, int k) {
     quantize_rows<float>(q, scale, x, k);

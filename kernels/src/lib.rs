@@ -234,6 +234,8 @@ impl KernelId {
             KernelId::Fp8 => &[
                 "quantize_rows_f32",
                 "quantize_rows_bf16",
+                "quantize_rows_vec_f32",
+                "quantize_rows_vec_bf16",
                 "fp8_gemm_scalar",
                 "fp8_rescale",
                 "fp8_gemm_small_1",

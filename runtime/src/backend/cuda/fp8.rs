@@ -26,6 +26,8 @@ use crate::loader::tensor::HostTensor;
 
 /// Threads of a `quantize_rows_*` CTA (`QUANT_THREADS` in `fp8.cu`).
 const QUANT_THREADS: u32 = 256;
+/// Longest row the `quantize_rows_vec_*` kernels take (`QUANT_THREADS * 8 * QUANT_VEC_CHUNKS`).
+const QUANT_VEC_MAX_K: usize = 16384;
 /// Weight rows a CTA of the small-M kernel takes.
 const SMALL_ROWS_PER_CTA: usize = 16;
 
@@ -96,6 +98,16 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
+        // The register-held variant (same values) where the row fits it.
+        let vec_name = format!(
+            "quantize_rows_vec_{}",
+            name.trim_start_matches("quantize_rows_")
+        );
+        let name = if k.is_multiple_of(8) && k <= QUANT_VEC_MAX_K {
+            vec_name.as_str()
+        } else {
+            name
+        };
         let f = self.modules.function(KernelId::Fp8, None, name)?;
         let ki = to_i32(k, "k")?;
         let cfg = LaunchConfig {
