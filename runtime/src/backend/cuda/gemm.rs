@@ -19,6 +19,8 @@
 //! In deterministic mode ([`super::CudaTuning::deterministic`]) there is no GEMV: every product,
 //! of any row count, takes bf16 inputs and runs the pinned cuBLASLt algorithm of its weight shape
 //! ([`super::gemm_pinned`]), so a row's result does not depend on the rows beside it.
+//! A weight stored in FP8 (`--quantization fp8`, [`crate::backend::DType::F8E4M3`]) goes to the
+//! FP8 W8A8 path instead ([`super::fp8`]), at any row count.
 
 use std::ffi::c_void;
 
