@@ -82,6 +82,9 @@ pub enum KernelId {
     Sampling,
     /// Matrix-vector products for a few rows (decode at batch 1-4), bound by the weight stream.
     Gemv,
+    /// FP8 (e4m3) W8A8: per-row quantization, the small-M product on tensor cores, a scalar
+    /// product for any shape, and the rescale of an unscaled product (sm_89 and newer).
+    Fp8,
 }
 
 /// Compile-time parameters of the attention units.
@@ -125,7 +128,7 @@ impl HeadConfig {
 
 impl KernelId {
     /// Every unit, for tools that compile them all.
-    pub const ALL: [KernelId; 7] = [
+    pub const ALL: [KernelId; 8] = [
         KernelId::DecodeAttention,
         KernelId::DecodeAttentionMma,
         KernelId::PrefillAttention,
@@ -133,6 +136,7 @@ impl KernelId {
         KernelId::RopeKv,
         KernelId::Sampling,
         KernelId::Gemv,
+        KernelId::Fp8,
     ];
 
     /// File name under `kernels/cuda/`.
@@ -145,6 +149,7 @@ impl KernelId {
             KernelId::RopeKv => "rope_kv.cu",
             KernelId::Sampling => "sampling.cu",
             KernelId::Gemv => "gemv.cu",
+            KernelId::Fp8 => "fp8.cu",
         }
     }
 
@@ -157,6 +162,7 @@ impl KernelId {
             KernelId::RopeKv => include_str!("../cuda/rope_kv.cu"),
             KernelId::Sampling => include_str!("../cuda/sampling.cu"),
             KernelId::Gemv => include_str!("../cuda/gemv.cu"),
+            KernelId::Fp8 => include_str!("../cuda/fp8.cu"),
         }
     }
 
@@ -225,6 +231,18 @@ impl KernelId {
             ],
             KernelId::Sampling => &["argmax_rows", "sample_tokens"],
             KernelId::Gemv => &["gemv_bf16", "gemv_bf16_1", "gemv_swiglu", "gemv_swiglu_1"],
+            KernelId::Fp8 => &[
+                "quantize_rows_f32",
+                "quantize_rows_bf16",
+                "quantize_rows_vec_f32",
+                "quantize_rows_vec_bf16",
+                "fp8_gemm_scalar",
+                "fp8_rescale",
+                "fp8_gemm_small_1",
+                "fp8_gemm_small_2",
+                "fp8_gemm_small_3",
+                "fp8_gemm_small_4",
+            ],
         }
     }
 

@@ -46,6 +46,8 @@ pub enum DType {
     U32,
     /// 32-bit signed integer.
     I32,
+    /// FP8 e4m3 (CUDA's FP8 weights: [`Backend::upload_projection`] under `--quantization fp8`).
+    F8E4M3,
 }
 
 impl DType {
@@ -54,6 +56,7 @@ impl DType {
         match self {
             DType::F32 | DType::U32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::F8E4M3 => 1,
         }
     }
 }
@@ -286,6 +289,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// without a copy, so a large model never sits in host memory twice.
     fn upload_weight_owned(&self, tensor: HostTensor) -> Result<Self::Buffer, BackendError> {
         self.upload_weight(&tensor)
+    }
+    /// Uploads the weight of one of a layer's linear products (qkv, o, gate/up, down), which a
+    /// backend may store quantized (CUDA under `--quantization fp8`); the result is what
+    /// [`Backend::matmul`] takes as `w`. Default: [`Backend::upload_weight_owned`].
+    fn upload_projection(&self, tensor: HostTensor) -> Result<Self::Buffer, BackendError> {
+        self.upload_weight_owned(tensor)
     }
     /// Uploads f32 data as an f32 buffer `[data.len()]`.
     fn upload_f32(&self, data: &[f32]) -> Result<Self::Buffer, BackendError>;

@@ -14,7 +14,7 @@ use crate::app::run_dir::create_run_dir;
 use crate::app::start::{
     CheckpointOptions, Device, EngineOptions, ModelParts, Started, default_kv_mode, start_engine,
 };
-use crate::backend::cuda::{CudaTuning, retired_vars_set};
+use crate::backend::cuda::{CudaTuning, Quantization, retired_vars_set};
 use crate::checkpoint::KvMode;
 use crate::loader::{load_model, resolve_model};
 use crate::model::random::{WeightDtype, llama3_8b_config, tiny_config};
@@ -47,6 +47,13 @@ pub struct ModelArgs {
     /// rounding of the CPU backend, which always computes in f32 and ignores this option.
     #[arg(long, value_enum, default_value_t = PrecisionChoice::Bf16)]
     pub precision: PrecisionChoice,
+    /// On CUDA, the linear layers' format. `none`: bf16 weights. `fp8`: W8A8 -- e4m3 weights with
+    /// one scale per output channel (quantized at load), inputs quantized per token before each
+    /// product, f32 accumulation; the embedding and lm head stay bf16. Needs compute capability
+    /// 8.9; not with `--precision f32` or `--deterministic` (FP8 turns the deterministic default
+    /// off). Receipts name the precision `fp8-w8a8`.
+    #[arg(long, value_enum, env = "SOV_QUANTIZATION", default_value_t = QuantizationChoice::None)]
+    pub quantization: QuantizationChoice,
     /// On CUDA, batch-invariant kernels: a request's tokens do not depend on the requests batched
     /// with it, and a recompute resume rebuilds the KV bit for bit (see kernels/README.md).
     /// Default: on for a GPU run whose checkpoints are in recompute mode (generate's and serve's
@@ -122,6 +129,15 @@ pub enum PrecisionChoice {
     Bf16,
     /// f32-accurate matmul inputs and an f32 KV cache (slower; within rounding of the CPU).
     F32,
+}
+
+/// Linear-layer format on the command line (see [`ModelArgs::quantization`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuantizationChoice {
+    /// bf16 weights.
+    None,
+    /// FP8 W8A8 (e4m3 weights with per-channel scales, per-token input scales).
+    Fp8,
 }
 
 /// Checkpoint mode on the command line.
@@ -229,6 +245,11 @@ impl ModelArgs {
     /// the KV by recomputation (measured on an H200: 16 of 16 such resumes exact with it, 0 of 16
     /// without, at 13-29% of throughput), off otherwise.
     pub fn deterministic_for(&self, opts: &EngineOptions) -> bool {
+        if self.quantization == QuantizationChoice::Fp8 && self.deterministic.is_none() {
+            // FP8 products are not batch-invariant; an explicit --deterministic is refused when
+            // the backend opens.
+            return false;
+        }
         self.deterministic.unwrap_or_else(|| {
             let checkpoint_kv = match self.machine {
                 MachineChoice::Seed => seed::Scheduler::constant("checkpoint_kv"),
@@ -314,6 +335,22 @@ impl ModelArgs {
         };
         let deterministic = self.deterministic_for(&opts);
         opts.cuda_tuning.deterministic = deterministic;
+        if self.quantization == QuantizationChoice::Fp8 {
+            anyhow::ensure!(
+                matches!(device, Device::Cuda(_)),
+                "--quantization fp8 needs a CUDA device (the CPU backend has no FP8 products)"
+            );
+            anyhow::ensure!(
+                self.precision == PrecisionChoice::Bf16,
+                "--quantization fp8 cannot be combined with --precision f32"
+            );
+            anyhow::ensure!(
+                !deterministic,
+                "--quantization fp8 cannot be combined with --deterministic (FP8 products are not \
+                 batch-invariant yet)"
+            );
+            opts.cuda_tuning.quantization = Quantization::Fp8W8A8;
+        }
         anyhow::ensure!(
             opts.witnesses.is_none() || opts.checkpoints.is_some(),
             "--witness needs checkpoints (drop --checkpoint off)"
@@ -333,6 +370,7 @@ impl ModelArgs {
             started.engine.slots().clone(),
         );
         let precision = match (device, self.precision, deterministic) {
+            _ if self.quantization == QuantizationChoice::Fp8 => " (fp8-w8a8)",
             (Device::Cuda(_), PrecisionChoice::F32, false) => " (f32 precision)",
             (Device::Cuda(_), PrecisionChoice::F32, true) => " (f32 precision, deterministic)",
             (Device::Cuda(_), PrecisionChoice::Bf16, true) => " (deterministic)",

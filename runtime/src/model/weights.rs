@@ -167,6 +167,11 @@ impl<B: Backend> ModelWeights<B> {
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<B::Buffer, ModelError> {
             upload(backend, weights.take(name, &[rows, cols])?)
         };
+        // The linear products' weights, which a backend may quantize (`Backend::upload_projection`).
+        let projection = |name: &str, rows: usize, cols: usize| -> Result<B::Buffer, ModelError> {
+            let t = weights.take(name, &[rows, cols])?.into_owned();
+            Ok(backend.upload_projection(t)?)
+        };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -197,12 +202,12 @@ impl<B: Backend> ModelWeights<B> {
             };
             layers.push(LayerWeights {
                 input_norm: f32_vec(&format!("{p}.input_layernorm.weight"), hidden)?,
-                qkv: backend.upload_weight_owned(qkv)?,
+                qkv: backend.upload_projection(qkv)?,
                 qkv_bias,
-                o_proj: matrix(&attn("o"), hidden, q_rows)?,
+                o_proj: projection(&attn("o"), hidden, q_rows)?,
                 post_norm: f32_vec(&format!("{p}.post_attention_layernorm.weight"), hidden)?,
-                gate_up: backend.upload_weight_owned(gate_up)?,
-                down: matrix(&mlp("down"), hidden, c.intermediate_size)?,
+                gate_up: backend.upload_projection(gate_up)?,
+                down: projection(&mlp("down"), hidden, c.intermediate_size)?,
             });
         }
         Ok(ModelWeights {

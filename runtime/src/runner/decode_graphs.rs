@@ -17,6 +17,13 @@
 //! ([`CudaBackend::scratch_generation`]) or these buffers grow.
 //! The step ends with [`CudaBackend::argmax_rows`] into a `[bucket]` u32 buffer; logits rows stay
 //! on the device and are downloaded only for rows the engine samples on the host.
+//! Batches up to any size take graphs (up to 1024 and beyond: 64 buckets of 16 between 32 and
+//! 1024); the graphs' memory is measured at capture ([`StepGraph::bytes`]) and bounded: past
+//! [`MAX_GRAPHS`] graphs or [`MAX_GRAPH_BYTES`] bytes, the least recently replayed graph is
+//! dropped (it is captured again if its key comes back).
+//! Only pure decode steps come here ([`DecodeGraphs::accepts`]: every chunk one token); a step
+//! with a longer chunk (a prefill, a mixed step, a speculative verification) never replays a
+//! graph: the runner sends it to [`LlamaModel::forward`].
 
 use std::collections::{HashMap, HashSet};
 
@@ -34,6 +41,11 @@ pub fn batch_bucket(n: usize) -> usize {
         n.div_ceil(16) * 16
     }
 }
+
+/// Most step graphs kept at once.
+pub const MAX_GRAPHS: usize = 256;
+/// Most device memory the kept graphs may hold, as measured at capture.
+pub const MAX_GRAPH_BYTES: usize = 2 << 30;
 
 /// Context length a graph is captured for: the next power of two, at least 256.
 pub fn ctx_bucket(max_ctx: usize) -> usize {
@@ -60,7 +72,12 @@ struct StepBuffers {
 /// The graph-replaying decode runner of one model and KV cache.
 pub struct DecodeGraphs {
     bufs: Option<StepBuffers>,
-    graphs: HashMap<(usize, usize), StepGraph>,
+    /// Captured graphs with the step count of their last replay.
+    graphs: HashMap<(usize, usize), (StepGraph, u64)>,
+    /// Steps run (the clock of `graphs`' last use).
+    steps: u64,
+    /// Bytes the kept graphs took at capture.
+    graph_bytes: usize,
     /// Keys that ran eagerly once (scratch is sized for them).
     warm: HashSet<(usize, usize)>,
     /// Backend scratch generation the graphs were captured under.
@@ -89,6 +106,8 @@ impl DecodeGraphs {
         Self {
             bufs: None,
             graphs: HashMap::new(),
+            steps: 0,
+            graph_bytes: 0,
             warm: HashSet::new(),
             generation: 0,
             use_graphs,
@@ -100,6 +119,11 @@ impl DecodeGraphs {
     /// How many step graphs are captured now (0 after a failed capture, which turns replay off).
     pub fn captured(&self) -> usize {
         self.graphs.len()
+    }
+
+    /// Device bytes the kept graphs took when they were captured.
+    pub fn graph_bytes(&self) -> usize {
+        self.graph_bytes
     }
 
     /// Whether this runner can take `chunks`: a pure decode step (one new token per sequence).
@@ -170,8 +194,10 @@ impl DecodeGraphs {
         let key = (bucket, ctx_b);
         if b.scratch_generation() != self.generation {
             self.graphs.clear();
+            self.graph_bytes = 0;
             self.generation = b.scratch_generation();
         }
+        self.steps += 1;
         if !self.use_graphs || !self.warm.contains(&key) {
             enqueue_step(model, kv, bufs, bucket)?;
             self.warm.insert(key);
@@ -179,7 +205,7 @@ impl DecodeGraphs {
             if !self.graphs.contains_key(&key) {
                 match b.capture(|| enqueue_step(model, kv, bufs, bucket)) {
                     Ok(g) if b.scratch_generation() == self.generation => {
-                        self.graphs.insert(key, g);
+                        keep(&mut self.graphs, &mut self.graph_bytes, self.steps, key, g)
                     }
                     Ok(_) => {}
                     Err(e) => {
@@ -188,8 +214,12 @@ impl DecodeGraphs {
                     }
                 }
             }
-            match self.graphs.get(&key) {
-                Some(g) => b.replay(g)?,
+            let steps = self.steps;
+            match self.graphs.get_mut(&key) {
+                Some((g, used)) => {
+                    *used = steps;
+                    b.replay(g)?
+                }
                 None => enqueue_step(model, kv, bufs, bucket)?,
             }
         }
@@ -244,6 +274,7 @@ impl DecodeGraphs {
         };
         self.bufs = None;
         self.graphs.clear();
+        self.graph_bytes = 0;
         self.warm.clear();
         let c = model.config();
         let b = model.backend();
@@ -272,6 +303,39 @@ impl DecodeGraphs {
         });
         Ok(())
     }
+}
+
+/// Keeps `g` under `key` in `graphs` (stamped `now`), first dropping the least recently replayed
+/// graphs while the kept ones would pass [`MAX_GRAPHS`] or [`MAX_GRAPH_BYTES`]; `bytes` is the
+/// kept graphs' total.
+fn keep(
+    graphs: &mut HashMap<(usize, usize), (StepGraph, u64)>,
+    bytes: &mut usize,
+    now: u64,
+    key: (usize, usize),
+    g: StepGraph,
+) {
+    while !graphs.is_empty() && (graphs.len() >= MAX_GRAPHS || *bytes + g.bytes() > MAX_GRAPH_BYTES)
+    {
+        let oldest = graphs
+            .iter()
+            .min_by_key(|(_, (_, used))| *used)
+            .map(|(k, _)| *k);
+        match oldest.and_then(|k| graphs.remove(&k)) {
+            Some((old, _)) => *bytes = bytes.saturating_sub(old.bytes()),
+            None => break,
+        }
+    }
+    tracing::debug!(
+        "decode graph captured: batch {} ctx {} ({} KiB); {} graphs, {} MiB",
+        key.0,
+        key.1,
+        g.bytes() >> 10,
+        graphs.len() + 1,
+        (*bytes + g.bytes()) >> 20
+    );
+    *bytes += g.bytes();
+    graphs.insert(key, (g, now));
 }
 
 /// Enqueues one decode step of `n` rows (the bucket) on the fixed buffers: the model's forward

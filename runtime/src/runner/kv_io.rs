@@ -17,6 +17,7 @@ pub(super) fn dtype_name(d: DType) -> &'static str {
         DType::BF16 => "bf16",
         DType::U32 => "u32",
         DType::I32 => "i32",
+        DType::F8E4M3 => "f8e4m3",
     }
 }
 

@@ -179,6 +179,7 @@ impl Backend for CpuBackend {
             DType::BF16 => CpuBuffer::BF16(vec![bf16::ZERO; len]),
             DType::U32 => CpuBuffer::U32(vec![0; len]),
             DType::I32 => CpuBuffer::I32(vec![0; len]),
+            DType::F8E4M3 => return Err(BackendError::Unsupported("FP8 buffers".into())),
         })
     }
 

@@ -45,6 +45,10 @@ impl Backend for CudaBackend {
         self.upload_bytes(DType::BF16, bytemuck::cast_slice(&data))
     }
 
+    fn upload_projection(&self, tensor: HostTensor) -> Result<CudaBuffer, BackendError> {
+        self.upload_projection_impl(tensor)
+    }
+
     fn upload_f32(&self, data: &[f32]) -> Result<CudaBuffer, BackendError> {
         self.upload_bytes(DType::F32, bytemuck::cast_slice(data))
     }

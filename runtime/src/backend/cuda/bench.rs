@@ -12,6 +12,9 @@
 //!   head) at 1 and 4 rows, through cuBLAS (with its input cast) and through `gemv.cu`; weight
 //!   bytes over the median time. Enough weight copies are cycled that none is served from L2.
 //!
+//! - `bench_fp8_matmuls`: Llama-3-8B's layer products at 1..1024 rows in bf16 and FP8 (the input
+//!   quantization alone, the small-M kernel, cuBLASLt; FP8 times include the quantization).
+//!
 //! Times are CUDA-event medians after warm-up.
 
 use rand::SeedableRng;
@@ -259,6 +262,86 @@ fn bench_decode_matmuls() -> R<()> {
             );
         }
     }
+    Ok(())
+}
+
+#[test]
+#[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
+fn bench_fp8_matmuls() -> R<()> {
+    use super::{Fp8Path, Quantization};
+    let Some(b) = super::tests::device_with(|t| {
+        t.quantization = Quantization::Fp8W8A8;
+        t.deterministic = false;
+    }) else {
+        return Ok(());
+    };
+    let rows: Vec<usize> = std::env::var("SOV_BENCH_FP8_ROWS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 24, 32, 64, 256, 1024]);
+    // (name, k, m): x [n, k] @ w [m, k]^T, Llama-3-8B's layer products.
+    let shapes = [
+        ("qkv", 4096usize, 6144usize),
+        ("o", 4096, 4096),
+        ("gate_up", 4096, 28672),
+        ("down", 14336, 4096),
+    ];
+    for (name, k, m) in shapes {
+        let copies = (512usize << 20).div_ceil(m * k * 2).max(2);
+        let ws: Vec<CudaBuffer> = (0..copies)
+            .map(|i| random_weight(&b, m * k, 60 + i as u32, k))
+            .collect::<R<_>>()?;
+        let qs: Vec<CudaBuffer> = ws
+            .iter()
+            .map(|w| b.quantize_weight(w, m, k))
+            .collect::<Result<_, _>>()?;
+        for &n in &rows {
+            let xf = super::reference::random(n * k, 1.0, 5);
+            let x32 = b.upload_f32(&xf)?; // [n, k]
+            let x16 = b.alloc(DType::BF16, n * k)?;
+            b.cast_f32_bf16(x32.ptr(), x16.ptr(), n * k)?;
+            // The engine's inputs: f32 at one row (the GEMV), bf16 above.
+            let x = if n == 1 { &x32 } else { &x16 };
+            let mut out = b.alloc(DType::F32, n * m)?; // [n, m]
+            let per = |ms: f64| ms * 1e3 / copies as f64;
+            let bf16_us = per(time_ms(&b, 2, 10, || {
+                for w in &ws {
+                    b.matmul(x, w, &mut out, n, k, m)?;
+                }
+                Ok(())
+            })?);
+            let quant_us = per(time_ms(&b, 2, 10, || {
+                for _ in 0..copies {
+                    b.quantize_input(x, n, k)?;
+                }
+                Ok(())
+            })?);
+            let mut fp8 = |path: Fp8Path| -> R<f64> {
+                Ok(per(time_ms(&b, 2, 10, || {
+                    for q in &qs {
+                        b.matmul_fp8(x, q, &mut out, (n, k, m), path)?;
+                    }
+                    Ok(())
+                })?))
+            };
+            let small_us = if n <= 32 {
+                fp8(Fp8Path::Small)?
+            } else {
+                f64::NAN
+            };
+            let lt_us = fp8(Fp8Path::CublasLt)?;
+            let tflops = |us: f64| 2.0 * (n * k * m) as f64 / (us * 1e-6) / 1e12;
+            println!(
+                "BENCH fp8 {name} n={n} k={k} m={m} bf16_us={bf16_us:.1} quant_us={quant_us:.1} \
+                 small_us={small_us:.1} cublaslt_us={lt_us:.1} best_speedup={:.2} \
+                 bf16_tflops={:.0} fp8_tflops={:.0}",
+                bf16_us / small_us.min(lt_us),
+                tflops(bf16_us),
+                tflops(small_us.min(lt_us)),
+            );
+        }
+    }
+    println!("BENCH fp8 cuBLASLt scale mode {:?}", b.fp8_scale_mode());
     Ok(())
 }
 

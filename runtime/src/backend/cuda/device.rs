@@ -9,9 +9,11 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
 use super::buffer::CudaBuffer;
+use super::gemm_fp8::{FP8_WORKSPACE_BYTES, Fp8Gemm};
 use super::gemm_pinned::{PinnedGemm, WORKSPACE_BYTES};
 use super::modules::ModuleCache;
 use super::tuning::CudaTuning;
+use super::tuning::Quantization;
 use crate::backend::{BackendError, DType, check_buffer};
 
 /// The CUDA backend: one device, one stream, the kernel cache and scratch memory.
@@ -49,6 +51,9 @@ pub struct CudaBackend {
     /// Deterministic mode's products ([`super::gemm_pinned`]); `None` unless
     /// [`CudaTuning::deterministic`].
     pub(super) pinned: Option<PinnedGemm>,
+    /// FP8 products through cuBLASLt ([`super::gemm_fp8`]); `None` unless
+    /// [`CudaTuning::quantization`] is FP8.
+    pub(super) fp8: Option<Fp8Gemm>,
 }
 
 /// Growable device scratch buffers, reused across ops (stream order makes reuse safe).
@@ -67,6 +72,8 @@ pub(super) struct Scratch {
     pub(super) row_tables: Option<CudaBuffer>,
     /// See `row_tables`.
     pub(super) row_ctx: Option<CudaBuffer>,
+    /// FP8 products: the quantized input, `[n * k]` e4m3 then `[n]` f32 scales (see `fp8.rs`).
+    pub(super) fp8_x: Option<CudaBuffer>,
     /// Bumped whenever a scratch buffer is (re)allocated: a CUDA graph captured under an older
     /// generation points at freed scratch and must be captured again.
     pub(super) generation: u64,
@@ -173,11 +180,21 @@ impl CudaBackend {
             scratch: Mutex::new(Scratch::default()),
             precise: false,
             pinned: None,
+            fp8: None,
         };
         if backend.tuning.deterministic {
             let workspace = backend.alloc_zeroed(DType::U32, WORKSPACE_BYTES / 4)?;
             let rows = backend.tuning.deterministic_gemm_rows;
             backend.pinned = Some(PinnedGemm::new(workspace, rows)?);
+        }
+        if backend.tuning.quantization == Quantization::Fp8W8A8 {
+            if (major, minor) < (8, 9) {
+                return Err(BackendError::Unsupported(format!(
+                    "FP8 (--quantization fp8) on compute capability {major}.{minor} (needs 8.9)"
+                )));
+            }
+            let workspace = backend.alloc_zeroed(DType::U32, FP8_WORKSPACE_BYTES / 4)?;
+            backend.fp8 = Some(Fp8Gemm::new(workspace)?);
         }
         Ok(backend)
     }

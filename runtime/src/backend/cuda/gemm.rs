@@ -19,6 +19,8 @@
 //! In deterministic mode ([`super::CudaTuning::deterministic`]) there is no GEMV: every product,
 //! of any row count, takes bf16 inputs and runs the pinned cuBLASLt algorithm of its weight shape
 //! ([`super::gemm_pinned`]), so a row's result does not depend on the rows beside it.
+//! A weight stored in FP8 (`--quantization fp8`, [`crate::backend::DType::F8E4M3`]) goes to the
+//! FP8 W8A8 path instead ([`super::fp8`]), at any row count.
 
 use std::ffi::c_void;
 
@@ -66,6 +68,9 @@ impl CudaBackend {
     /// Grows the bf16 copy of matmul inputs to hold `n` rows of `k` (two terms each in precise
     /// mode), bumping the scratch generation when it reallocates.
     pub(super) fn reserve_matmul_scratch(&self, n: usize, k: usize) -> Result<(), BackendError> {
+        if self.fp8.is_some() {
+            self.reserve_fp8_scratch(n, k)?;
+        }
         let mut scratch = self
             .scratch
             .lock()
@@ -96,6 +101,9 @@ impl CudaBackend {
         m: usize,
     ) -> Result<(), BackendError> {
         const OP: &str = "matmul";
+        if w.dtype == DType::F8E4M3 {
+            return self.matmul_fp8(x, w, out, (n, k, m), super::fp8::Fp8Path::Auto);
+        }
         let x_bf16 = x.dtype == DType::BF16;
         check_buffer(
             OP,
@@ -173,6 +181,7 @@ impl CudaBackend {
         const OP: &str = "matmul_silu_mul";
         let SwiGluShape { n, k, f } = shape;
         let fused = self.gemv_applies(n, k)
+            && w.dtype == DType::BF16
             && n > 0
             && f > 0
             && x.dtype == DType::F32

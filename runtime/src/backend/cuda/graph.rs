@@ -15,6 +15,16 @@ use crate::backend::BackendError;
 /// An instantiated graph of one captured step.
 pub struct StepGraph {
     graph: CudaGraph,
+    /// Device memory the capture and instantiation took, as the driver's free-memory count saw
+    /// it (allocation granularity: 0 when the graph fit in pages already held).
+    bytes: usize,
+}
+
+impl StepGraph {
+    /// Device bytes this graph took when it was captured (see the field).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 // SAFETY: CUDA graph handles may be used from any thread as long as calls on one graph are
@@ -29,6 +39,7 @@ impl CudaBackend {
         &self,
         step: impl FnOnce() -> Result<(), BackendError>,
     ) -> Result<StepGraph, BackendError> {
+        let free_before = self.free_device_bytes().unwrap_or(0);
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(driver_err)?;
@@ -40,7 +51,18 @@ impl CudaBackend {
         result?;
         let graph =
             graph?.ok_or_else(|| BackendError::Device("graph capture recorded nothing".into()))?;
-        Ok(StepGraph { graph })
+        let free_after = self.free_device_bytes().unwrap_or(free_before);
+        Ok(StepGraph {
+            graph,
+            bytes: free_before.saturating_sub(free_after),
+        })
+    }
+
+    /// Free device memory in bytes, as the driver counts it.
+    pub fn free_device_bytes(&self) -> Result<usize, BackendError> {
+        self.ctx.bind_to_thread().map_err(driver_err)?;
+        let (free, _total) = cudarc::driver::result::mem_get_info().map_err(driver_err)?;
+        Ok(free)
     }
 
     /// Enqueues one replay of `graph` on this backend's stream.

@@ -18,6 +18,8 @@
 //! when captured graphs are stale ([`CudaBackend::scratch_generation`]), batched and partial
 //! copies ([`CudaBackend::upload_u32_many`], [`CudaBackend::download_f32_at`]) and the on-device
 //! argmax ([`CudaBackend::argmax_rows`]). This module knows nothing of the model.
+//! Under `--quantization fp8` the linear layers' weights are e4m3 with per-channel scales and
+//! their inputs are quantized per token before each product ([`fp8`], [`gemm_fp8`]).
 //! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
 //! [`CudaBackend::new`] then returns a clear error.
 
@@ -27,7 +29,9 @@ mod backend_impl;
 mod buffer;
 mod decode_scratch;
 mod device;
+mod fp8;
 mod gemm;
+mod gemm_fp8;
 mod gemm_pinned;
 mod graph;
 mod modules;
@@ -41,6 +45,8 @@ mod bench;
 #[cfg(test)]
 mod deterministic_tests;
 #[cfg(test)]
+mod fp8_tests;
+#[cfg(test)]
 mod fused_rope_tests;
 #[cfg(test)]
 mod reference;
@@ -49,8 +55,11 @@ mod tests;
 
 pub use buffer::CudaBuffer;
 pub use device::{CudaBackend, probe};
+pub use fp8::Fp8Path;
+pub use gemm_fp8::ScaleMode;
 pub use graph::StepGraph;
 pub use sampling::SamplingRow;
 pub use tuning::{
-    CudaTuning, DecodeCarveout, KernelBuild, RETIRED_VARS, TuningError, retired_vars_set,
+    CudaTuning, DecodeCarveout, KernelBuild, Quantization, RETIRED_VARS, TuningError,
+    retired_vars_set,
 };

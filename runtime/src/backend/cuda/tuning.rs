@@ -62,8 +62,30 @@ pub struct CudaTuning {
     /// mode (`SOV_DETERMINISTIC_GEMM_ROWS`, at least 1): the heuristic's pick for a product of this
     /// many rows is then used for every row count. Default 128.
     pub deterministic_gemm_rows: usize,
+    /// Weight and activation format of the linear layers (`sov --quantization`; not an
+    /// environment variable of this struct, the command line sets it). Default
+    /// [`Quantization::None`]: bf16 weights.
+    pub quantization: Quantization,
+    /// FP8 products of at most this many rows run on `fp8.cu`'s small-M tensor-core kernel, more
+    /// rows through cuBLASLt (`SOV_FP8_SMALL_ROWS`, 0..=32). Default 16: on the H200 the small-M
+    /// kernel beat cuBLASLt up to 16 rows on every Llama-3-8B product and lost from 32 on gate/up,
+    /// o and down (`kernels/README.md`).
+    pub fp8_small_max_rows: usize,
     /// How the kernel units are compiled and loaded.
     pub kernels: KernelBuild,
+}
+
+/// Format of the linear layers' weights and inputs (the four products of every layer; the
+/// embedding and the lm head stay bf16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Quantization {
+    /// bf16 weights, bf16 (or f32) inputs.
+    #[default]
+    None,
+    /// FP8 W8A8: e4m3 weights with one f32 scale per output channel, quantized at load from the
+    /// source weights; inputs quantized per token (row absmax / 448) before each product;
+    /// e4m3 x e4m3 products with f32 accumulation (see `fp8.cu`). Needs compute capability 8.9.
+    Fp8W8A8,
 }
 
 /// The tuning that is compiled into the kernel units or set on them when they load. Two backends
@@ -149,6 +171,8 @@ impl Default for CudaTuning {
             deterministic: false,
             deterministic_split_tokens: 128,
             deterministic_gemm_rows: 128,
+            quantization: Quantization::None,
+            fp8_small_max_rows: 16,
             kernels: KernelBuild::default(),
         }
     }
@@ -256,6 +280,10 @@ const SOURCE_DIR_VAR: &str = "SOV_KERNEL_SOURCE_DIR";
 const DET_SPLIT_VAR: &str = "SOV_DETERMINISTIC_SPLIT_TOKENS";
 const DET_ROWS_VAR: &str = "SOV_DETERMINISTIC_GEMM_ROWS";
 const DET_SPLIT_EXPECTED: &str = "a positive multiple of 64";
+const FP8_SMALL_VAR: &str = "SOV_FP8_SMALL_ROWS";
+const FP8_SMALL_EXPECTED: &str = "a whole number 0..=32";
+/// Most rows `fp8.cu`'s small-M kernel takes (4 tiles of 8).
+pub(super) const FP8_SMALL_LIMIT: usize = 32;
 
 const GEMV_SPLITS: [usize; 4] = [1, 2, 4, 8];
 const GEMV_SPLIT_EXPECTED: &str = "1, 2, 4 or 8";
@@ -264,7 +292,7 @@ const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (th
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 13] = [
+    pub const VARS: [&str; 14] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -278,6 +306,7 @@ impl CudaTuning {
         SOURCE_DIR_VAR,
         DET_SPLIT_VAR,
         DET_ROWS_VAR,
+        FP8_SMALL_VAR,
     ];
 
     /// The default tuning with every variable that `get` returns applied (a program's edge calls
@@ -316,6 +345,12 @@ impl CudaTuning {
         if let Some(v) = lookup(&get, DET_ROWS_VAR) {
             t.deterministic_gemm_rows = parse_count(DET_ROWS_VAR, &v, 1)?;
         }
+        if let Some(v) = lookup(&get, FP8_SMALL_VAR) {
+            match v.parse::<usize>() {
+                Ok(r) if r <= FP8_SMALL_LIMIT => t.fp8_small_max_rows = r,
+                _ => return Err(invalid(FP8_SMALL_VAR, &v, FP8_SMALL_EXPECTED)),
+            }
+        }
         let k = &mut t.kernels;
         if let Some(v) = lookup(&get, STAGES_VAR) {
             match v.parse::<usize>() {
@@ -350,8 +385,12 @@ impl CudaTuning {
 
     /// The precision name a receipt records for a backend of this tuning: `bf16` or `f32`
     /// (`precise`, [`super::CudaBackend::with_precise`]), with `-deterministic` appended in
-    /// deterministic mode.
+    /// deterministic mode; `fp8-w8a8` with [`Quantization::Fp8W8A8`] (which [`Self::validate`]
+    /// refuses with either of the others).
     pub fn precision_name(&self, precise: bool) -> &'static str {
+        if self.quantization == Quantization::Fp8W8A8 {
+            return "fp8-w8a8";
+        }
         match (precise, self.deterministic) {
             (false, false) => "bf16",
             (true, false) => "f32",
@@ -382,6 +421,20 @@ impl CudaTuning {
         }
         if self.deterministic_gemm_rows == 0 {
             return Err(invalid(DET_ROWS_VAR, "0", "a whole number of at least 1"));
+        }
+        if self.fp8_small_max_rows > FP8_SMALL_LIMIT {
+            let r = self.fp8_small_max_rows.to_string();
+            return Err(invalid(FP8_SMALL_VAR, &r, FP8_SMALL_EXPECTED));
+        }
+        if self.quantization == Quantization::Fp8W8A8 && self.deterministic {
+            // The FP8 products pick their kernel by row count (small-M kernel or cuBLASLt) and
+            // have no pinned algorithm yet, so a row's result would depend on its batch.
+            return Err(TuningError {
+                var: "--quantization",
+                value: "fp8".into(),
+                expected: "bf16 weights in deterministic mode (FP8 products are not batch-invariant \
+                           yet; pass --deterministic false)",
+            });
         }
         let stages = self.kernels.decode_stages;
         if !sov_kernels::DECODE_MMA_STAGES.contains(&stages) {
@@ -457,6 +510,7 @@ mod tests {
             ("SOV_KERNEL_SOURCE_DIR", "kernels/cuda"),
             ("SOV_DETERMINISTIC_SPLIT_TOKENS", "256"),
             ("SOV_DETERMINISTIC_GEMM_ROWS", "64"),
+            ("SOV_FP8_SMALL_ROWS", "4"),
         ]))
         .unwrap();
         let expect = CudaTuning {
@@ -469,6 +523,8 @@ mod tests {
             deterministic: false,
             deterministic_split_tokens: 256,
             deterministic_gemm_rows: 64,
+            quantization: Quantization::None,
+            fp8_small_max_rows: 4,
             kernels: KernelBuild {
                 decode_stages: 3,
                 decode_carveout: DecodeCarveout {
@@ -580,6 +636,31 @@ mod tests {
         t.deterministic = true;
         assert_eq!(t.precision_name(false), "bf16-deterministic");
         assert_eq!(t.precision_name(true), "f32-deterministic");
+    }
+
+    #[test]
+    fn fp8_is_named_and_refused_in_deterministic_mode() {
+        let mut t = CudaTuning {
+            quantization: Quantization::Fp8W8A8,
+            ..Default::default()
+        };
+        assert_eq!(t.precision_name(false), "fp8-w8a8");
+        assert!(t.validate().is_ok());
+        t.deterministic = true;
+        assert_eq!(t.validate().unwrap_err().var, "--quantization");
+    }
+
+    #[test]
+    fn fp8_small_rows_are_bounded_by_the_kernel() {
+        let t = CudaTuning::from_vars(vars(&[("SOV_FP8_SMALL_ROWS", "8")])).unwrap();
+        assert_eq!(t.fp8_small_max_rows, 8);
+        let e = CudaTuning::from_vars(vars(&[("SOV_FP8_SMALL_ROWS", "33")])).unwrap_err();
+        assert_eq!(e.var, "SOV_FP8_SMALL_ROWS");
+        let t = CudaTuning {
+            fp8_small_max_rows: 64,
+            ..Default::default()
+        };
+        assert!(t.validate().is_err());
     }
 
     #[test]

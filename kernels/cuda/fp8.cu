@@ -1,0 +1,297 @@
+// fp8.cu: FP8 (e4m3) W8A8 products: per-row quantization, a small-M product on tensor cores, a
+// scalar product for any shape, and the rescale of an unscaled product.
+//
+// Design (the FP8-dynamic scheme of the widely used Llama-3.1-8B FP8 checkpoints): a weight
+// [m, k] is stored as e4m3 with one f32 scale per output row (channel); a product's input [n, k]
+// is quantized per token (row) right before the product. Both use quantize_rows_*: for a row of
+// absolute maximum a > 0, scale = a / 448 and q = e4m3(x * (448 / a)) (round to nearest even,
+// saturated to +-448: cvt.rn.satfinite), both with IEEE f32 division and multiplication (no
+// fast math); a row of zeros gets scale 1 and zeros. A product is then
+//   out[r, j] = (sum_k qx[r, k] * qw[j, k]) * sx[r] * sw[j]
+// with the sum accumulated in f32 (each e4m3 product is exact in f32), the scales applied in that
+// order. Every path below computes exactly that; they differ only in the order of the sum.
+//
+// fp8_gemm_small: n <= 32 rows on tensor cores (mma.sync m16n8k32 e4m3 x e4m3 -> f32). A CTA of 8
+// warps owns 16 weight rows; its warps take every 8th 64-wide chunk of k and their partial sums are
+// added in warp order through shared memory. In a chunk, lane (g = lane / 4, t = lane % 4) loads
+// 16 contiguous bytes of weight rows g and g + 8 and of x row g at k offset t * 16 -- 16-byte
+// loads instead of the 4-byte pieces of the mma fragment layout. The two mmas of the chunk take
+// the four 4-byte words of those loads as if they were the fragment's k positions: A and B use
+// the same permutation of k, so the dot product is the same. Needs k % 16 == 0 (16-byte rows).
+// Up to 4 n-tiles of 8 rows (n <= 32) share each weight load. Launched with programmatic
+// serialization after quantize_rows (which lets it start at once): its first weight loads are in
+// flight while the input is still being quantized.
+// fp8_gemm_scalar: one thread per output, any k (odd shapes and the reference for the others).
+// fp8_rescale: out[r, j] *= sx[r] * sw[j], for cuBLASLt products run with unit scales.
+#include "common.cuh"
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+
+#define FP8_MAX 448.f
+#define SMALL_WARPS 8
+#define SMALL_MAX_TILES 4  // n-tiles of 8 rows: n <= 32
+#define QUANT_THREADS 256
+
+// Two f32 to two e4m3 (a in the low byte), round to nearest even, saturated to the finite range.
+__device__ __forceinline__ u16 f32x2_to_e4m3x2(float a, float b) {
+#if __CUDA_ARCH__ >= 890
+    u16 r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(b), "f"(a));
+    return r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+
+// One e4m3 byte to f32 (exact).
+__device__ __forceinline__ float e4m3_to_f32(u8 v) {
+#if __CUDA_ARCH__ >= 890
+    u32 h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"((u16)v));
+    float f;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"((u16)(h & 0xffffu)));
+    return f;
+#else
+    __trap();
+    return 0.f;
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ float load_as_f32(const T* p, size_t i);
+template <>
+__device__ __forceinline__ float load_as_f32<float>(const float* p, size_t i) {
+    return p[i];
+}
+template <>
+__device__ __forceinline__ float load_as_f32<bf16_t>(const bf16_t* p, size_t i) {
+    return bf2f(p[i]);
+}
+
+// q: [rows, k] e4m3, scale: [rows] f32, x: [rows, k]. Grid: rows CTAs of QUANT_THREADS.
+template <typename T>
+__device__ __forceinline__ void quantize_rows(u8* __restrict__ q, float* __restrict__ scale,
+                                              const T* __restrict__ x, int k) {
+    __shared__ float red[32];
+    // Launched with programmatic serialization: x is the previous kernel's output, and the
+    // product after this one may start loading its weights while this runs.
+    wait_for_prerequisites();
+    allow_dependents_early();
+    const size_t row = blockIdx.x;
+    const T* xr = x + row * (size_t)k;
+    u8* qr = q + row * (size_t)k;
+    float a = 0.f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) a = fmaxf(a, fabsf(load_as_f32(xr, i)));
+    a = block_max(a, red);
+    const float inv = a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f;
+    if (threadIdx.x == 0) scale[row] = a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f;
+    for (int i = 2 * threadIdx.x; i < k; i += 2 * blockDim.x) {
+        const float v0 = __fmul_rn(load_as_f32(xr, i), inv);
+        const float v1 = i + 1 < k ? __fmul_rn(load_as_f32(xr, i + 1), inv) : 0.f;
+        const u16 p = f32x2_to_e4m3x2(v0, v1);
+        qr[i] = (u8)(p & 0xff);
+        if (i + 1 < k) qr[i + 1] = (u8)(p >> 8);
+    }
+}
+
+// Eight consecutive values (16-byte aligned for bf16, 32 for f32) as f32.
+__device__ __forceinline__ void load8(const float* p, float* v) {
+    const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16_t* p, float* v) { unpack8(*(const uint4*)p, v); }
+
+#define QUANT_VEC_CHUNKS 8  // 8-value chunks a thread holds: k <= QUANT_THREADS * 64 = 16384
+
+// quantize_rows for k % 8 == 0 and k <= 16384: the same values (the same max, the same product
+// and rounding of each element), with the row read once into registers, 16- or 32-byte loads
+// and 8-byte stores (the byte-wise kernel took 13 us for one row of 14336).
+template <typename T>
+__device__ __forceinline__ void quantize_rows_vec(u8* __restrict__ q, float* __restrict__ scale,
+                                                  const T* __restrict__ x, int k) {
+    __shared__ float red[32];
+    wait_for_prerequisites();
+    allow_dependents_early();
+    const size_t row = blockIdx.x;
+    const T* xr = x + row * (size_t)k;
+    u8* qr = q + row * (size_t)k;
+    const int chunks = k / 8;
+    float v[QUANT_VEC_CHUNKS][8];
+    float a = 0.f;
+#pragma unroll
+    for (int c = 0; c < QUANT_VEC_CHUNKS; c++) {
+        const int idx = threadIdx.x + c * QUANT_THREADS;
+        if (idx < chunks) {
+            load8(xr + (size_t)idx * 8, v[c]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) a = fmaxf(a, fabsf(v[c][j]));
+        }
+    }
+    a = block_max(a, red);
+    const float inv = a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f;
+    if (threadIdx.x == 0) scale[row] = a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f;
+#pragma unroll
+    for (int c = 0; c < QUANT_VEC_CHUNKS; c++) {
+        const int idx = threadIdx.x + c * QUANT_THREADS;
+        if (idx < chunks) {
+            u32 w[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float* p = v[c] + 4 * h;
+                const u32 lo = f32x2_to_e4m3x2(__fmul_rn(p[0], inv), __fmul_rn(p[1], inv));
+                const u32 hi = f32x2_to_e4m3x2(__fmul_rn(p[2], inv), __fmul_rn(p[3], inv));
+                w[h] = lo | (hi << 16);
+            }
+            *(uint2*)(qr + (size_t)idx * 8) = make_uint2(w[0], w[1]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(QUANT_THREADS)
+quantize_rows_vec_f32(u8* __restrict__ q, float* __restrict__ scale, const float* __restrict__ x, int k) {
+    quantize_rows_vec<float>(q, scale, x, k);
+}
+
+extern "C" __global__ void __launch_bounds__(QUANT_THREADS)
+quantize_rows_vec_bf16(u8* __restrict__ q, float* __restrict__ scale, const bf16_t* __restrict__ x, int k) {
+    quantize_rows_vec<bf16_t>(q, scale, x, k);
+}
+
+extern "C" __global__ void __launch_bounds__(QUANT_THREADS)
+quantize_rows_f32(u8* __restrict__ q, float* __restrict__ scale, const float* __restrict__ x, int k) {
+    quantize_rows<float>(q, scale, x, k);
+}
+
+extern "C" __global__ void __launch_bounds__(QUANT_THREADS)
+quantize_rows_bf16(u8* __restrict__ q, float* __restrict__ scale, const bf16_t* __restrict__ x, int k) {
+    quantize_rows<bf16_t>(q, scale, x, k);
+}
+
+// out: [n, m] f32; qx: [n, k], qw: [m, k] e4m3; sx: [n], sw: [m]. Grid: ceil(n * m / 256) x 256.
+extern "C" __global__ void fp8_gemm_scalar(float* __restrict__ out, const u8* __restrict__ qx,
+                                           const float* __restrict__ sx, const u8* __restrict__ qw,
+                                           const float* __restrict__ sw, int n, int k, int m) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)n * m) return;
+    const int r = (int)(idx / m), j = (int)(idx % m);
+    const u8* xr = qx + (size_t)r * k;
+    const u8* wr = qw + (size_t)j * k;
+    float acc = 0.f;
+    for (int i = 0; i < k; i++) acc = fmaf(e4m3_to_f32(xr[i]), e4m3_to_f32(wr[i]), acc);
+    out[idx] = acc * sx[r] * sw[j];
+}
+
+// out[r, j] *= sx[r] * sw[j] over [n, m]. Grid: ceil(n * m / 256) x 256.
+extern "C" __global__ void fp8_rescale(float* __restrict__ out, const float* __restrict__ sx,
+                                       const float* __restrict__ sw, int n, int m) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)n * m) return;
+    const int r = (int)(idx / m), j = (int)(idx % m);
+    out[idx] = out[idx] * sx[r] * sw[j];
+}
+
+__device__ __forceinline__ void mma_e4m3(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 890
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ uint4 load16_or_zero(const u8* p, bool ok) {
+    return ok ? __ldg((const uint4*)p) : make_uint4(0, 0, 0, 0);
+}
+
+#ifndef SMALL_UNROLL
+#define SMALL_UNROLL 4  // 64-wide k chunks a warp loads before it multiplies (2: down 38 us, 1.5 TB/s)
+#endif
+
+// See the file comment. Grid: ceil(m / 16) CTAs of 32 * SMALL_WARPS threads. TILES = ceil(n / 8).
+template <int TILES>
+__device__ __forceinline__ void gemm_small(float* __restrict__ out, const u8* __restrict__ qx,
+                                           const float* __restrict__ sx, const u8* __restrict__ qw,
+                                           const float* __restrict__ sw, int n, int k, int m) {
+    __shared__ float part[SMALL_WARPS][TILES][4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const bool w_lo = row0 + g < m, w_hi = row0 + g + 8 < m;
+    const u8* wlo = qw + (size_t)(row0 + g) * k;
+    const u8* whi = qw + (size_t)(row0 + g + 8) * k;
+    float acc[TILES][4];
+#pragma unroll
+    for (int i = 0; i < TILES; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+    const int chunks = (k + 63) / 64;
+    for (int c0 = warp; c0 < chunks; c0 += SMALL_WARPS * SMALL_UNROLL) {
+        uint4 alo[SMALL_UNROLL], ahi[SMALL_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SMALL_UNROLL; u++) {
+            const int kk = (c0 + u * SMALL_WARPS) * 64 + t * 16;
+            const bool in_k = c0 + u * SMALL_WARPS < chunks && kk < k;
+            alo[u] = load16_or_zero(wlo + kk, in_k && w_lo);
+            ahi[u] = load16_or_zero(whi + kk, in_k && w_hi);
+        }
+        wait_for_prerequisites();
+#pragma unroll
+        for (int u = 0; u < SMALL_UNROLL; u++) {
+            const int kk = (c0 + u * SMALL_WARPS) * 64 + t * 16;
+            const bool in_k = c0 + u * SMALL_WARPS < chunks && kk < k;
+#pragma unroll
+            for (int tile = 0; tile < TILES; tile++) {
+                const int r = tile * 8 + g;
+                const uint4 b = load16_or_zero(qx + (size_t)r * k + kk, in_k && r < n);
+                mma_e4m3(acc[tile], alo[u].x, ahi[u].x, alo[u].y, ahi[u].y, b.x, b.y);
+                mma_e4m3(acc[tile], alo[u].z, ahi[u].z, alo[u].w, ahi[u].w, b.z, b.w);
+            }
+        }
+    }
+    wait_for_prerequisites();  // for k == 0 (the loop never ran)
+    allow_dependents_early();
+#pragma unroll
+    for (int tile = 0; tile < TILES; tile++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) part[warp][tile][j][lane] = acc[tile][j];
+    __syncthreads();
+    // Thread i of the CTA finishes output i of the CTA's [TILES * 8 rows, 16 weight rows] block:
+    // accumulator j of lane l holds weight row g + 8 * (j / 2), x row 2 * t + j % 2 of its tile.
+    for (int i = threadIdx.x; i < TILES * 128; i += blockDim.x) {
+        const int tile = i / 128, j = (i / 32) % 4, l = i % 32;
+        const int wrow = row0 + (l >> 2) + 8 * (j >> 1);
+        const int xrow = tile * 8 + 2 * (l & 3) + (j & 1);
+        if (wrow >= m || xrow >= n) continue;
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < SMALL_WARPS; w++) s += part[w][tile][j][l];
+        out[(size_t)xrow * m + wrow] = s * sx[xrow] * sw[wrow];
+    }
+}
+
+// One entry point per number of 8-row tiles.
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_gemm_small_1(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
+                  const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small<1>(out, qx, sx, qw, sw, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_gemm_small_2(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
+                  const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small<2>(out, qx, sx, qw, sw, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_gemm_small_3(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
+                  const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small<3>(out, qx, sx, qw, sw, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_gemm_small_4(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
+                  const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small<4>(out, qx, sx, qw, sw, n, k, m);
+}

@@ -1,0 +1,309 @@
+//! FP8 W8A8 on the CUDA backend: weights quantized at load, inputs quantized per token before each
+//! product, and the choice of product kernel by shape.
+//!
+//! Design (the scheme and its exact scale math are in `kernels/cuda/fp8.cu`): a linear layer's
+//! weight `[m, k]` (under [`Quantization::Fp8W8A8`], [`CudaBackend::upload_projection_impl`]) is
+//! uploaded in bf16, quantized on the device by `quantize_rows_bf16` and stored as one
+//! [`DType::F8E4M3`] buffer: `m*k` e4m3 bytes, then (from byte [`scales_offset`]) the `[m]` f32
+//! scales. A product `x[n, k] @ w^T` quantizes `x` (f32 or bf16) into the backend's scratch
+//! (`[n*k]` e4m3, then `[n]` f32 scales) and multiplies on one of three paths ([`Fp8Path`]):
+//! the small-M tensor-core kernel for `n <= CudaTuning::fp8_small_max_rows` (batch-1 decode:
+//! cuBLASLt FP8 is no GEMV), cuBLASLt ([`super::gemm_fp8`]) above that, and a scalar kernel for
+//! shapes neither takes (`k % 16 != 0`, or `m % 4 != 0` for cuBLASLt). The lm head and the
+//! embedding stay bf16, as in the FP8-dynamic checkpoints.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use sov_kernels::KernelId;
+
+use super::buffer::CudaBuffer;
+use super::device::{CudaBackend, driver_err, grid_for};
+use super::gemm_fp8::ScaleMode;
+use super::ops::to_i32;
+use super::pdl::arg;
+use super::tuning::Quantization;
+use crate::backend::{Backend, BackendError, DType, check_buffer};
+use crate::loader::tensor::HostTensor;
+
+/// Threads of a `quantize_rows_*` CTA (`QUANT_THREADS` in `fp8.cu`).
+const QUANT_THREADS: u32 = 256;
+/// Longest row the `quantize_rows_vec_*` kernels take (`QUANT_THREADS * 8 * QUANT_VEC_CHUNKS`).
+const QUANT_VEC_MAX_K: usize = 16384;
+/// Weight rows a CTA of the small-M kernel takes.
+const SMALL_ROWS_PER_CTA: usize = 16;
+
+/// Byte offset of the scales in an FP8 buffer of `len` e4m3 values (256-byte aligned).
+pub(super) fn scales_offset(len: usize) -> usize {
+    len.div_ceil(256) * 256
+}
+
+/// Which kernel multiplies an FP8 product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Path {
+    /// By shape, as [`CudaBackend::matmul`] picks it.
+    Auto,
+    /// `fp8_gemm_small_*` (n <= 32, k % 16 == 0).
+    Small,
+    /// cuBLASLt (k % 16 == 0, m % 4 == 0).
+    CublasLt,
+    /// `fp8_gemm_scalar` (any shape; slow).
+    Scalar,
+}
+
+impl CudaBackend {
+    /// [`crate::backend::Backend::upload_projection`]: FP8 under [`Quantization::Fp8W8A8`] for a
+    /// 2-D tensor, else the bf16 upload.
+    pub(super) fn upload_projection_impl(
+        &self,
+        tensor: HostTensor,
+    ) -> Result<CudaBuffer, BackendError> {
+        if self.tuning.quantization != Quantization::Fp8W8A8 || tensor.shape.len() != 2 {
+            return self.upload_weight_owned(tensor);
+        }
+        let (m, k) = (tensor.shape[0], tensor.shape[1]);
+        let bf = self.upload_weight(&tensor)?;
+        drop(tensor);
+        self.quantize_weight(&bf, m, k)
+    }
+
+    /// Quantizes a bf16 weight `[m, k]` into an FP8 buffer (e4m3 rows, then the row scales).
+    pub fn quantize_weight(
+        &self,
+        w: &CudaBuffer,
+        m: usize,
+        k: usize,
+    ) -> Result<CudaBuffer, BackendError> {
+        check_buffer("quantize_weight", "w", w, DType::BF16, m * k)?;
+        let off = scales_offset(m * k);
+        let mut q = self.alloc_zeroed(DType::F8E4M3, off + 4 * m)?;
+        q.len = m * k;
+        let (qp, sp) = (q.ptr(), q.ptr() + off as u64);
+        // SAFETY: q holds m*k bytes then m f32 at byte `off`; w holds m*k bf16.
+        unsafe { self.quantize_rows("quantize_rows_bf16", qp, sp, w.ptr(), m, k)? };
+        Ok(q)
+    }
+
+    /// Launches `name` (`quantize_rows_f32` or `_bf16`) over `rows` rows of `k`.
+    ///
+    /// # Safety
+    /// `q` must hold `rows*k` bytes, `scale` `rows` f32 and `x` `rows*k` of the kernel's input type.
+    unsafe fn quantize_rows(
+        &self,
+        name: &str,
+        q: u64,
+        scale: u64,
+        x: u64,
+        rows: usize,
+        k: usize,
+    ) -> Result<(), BackendError> {
+        if rows == 0 {
+            return Ok(());
+        }
+        // The register-held variant (same values) where the row fits it.
+        let vec_name = format!(
+            "quantize_rows_vec_{}",
+            name.trim_start_matches("quantize_rows_")
+        );
+        let name = if k.is_multiple_of(8) && k <= QUANT_VEC_MAX_K {
+            vec_name.as_str()
+        } else {
+            name
+        };
+        let f = self.modules.function(KernelId::Fp8, None, name)?;
+        let ki = to_i32(k, "k")?;
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(rows).map_err(|_| too_big(rows))?, 1, 1),
+            block_dim: (QUANT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut params = [arg(&q), arg(&scale), arg(&x), arg(&ki)];
+        // SAFETY: the parameters are the kernel's (q, scale, x, k), alive for the call; sizes are
+        // the caller's contract; the kernel waits for its prerequisites before touching memory.
+        unsafe { self.launch_overlapping(&f, cfg, &mut params) }
+    }
+
+    /// Grows the FP8 input scratch to `n` rows of `k` (e4m3 values, then `n` f32 scales).
+    pub(super) fn reserve_fp8_scratch(&self, n: usize, k: usize) -> Result<(), BackendError> {
+        let need = scales_offset(n * k) + 4 * n;
+        let mut scratch = self
+            .scratch
+            .lock()
+            .map_err(|_| BackendError::Device("scratch lock poisoned".into()))?;
+        if scratch.fp8_x.as_ref().is_none_or(|b| b.len < need) {
+            scratch.fp8_x = Some(self.alloc_zeroed(DType::F8E4M3, need.next_power_of_two())?);
+            scratch.generation += 1;
+        }
+        Ok(())
+    }
+
+    /// Quantizes `x` (`[n, k]` f32 or bf16) into the FP8 scratch and returns the addresses of its
+    /// e4m3 values and scales.
+    pub(super) fn quantize_input(
+        &self,
+        x: &CudaBuffer,
+        n: usize,
+        k: usize,
+    ) -> Result<(u64, u64), BackendError> {
+        self.reserve_fp8_scratch(n, k)?;
+        let scratch = self
+            .scratch
+            .lock()
+            .map_err(|_| BackendError::Device("scratch lock poisoned".into()))?;
+        let Some(buf) = scratch.fp8_x.as_ref() else {
+            return Err(BackendError::Device("FP8 scratch missing".into()));
+        };
+        let (qp, sp) = (buf.ptr(), buf.ptr() + scales_offset(n * k) as u64);
+        let name = if x.dtype == DType::BF16 {
+            "quantize_rows_bf16"
+        } else {
+            "quantize_rows_f32"
+        };
+        // SAFETY: the scratch holds n*k bytes then n f32 at scales_offset(n*k) (reserved above);
+        // the caller checked x.
+        unsafe { self.quantize_rows(name, qp, sp, x.ptr(), n, k)? };
+        Ok((qp, sp))
+    }
+
+    /// `out[n, m] = x[n, k] @ w^T` for an FP8 weight `w` (see the module doc) on `path`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn matmul_fp8(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        out: &mut CudaBuffer,
+        (n, k, m): (usize, usize, usize),
+        path: Fp8Path,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "matmul (fp8)";
+        let xt = if x.dtype == DType::BF16 {
+            DType::BF16
+        } else {
+            DType::F32
+        };
+        check_buffer(OP, "x", x, xt, n * k)?;
+        check_buffer(OP, "w", w, DType::F8E4M3, m * k)?;
+        check_buffer(OP, "out", out, DType::F32, n * m)?;
+        if w.mem.len() < scales_offset(m * k) + 4 * m {
+            return Err(BackendError::Shape {
+                op: OP,
+                detail: format!("w holds no scales for {m} rows"),
+            });
+        }
+        if n == 0 || m == 0 {
+            return Ok(());
+        }
+        let (qx, sx) = self.quantize_input(x, n, k)?;
+        let (qw, sw) = (w.ptr(), w.ptr() + scales_offset(m * k) as u64);
+        let small_ok = k.is_multiple_of(16) && n <= super::tuning::FP8_SMALL_LIMIT;
+        let lt_ok = k.is_multiple_of(16) && m.is_multiple_of(4) && self.fp8.is_some();
+        let path = match path {
+            Fp8Path::Auto if small_ok && n <= self.tuning.fp8_small_max_rows => Fp8Path::Small,
+            Fp8Path::Auto if lt_ok => Fp8Path::CublasLt,
+            Fp8Path::Auto if small_ok => Fp8Path::Small,
+            Fp8Path::Auto => Fp8Path::Scalar,
+            Fp8Path::Small if !small_ok => return Err(unsupported("small-M", n, k, m)),
+            Fp8Path::CublasLt if !lt_ok => return Err(unsupported("cuBLASLt", n, k, m)),
+            p => p,
+        };
+        let o = out.ptr();
+        let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
+        let (name, cfg) = match path {
+            Fp8Path::Small => {
+                let tiles = n.div_ceil(8);
+                let cfg = LaunchConfig {
+                    grid_dim: (m.div_ceil(SMALL_ROWS_PER_CTA) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (format!("fp8_gemm_small_{tiles}"), cfg)
+            }
+            Fp8Path::CublasLt => {
+                let Some(lt) = self.fp8.as_ref() else {
+                    return Err(unsupported("cuBLASLt", n, k, m));
+                };
+                let stream = self.stream.cu_stream() as _;
+                // SAFETY: qx/sx hold n*k bytes and n f32 (the scratch), qw/sw m*k bytes and m f32
+                // (checked above), out n*m f32; k % 16 == 0 and m % 4 == 0 (lt_ok).
+                let mode = unsafe { lt.matmul(stream, (qx, sx), (qw, sw), o, (n, k, m))? };
+                if mode == ScaleMode::OuterVector {
+                    return Ok(());
+                }
+                let cfg = LaunchConfig {
+                    grid_dim: (grid_for(n * m, 256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let f = self.modules.function(KernelId::Fp8, None, "fp8_rescale")?;
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&o).arg(&sx).arg(&sw).arg(&ni).arg(&mi);
+                // SAFETY: (out, sx, sw, n, m) as the kernel takes them; sizes checked above.
+                unsafe { b.launch(cfg) }.map_err(driver_err)?;
+                return Ok(());
+            }
+            _ => {
+                let cfg = LaunchConfig {
+                    grid_dim: (grid_for(n * m, 256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                ("fp8_gemm_scalar".to_string(), cfg)
+            }
+        };
+        let f = self.modules.function(KernelId::Fp8, None, &name)?;
+        let mut params = [
+            arg(&o),
+            arg(&qx),
+            arg(&sx),
+            arg(&qw),
+            arg(&sw),
+            arg(&ni),
+            arg(&ki),
+            arg(&mi),
+        ];
+        // SAFETY: both kernels take (out, qx, sx, qw, sw, n, k, m), alive for the call; the
+        // buffers hold what those sizes need (checked above; the scratch reserved by
+        // quantize_input); the small kernel gets ceil(n / 8) <= 4 tiles and k % 16 == 0
+        // (small_ok) and reads only the weights before its wait for the prerequisites; the
+        // scalar kernel starts after the kernel before it.
+        unsafe {
+            if path == Fp8Path::Small {
+                self.launch_overlapping(&f, cfg, &mut params)
+            } else {
+                self.launch_serial(&f, cfg, &mut params)
+            }
+        }
+    }
+
+    /// The e4m3 bytes and the `[m]` scales of an FP8 weight of `m` rows (for tests and tools).
+    pub fn download_fp8(
+        &self,
+        w: &CudaBuffer,
+        m: usize,
+    ) -> Result<(Vec<u8>, Vec<f32>), BackendError> {
+        check_buffer("download_fp8", "w", w, DType::F8E4M3, w.len)?;
+        if w.mem.len() < scales_offset(w.len) + 4 * m {
+            return Err(BackendError::Shape {
+                op: "download_fp8",
+                detail: format!("w holds no scales for {m} rows"),
+            });
+        }
+        let mut q = vec![0u8; w.len];
+        self.download_raw(w, 0, &mut q)?;
+        let mut s = vec![0f32; m];
+        self.download_raw(w, scales_offset(w.len), bytemuck::cast_slice_mut(&mut s))?;
+        Ok((q, s))
+    }
+
+    /// How cuBLASLt FP8 products apply their scales, once one has run (`None` before, or without
+    /// FP8).
+    pub fn fp8_scale_mode(&self) -> Option<ScaleMode> {
+        self.fp8.as_ref().and_then(|g| g.mode())
+    }
+}
+
+fn too_big(v: usize) -> BackendError {
+    BackendError::Unsupported(format!("FP8 dimension {v}"))
+}
+
+fn unsupported(path: &str, n: usize, k: usize, m: usize) -> BackendError {
+    BackendError::Unsupported(format!("the {path} FP8 product of {n}x{k} @ {m}x{k}^T"))
+}

@@ -1,0 +1,285 @@
+//! Checks of the FP8 W8A8 path (`fp8.cu`, [`super::fp8`], [`super::gemm_fp8`]):
+//! - the host e4m3 encoder of these tests against values fixed by the OCP FP8 specification
+//!   (OFP8 1.0, E4M3: bias 7, max 448, no infinities) -- CPU only;
+//! - the device's weight and input quantization against that encoder, byte for byte, scales bit
+//!   for bit (GPU);
+//! - every product path (small-M tensor cores, cuBLASLt, scalar) against an f64 CPU product of
+//!   the same quantized values with the same scale math, odd shapes included; the bound is that of
+//!   f32 accumulation order, |out - ref| <= 1e-5 * sum_k |qx * qw| * sx * sw, for the small-M and
+//!   scalar kernels, and 1e-4 for cuBLASLt, whose FP8 kernels on the H200 keep partial sums in
+//!   Hopper's FP8 tensor-core accumulator (measured up to 6.8e-5; the small-M kernel's mma.sync
+//!   stays within 3e-8) (GPU);
+//! - the whole model (random bf16 weights, a SmolLM2-like shape, several layers) in FP8 against
+//!   bf16: last-token logits within 15% relative L2 (e4m3 keeps 3 mantissa bits: one rounding is
+//!   up to 6.25% of a value) (GPU).
+//!
+//! GPU tests print why and return without a usable GPU.
+
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::tests::device_with;
+use super::{CudaBackend, CudaBuffer, Fp8Path, Quantization};
+use crate::backend::{Backend, DType};
+use crate::loader::tensor::{HostData, HostTensor};
+
+/// e4m3 byte to f32 (exact).
+fn decode(b: u8) -> f32 {
+    let (e, m) = (((b >> 3) & 0xf) as i32, (b & 7) as f32);
+    let v = if e == 0 {
+        m / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + m / 8.0) * 2f32.powi(e - 7)
+    };
+    if b & 0x80 != 0 { -v } else { v }
+}
+
+/// f32 to e4m3: round to nearest, ties to the even code, saturated to +-448 (PTX
+/// `cvt.rn.satfinite.e4m3x2.f32`).
+fn encode(v: f32) -> u8 {
+    let sign = if v.is_sign_negative() { 0x80 } else { 0 };
+    let a = v.abs();
+    let mut best = 0u8;
+    for code in 0u8..=0x7e {
+        let (d, db) = ((decode(code) - a).abs(), (decode(best) - a).abs());
+        if d < db || (d == db && code & 1 == 0 && best & 1 == 1) {
+            best = code;
+        }
+    }
+    sign | best
+}
+
+/// The W8A8 quantization of one row (see `fp8.cu`): e4m3 bytes and the scale.
+fn quantize_row(x: &[f32]) -> (Vec<u8>, f32) {
+    let a = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (inv, scale) = if a > 0.0 {
+        (448.0f32 / a, a / 448.0)
+    } else {
+        (0.0, 1.0)
+    };
+    // A zero row keeps each value's sign: -0.0 is e4m3 0x80, as the device's conversion writes it.
+    (x.iter().map(|&v| encode(v * inv)).collect(), scale)
+}
+
+#[test]
+fn encoder_matches_the_ofp8_table() {
+    assert_eq!(encode(1.0), 0x38);
+    assert_eq!(encode(-2.0), 0xc0);
+    assert_eq!(encode(448.0), 0x7e);
+    assert_eq!(encode(1e6), 0x7e); // saturated
+    assert_eq!(encode(2f32.powi(-9)), 0x01); // smallest subnormal
+    assert_eq!(encode(2f32.powi(-10)), 0x00); // tie between 0 and 2^-9: the even code
+    assert_eq!(encode(1.0625), 0x38); // tie between 1.0 and 1.125: even
+    assert_eq!(encode(1.1875), 0x3a); // tie between 1.125 and 1.25: even (1.25)
+    assert_eq!(encode(0.0), 0);
+    assert_eq!(encode(-0.0), 0x80);
+    assert_eq!(encode(-(2f32.powi(-11))), 0x80); // rounds to -0
+    for code in 0u8..=0x7e {
+        assert_eq!(encode(decode(code)), code);
+        assert_eq!(encode(-decode(code)), code | 0x80);
+    }
+}
+
+fn fp8_device() -> Option<CudaBackend> {
+    device_with(|t| {
+        t.quantization = Quantization::Fp8W8A8;
+        t.deterministic = false;
+    })
+}
+
+/// Random values, some rows scaled far up or down and one row of zeros (row 1, if any).
+fn values(rng: &mut StdRng, rows: usize, cols: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    for r in 0..rows {
+        let f = match r % 4 {
+            0 => 1.0,
+            1 => 0.0,
+            2 => 1e-3,
+            _ => 37.0,
+        };
+        v[r * cols..(r + 1) * cols].iter_mut().for_each(|x| *x *= f);
+    }
+    v
+}
+
+fn bf16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()
+}
+
+fn upload_bf16(b: &CudaBackend, v: &[f32], rows: usize, cols: usize) -> CudaBuffer {
+    let t = HostTensor {
+        shape: vec![rows, cols],
+        data: HostData::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect()),
+    };
+    b.upload_weight(&t).expect("upload")
+}
+
+#[test]
+fn weights_are_quantized_by_the_scale_math() {
+    let Some(b) = fp8_device() else { return };
+    let mut rng = StdRng::seed_from_u64(11);
+    for (m, k) in [(8, 64), (5, 1001), (37, 4096)] {
+        let w = bf16_round(&values(&mut rng, m, k));
+        let q = b
+            .quantize_weight(&upload_bf16(&b, &w, m, k), m, k)
+            .expect("quantize");
+        let (bytes, scales) = b.download_fp8(&q, m).expect("download");
+        for r in 0..m {
+            let (want, s) = quantize_row(&w[r * k..(r + 1) * k]);
+            assert_eq!(scales[r].to_bits(), s.to_bits(), "{m}x{k} row {r} scale");
+            let bad = (0..k).filter(|&i| bytes[r * k + i] != want[i]).count();
+            assert_eq!(bad, 0, "{m}x{k} row {r}: {bad} of {k} bytes differ");
+        }
+    }
+}
+
+/// `out = x @ w^T` on `path` with an FP8 copy of `w`; None when the path refuses the shape.
+fn product(
+    b: &CudaBackend,
+    x: &CudaBuffer,
+    w: &CudaBuffer,
+    (n, k, m): (usize, usize, usize),
+    path: Fp8Path,
+) -> Option<Vec<f32>> {
+    let mut out = b.alloc(DType::F32, n * m).expect("alloc");
+    match b.matmul_fp8(x, w, &mut out, (n, k, m), path) {
+        Ok(()) => {}
+        Err(crate::backend::BackendError::Unsupported(_)) => return None,
+        Err(e) => panic!("{n}x{k} @ {m}x{k}^T on {path:?}: {e}"),
+    }
+    let mut v = vec![0f32; n * m];
+    b.download_f32(&out, &mut v).expect("download");
+    Some(v)
+}
+
+#[test]
+fn every_product_path_matches_the_reference_of_the_same_quantized_values() {
+    let Some(b) = fp8_device() else { return };
+    let mut rng = StdRng::seed_from_u64(5);
+    let shapes = [
+        (1, 4096, 96),
+        (2, 512, 40),
+        (8, 1024, 128),
+        (17, 320, 200),
+        (32, 64, 16),
+        (33, 256, 64),
+        (64, 4096, 256),
+        (200, 512, 124),
+        (5, 1001, 33),
+        (3, 16, 7),
+    ];
+    let mut failures = Vec::new();
+    for (n, k, m) in shapes {
+        let xv = values(&mut rng, n, k);
+        let wv = bf16_round(&values(&mut rng, m, k));
+        let w = b
+            .quantize_weight(&upload_bf16(&b, &wv, m, k), m, k)
+            .expect("quantize");
+        let (qw, sw) = b.download_fp8(&w, m).expect("download");
+        for bf16_input in [false, true] {
+            let (x, xs) = if bf16_input {
+                let r = bf16_round(&xv);
+                (upload_bf16(&b, &r, n, k), r)
+            } else {
+                (b.upload_f32(&xv).expect("upload"), xv.clone())
+            };
+            let rows: Vec<(Vec<u8>, f32)> = (0..n)
+                .map(|r| quantize_row(&xs[r * k..(r + 1) * k]))
+                .collect();
+            for path in [
+                Fp8Path::Auto,
+                Fp8Path::Small,
+                Fp8Path::CublasLt,
+                Fp8Path::Scalar,
+            ] {
+                let Some(out) = product(&b, &x, &w, (n, k, m), path) else {
+                    continue;
+                };
+                let lt = path == Fp8Path::CublasLt
+                    || (path == Fp8Path::Auto
+                        && n > b.tuning.fp8_small_max_rows
+                        && k % 16 == 0
+                        && m % 4 == 0);
+                let rel = if lt { 1e-4 } else { 1e-5 };
+                let mut worst = 0f64;
+                for r in 0..n {
+                    let (qx, sx) = &rows[r];
+                    for j in 0..m {
+                        let (mut sum, mut mag) = (0f64, 0f64);
+                        for i in 0..k {
+                            let p = decode(qx[i]) as f64 * decode(qw[j * k + i]) as f64;
+                            sum += p;
+                            mag += p.abs();
+                        }
+                        let want = (sum as f32 * sx * sw[j]) as f64;
+                        let bound = rel * mag * (*sx as f64) * (sw[j] as f64) + 1e-30;
+                        worst = worst.max((out[r * m + j] as f64 - want).abs() / bound);
+                    }
+                }
+                let what = format!("{n}x{k} @ {m}x{k}^T bf16_input={bf16_input} {path:?}");
+                println!("{what}: error / bound {worst:.3}");
+                if worst > 1.0 {
+                    failures.push(what);
+                }
+            }
+        }
+    }
+    println!("cuBLASLt scale mode: {:?}", b.fp8_scale_mode());
+    assert!(failures.is_empty(), "over the bound: {failures:?}");
+}
+
+#[test]
+fn fp8_logits_stay_close_to_bf16() {
+    use crate::model::LlamaModel;
+    use crate::model::batch::SeqChunk;
+    use crate::model::random::{WeightDtype, random_weights, tiny_config};
+    let Some(fp8) = fp8_device() else { return };
+    let Some(plain) = device_with(|t| t.deterministic = false) else {
+        return;
+    };
+    let c = crate::model::config::LlamaConfig {
+        vocab_size: 4099,
+        hidden_size: 576,
+        intermediate_size: 1536,
+        num_hidden_layers: 4,
+        num_attention_heads: 9,
+        num_key_value_heads: 3,
+        head_dim: 64,
+        tie_word_embeddings: false,
+        ..tiny_config()
+    };
+    let w = random_weights(&c, 7, WeightDtype::BF16);
+    let run = |b: CudaBackend| -> Vec<f32> {
+        let model = LlamaModel::new(b, &c, &w).expect("model");
+        let prompts: Vec<Vec<u32>> = (0..3)
+            .map(|s| {
+                (0..(5 + 20 * s))
+                    .map(|i| ((i * 131 + s * 977 + 5) % 4099) as u32)
+                    .collect()
+            })
+            .collect();
+        let tables: Vec<Vec<u32>> = (0..3)
+            .map(|s| (0..4).map(|j| (j * 3 + s) as u32).collect())
+            .collect();
+        let mut kv = model.new_kv_cache(12, 16).expect("kv");
+        let chunks: Vec<SeqChunk<'_>> = prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| SeqChunk {
+                tokens: p,
+                start_pos: 0,
+                block_table: t,
+            })
+            .collect();
+        model.forward(&mut kv, &chunks).expect("forward")
+    };
+    let (a, r) = (run(fp8), run(plain));
+    let e = super::reference::rel_err(&a, &r);
+    let argmax = |v: &[f32]| (0..v.len()).fold(0, |best, i| if v[i] > v[best] { i } else { best });
+    let same = (0..3)
+        .filter(|s| argmax(&a[s * 4099..(s + 1) * 4099]) == argmax(&r[s * 4099..(s + 1) * 4099]))
+        .count();
+    println!("fp8 vs bf16 logits: rel L2 {e:.4}, argmax equal {same}/3");
+    assert!(e <= 0.15, "FP8 logits {e} from bf16's");
+}
