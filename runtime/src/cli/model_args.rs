@@ -63,9 +63,15 @@ pub struct ModelArgs {
     /// Most sequences in the running batch.
     #[arg(long, default_value_t = 256)]
     pub max_batch: usize,
-    /// Most prompt tokens per prefill forward pass.
-    #[arg(long, default_value_t = 2048)]
+    /// Most prompt tokens per forward pass: per decode step when prompts are mixed into decode
+    /// steps (the default machine's default), per prefill pass otherwise; longer prompts run in
+    /// chunks.
+    #[arg(long, default_value_t = 2048, value_name = "N")]
     pub max_prefill_tokens: usize,
+    /// Run prompts in prefill passes of their own, which stall the running streams, instead of
+    /// in chunks inside decode steps (outputs are the same either way; for comparison).
+    #[arg(long)]
+    pub no_mixed_prefill: bool,
     /// Cap on the context length (default: the model's).
     #[arg(long)]
     pub max_context: Option<usize>,
@@ -274,6 +280,7 @@ impl ModelArgs {
             tensor_parallel: usize::from(self.tensor_parallel),
             max_batch: self.max_batch,
             max_prefill_tokens: self.max_prefill_tokens,
+            mixed_prefill: !self.no_mixed_prefill,
             max_context: self.max_context,
             precise: self.precision == PrecisionChoice::F32,
             trace,

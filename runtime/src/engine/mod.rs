@@ -23,6 +23,7 @@ pub mod hook;
 pub mod host_times;
 pub mod intake;
 pub mod kv_policy;
+mod mixed;
 pub mod outbox;
 pub mod output;
 pub mod prefix_cache;
@@ -49,5 +50,7 @@ mod fake;
 mod host_bench;
 #[cfg(test)]
 mod kv_tests;
+#[cfg(test)]
+mod mixed_tests;
 #[cfg(test)]
 mod tests;
