@@ -67,8 +67,10 @@ pub struct EngineOptions {
     pub kv_memory_bytes: usize,
     /// Most sequences in the running batch.
     pub max_batch: usize,
-    /// Most prompt tokens per prefill forward pass.
+    /// Most prompt tokens per prefill forward pass (per mixed step when `mixed_prefill`).
     pub max_prefill_tokens: usize,
+    /// Run prompts in chunks inside decode steps ([`EngineConfig::mixed_prefill`]).
+    pub mixed_prefill: bool,
     /// Context length cap (None: the model's `max_position_embeddings`).
     pub max_context: Option<usize>,
     /// On a GPU: f32-accurate matmul inputs and an f32 KV cache
@@ -139,6 +141,7 @@ impl Default for EngineOptions {
             kv_memory_bytes: 1 << 30,
             max_batch: 256,
             max_prefill_tokens: 2048,
+            mixed_prefill: true,
             max_context: None,
             precise: false,
             trace: false,
@@ -377,6 +380,7 @@ pub(crate) fn launch<M: Machine + 'static, F: ForwardModel + 'static>(
             num_blocks,
             max_batch: opts.max_batch,
             max_prefill_tokens: opts.max_prefill_tokens,
+            mixed_prefill: opts.mixed_prefill,
             context_len,
             eos_ids: parts.eos_ids,
             trace: opts.trace,

@@ -28,6 +28,12 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
         r
     }
 
+    fn mixed_step(&mut self) -> Result<(), EngineError> {
+        let r = EngineCore::mixed_step(self);
+        self.publish();
+        r
+    }
+
     fn decode(&mut self) -> Result<(), EngineError> {
         let r = EngineCore::decode(self);
         self.publish();
@@ -106,6 +112,10 @@ impl<F: ForwardModel> Guards for EngineCore<F> {
 
     fn has_running(&self) -> bool {
         EngineCore::has_running(self)
+    }
+
+    fn mix_prefill(&self) -> bool {
+        EngineCore::mix_prefill(self)
     }
 
     fn all_finished(&self) -> bool {

@@ -115,6 +115,8 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) swap: SwapPool,
     /// What the prefix cache, swapping and recomputation did so far.
     pub(crate) kv_counts: KvCounters,
+    /// Prompts run inside decode steps (see [`super::mixed`]), else in prefill passes.
+    pub(crate) mix_prefill: bool,
 }
 
 /// Running totals the engine reports in its stats (and a server in its metrics).
@@ -161,6 +163,7 @@ impl<F: ForwardModel> EngineCore<F> {
             grammar: None,
             swap,
             kv_counts: KvCounters::default(),
+            mix_prefill: true,
         }
     }
 
@@ -476,7 +479,7 @@ impl<F: ForwardModel> EngineCore<F> {
     /// How running sequence `i`'s next token is chosen: by the model where its logits are when
     /// it is their plain argmax ([`super::SamplingParams::is_plain_argmax`]: the host sampler would
     /// take `argmax` of the unchanged row), else by the host sampler from the downloaded row.
-    fn row_pick(&self, i: usize) -> RowPick {
+    pub(crate) fn row_pick(&self, i: usize) -> RowPick {
         let s = &self.running[i];
         if s.constraint.is_none() && s.sampling.is_plain_argmax(s.output().len()) {
             RowPick::Argmax
@@ -575,7 +578,7 @@ impl<F: ForwardModel> EngineCore<F> {
     /// Advances running sequences `rows` (ascending running indices, each with its row of the
     /// forward pass) by one token each, on the thread pool when that pays (see
     /// [`super::advance`]), queues their events and returns those that finished.
-    fn advance_rows(
+    pub(crate) fn advance_rows(
         &mut self,
         rows: &[(usize, RowInput<'_>)],
         now: Instant,

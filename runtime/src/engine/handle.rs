@@ -37,8 +37,11 @@ pub struct EngineConfig {
     pub num_blocks: usize,
     /// Most sequences in the running batch.
     pub max_batch: usize,
-    /// Most prompt tokens per prefill forward pass.
+    /// Most prompt tokens per prefill forward pass (with `mixed_prefill`: per mixed step).
     pub max_prefill_tokens: usize,
+    /// Run prompts in chunks inside decode steps (the machine's `mix_prefill` predicate) rather
+    /// than in prefill passes that stall the running streams.
+    pub mixed_prefill: bool,
     /// The model's context length (`max_position_embeddings`).
     pub context_len: usize,
     /// End-of-sequence token ids.
@@ -76,6 +79,7 @@ impl Default for EngineConfig {
             num_blocks: 1024,
             max_batch: 256,
             max_prefill_tokens: 2048,
+            mixed_prefill: true,
             context_len: 2048,
             eos_ids: Vec::new(),
             trace: false,
@@ -242,6 +246,7 @@ impl Engine {
         let trace = Arc::new(Mutex::new(Vec::new()));
         let mut core = EngineCore::new(model, codec.clone(), core_cfg, slots.clone());
         core.set_grammar(config.grammar.clone());
+        core.set_mix_prefill(config.mixed_prefill);
         core.deliver_on_own_thread();
         let mut machine = M::new();
         let mut journal = None;

@@ -3,8 +3,9 @@
 //! Data path: [`Engine::submit`] validates and tokenizes a [`Request`] on the caller's
 //! thread and queues it; one engine thread owns the model and repeatedly asks the generated
 //! scheduler (`crate::scheduler`, compiled from `specs/scheduler.toml`) for the next step, whose
-//! actions and predicates [`core::EngineCore`] implements: admit (block manager), prefill and
-//! decode (model forward + [`sampler`]), preempt by recomputation or swap to host ([`swap`]),
+//! actions and predicates [`core::EngineCore`] implements: admit (block manager), prefill,
+//! decode and the mixed step carrying prompt chunks along with the decode rows (model forward +
+//! [`sampler`]), preempt by recomputation or swap to host ([`swap`]),
 //! share cached prompt prefixes ([`prefix_cache`]), and the side paths (checkpoint, speculative
 //! draft/verify). Outputs stream back per request over a channel.
 
@@ -23,6 +24,7 @@ pub mod hook;
 pub mod host_times;
 pub mod intake;
 pub mod kv_policy;
+mod mixed;
 pub mod outbox;
 pub mod output;
 pub mod prefix_cache;
@@ -49,5 +51,7 @@ mod fake;
 mod host_bench;
 #[cfg(test)]
 mod kv_tests;
+#[cfg(test)]
+mod mixed_tests;
 #[cfg(test)]
 mod tests;

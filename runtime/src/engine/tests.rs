@@ -171,7 +171,15 @@ fn batched_equals_solo_greedy_and_seeded() {
 
 #[test]
 fn admits_while_others_decode_and_frees_blocks_the_step_they_finish() {
+    for mix in [true, false] {
+        admits_while_others_decode(mix);
+    }
+}
+
+/// The test above with prompts mixed into decode steps or run in prefill passes of their own.
+fn admits_while_others_decode(mix: bool) {
     let mut s = Stepper::new(256);
+    s.core.set_mix_prefill(mix);
     let long = s.submit(request(0, 20, 30, SamplingParams::greedy()));
     // A few decode steps of the long request alone.
     for _ in 0..6 {
@@ -182,7 +190,14 @@ fn admits_while_others_decode_and_frees_blocks_the_step_they_finish() {
     // The very next step admits the newcomer although the first is mid-generation.
     assert_eq!(s.step(), vec!["admit"]);
     assert_eq!(s.slots.batch_size(), 2);
-    assert_eq!(s.step(), vec!["prefill"]);
+    if mix {
+        // The prefill state hands over to generate, whose next step carries the prompt along
+        // with the long request's decode row.
+        assert!(s.step().is_empty());
+        assert_eq!(s.step(), vec!["mixed_step"]);
+    } else {
+        assert_eq!(s.step(), vec!["prefill"]);
+    }
     let mut saw_short_finish = false;
     while !s.core.is_idle() {
         let before = s.slots.kv_blocks_used();
@@ -328,7 +343,8 @@ fn trace_checkpoints_every_checkpoint_every_decode_steps() {
         }
         for a in &e.actions {
             match *a {
-                "decode" => decodes_since += 1,
+                // A mixed step (prompts alongside the decode rows) counts as a decode step.
+                "decode" | "mixed_step" => decodes_since += 1,
                 "checkpoint" => {
                     assert_eq!(
                         decodes_since, every,

@@ -25,11 +25,11 @@
 //! - [`PowerState`] `{ Active, Suspend, Resume, LowBattery }` with `name()`, `raw()`,
 //!   `from_raw(u32)`, `from_name(&str)`, `ALL`.
 //! - [`Actions`]: `type Error: std::error::Error + Send + Sync + 'static;` and one
-//!   `fn NAME(&mut self) -> Result<(), Self::Error>` per action: `admit`, `prefill`, `decode`,
-//!   `draft`, `verify`, `preempt`, `swap_out`, `swap_in`, `checkpoint`, `restore` (doc lines in
-//!   the TOML say what each must do).
+//!   `fn NAME(&mut self) -> Result<(), Self::Error>` per action: `admit`, `prefill`,
+//!   `mixed_step`, `decode`, `draft`, `verify`, `preempt`, `swap_out`, `swap_in`, `checkpoint`,
+//!   `restore` (doc lines in the TOML say what each must do).
 //! - [`Guards`]: one `fn NAME(&self) -> bool` per predicate: `can_admit`, `has_unprefilled`,
-//!   `has_running`, `all_finished`, `kv_exhausted`, `has_swapped`, `can_swap_in`.
+//!   `has_running`, `mix_prefill`, `all_finished`, `kv_exhausted`, `has_swapped`, `can_swap_in`.
 //! - [`Action`] (`Admit`, `Prefill`, ...; `name()`, `doc()`, `from_name`, `run(rt)`),
 //!   [`Cause`] (`Interrupt(name)`, `Rule(index)`, `Stay`) and
 //!   [`Transition<S>`]`{ from, to, cause, actions: Vec<Action>, updates: Vec<&'static str> }`
@@ -56,9 +56,11 @@
 //! division by zero gives 0, writes saturate to `0..=u32::MAX`).
 //!
 //! # States of the default machine (`seed`)
-//! idle, prefill, generate, swap, checkpoint, resume, and `suspended`: after a
-//! suspend interrupt has checkpointed, the engine waits there (every step a no-op) until
-//! `power_state` is set to `resume` from outside; the resume interrupt then moves to `resume`,
+//! idle, prefill, generate, swap, checkpoint, resume, and `suspended`. When the engine mixes
+//! (`mix_prefill`, its default) the prefill state hands admitted prompts to generate, whose
+//! `mixed_step` runs them in chunks alongside the decode rows; otherwise prefill runs them. In
+//! `suspended`, after a suspend interrupt has checkpointed, the engine waits (every step a no-op)
+//! until `power_state` is set to `resume` from outside; the resume interrupt then moves to `resume`,
 //! which restores the newest checkpoint and continues in `prefill`.
 
 sov_macros::interface!("../specs/runtime.toml");

@@ -254,6 +254,70 @@ fn seed_admits_new_requests_between_decode_steps() {
     assert!(w.finished.iter().all(|s| s.generated == s.max_new));
 }
 
+/// With an engine that mixes (`mix_prefill`), the seed machine runs a prompt inside a decode
+/// step: admission, then one mixed step (the first token) per pending prompt instead of a prefill
+/// pass, counted as a decode step (so checkpoints come every `checkpoint_every` forward steps);
+/// the laptop machine keeps its prefill passes.
+#[test]
+fn seed_mixes_prompts_into_decode_steps_when_the_engine_mixes() {
+    let cadence = every::<seed::Scheduler>();
+    let mut w = world::<seed::Scheduler>(1024);
+    w.mix = true;
+    let mut m = seed::Scheduler::new();
+    w.submit(PROMPT, MAX_NEW);
+    for _ in 0..12 {
+        step(&mut m, &mut w);
+    }
+    assert_eq!(m.state(), seed::State::Generate);
+    let counter = w.slots.tokens_generated();
+    w.submit(PROMPT, 30);
+    let t = step(&mut m, &mut w);
+    assert_eq!(t.actions, vec![Action::Admit]);
+    let t = step(&mut m, &mut w);
+    assert_eq!(
+        (t.from, t.to, t.actions.is_empty()),
+        (seed::State::Prefill, seed::State::Generate, true)
+    );
+    let t = step(&mut m, &mut w);
+    assert_eq!(t.actions, vec![Action::MixedStep]);
+    assert_eq!(w.slots.tokens_generated(), (counter + 1) % cadence);
+    // The mixed step decoded the first request and gave the second its first token.
+    assert!(w.running.iter().all(|s| s.prefilled));
+    run_to_idle(&mut m, &mut w);
+    assert_eq!(w.count(Action::Prefill), 0);
+    assert_eq!(w.count(Action::MixedStep), 2);
+    assert_eq!(w.finished.len(), 2);
+    assert!(w.finished.iter().all(|s| s.generated == s.max_new));
+    // One request alone: the same checkpoint cadence as unmixed (the mixed step counts).
+    let mut w = world::<seed::Scheduler>(1024);
+    w.mix = true;
+    let mut m = seed::Scheduler::new();
+    w.submit(PROMPT, MAX_NEW);
+    run_to_idle(&mut m, &mut w);
+    let mut want = vec![Action::Admit];
+    for step in 1..=MAX_NEW {
+        want.push(if step == 1 {
+            Action::MixedStep
+        } else {
+            Action::Decode
+        });
+        if step % cadence == 0 {
+            want.push(Action::Checkpoint);
+        }
+    }
+    assert_eq!(w.log, want);
+    // The laptop machine does not mix.
+    let mut w = world::<laptop::Scheduler>(1024);
+    w.mix = true;
+    let mut m = laptop::Scheduler::new();
+    w.submit(PROMPT, MAX_NEW);
+    run_to_idle(&mut m, &mut w);
+    assert_eq!(
+        w.log,
+        expected_single_request_log(every::<laptop::Scheduler>())
+    );
+}
+
 /// Two requests that cannot both fit their full length in a 10-block cache.
 fn kv_pressure<M: Machine>() -> World {
     let mut w = world::<M>(10);

@@ -48,6 +48,9 @@ impl Actions for Chaos {
     fn prefill(&mut self) -> Result<(), Failed> {
         self.act()
     }
+    fn mixed_step(&mut self) -> Result<(), Failed> {
+        self.act()
+    }
     fn decode(&mut self) -> Result<(), Failed> {
         self.act()
     }
@@ -82,6 +85,9 @@ impl Guards for Chaos {
         self.coin()
     }
     fn has_running(&self) -> bool {
+        self.coin()
+    }
+    fn mix_prefill(&self) -> bool {
         self.coin()
     }
     fn all_finished(&self) -> bool {

@@ -36,6 +36,8 @@ pub struct World {
     pub log: Vec<Action>,
     /// When set, this action fails (once).
     pub fail_next: Option<Action>,
+    /// The answer of the `mix_prefill` predicate (prompts run inside decode steps).
+    pub mix: bool,
     next_id: u32,
 }
 
@@ -51,6 +53,7 @@ impl World {
             finished: Vec::new(),
             log: Vec::new(),
             fail_next: None,
+            mix: false,
             next_id: 0,
         }
     }
@@ -130,6 +133,27 @@ impl World {
         }
         self.running = still;
     }
+
+    /// Runs every unprefilled sequence's prompt and samples its first token; retires those done.
+    fn run_prompts(&mut self) {
+        for s in self.running.iter_mut().filter(|s| !s.prefilled) {
+            s.prefilled = true;
+            // The prompt's forward pass samples the first token when none was generated yet;
+            // a recomputed (preempted or restored) sequence keeps its tokens.
+            if s.generated == 0 {
+                s.generated = 1;
+            }
+        }
+        let done: Vec<Seq> = self
+            .running
+            .iter()
+            .filter(|s| s.generated >= s.max_new)
+            .cloned()
+            .collect();
+        self.running.retain(|s| s.generated < s.max_new);
+        self.finished.extend(done);
+        self.publish();
+    }
 }
 
 impl Actions for World {
@@ -153,23 +177,16 @@ impl Actions for World {
 
     fn prefill(&mut self) -> Result<(), Injected> {
         self.record(Action::Prefill)?;
-        for s in self.running.iter_mut().filter(|s| !s.prefilled) {
-            s.prefilled = true;
-            // The prompt's forward pass samples the first token when none was generated yet;
-            // a recomputed (preempted or restored) sequence keeps its tokens.
-            if s.generated == 0 {
-                s.generated = 1;
-            }
-        }
-        let done: Vec<Seq> = self
-            .running
-            .iter()
-            .filter(|s| s.generated >= s.max_new)
-            .cloned()
-            .collect();
-        self.running.retain(|s| s.generated < s.max_new);
-        self.finished.extend(done);
-        self.publish();
+        self.run_prompts();
+        Ok(())
+    }
+
+    fn mixed_step(&mut self) -> Result<(), Injected> {
+        self.record(Action::MixedStep)?;
+        // The decode rows first (the sequences prefilled before this step), then the prompts
+        // (here each in one chunk), which get their first token from the same pass.
+        self.advance(1);
+        self.run_prompts();
         Ok(())
     }
 
@@ -255,6 +272,10 @@ impl Guards for World {
 
     fn has_running(&self) -> bool {
         !self.running.is_empty()
+    }
+
+    fn mix_prefill(&self) -> bool {
+        self.mix
     }
 
     fn all_finished(&self) -> bool {
