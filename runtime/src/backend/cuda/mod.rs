@@ -34,6 +34,7 @@ mod modules;
 mod ops;
 mod pdl;
 mod sampling;
+mod staging;
 mod tuning;
 
 #[cfg(test)]

@@ -120,7 +120,12 @@ impl EngineSnapshot for CoreView<'_> {
     }
 }
 
-fn live<'a>(seq: &'a Sequence, finish: FinishState, stops: Vec<String>) -> LiveSequence<'a> {
+/// A sequence as the store's driver reads it (`kv_tokens` 0 unless running).
+pub(super) fn live<'a>(
+    seq: &'a Sequence,
+    finish: FinishState,
+    stops: Vec<String>,
+) -> LiveSequence<'a> {
     LiveSequence {
         request_id: seq.id,
         tokens: &seq.tokens,
