@@ -36,7 +36,7 @@ use crate::engine::forward::ForwardModel;
 use crate::engine::sequence::Sequence;
 
 /// Most KV bytes one staged read covers (one GPU staging slot's size).
-pub const STAGE_BYTES: usize = 256 << 20;
+pub const STAGE_BYTES: usize = 1 << 30;
 
 /// Staged pieces of one checkpoint that may wait for the writer before the action waits.
 pub const PIECES_QUEUED: usize = 2;
