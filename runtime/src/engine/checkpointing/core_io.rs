@@ -353,7 +353,10 @@ fn write_kv(
     table: &[u32],
     io: &mut dyn KvBlockIo,
 ) -> Result<usize> {
-    if r.snapshot.kv_mode == KvMode::Recompute || seq.blocks.is_empty() || table.len() < seq.blocks.len() {
+    if r.snapshot.kv_mode == KvMode::Recompute
+        || seq.blocks.is_empty()
+        || table.len() < seq.blocks.len()
+    {
         return write_sequence_kv(r, seq, table, io);
     }
     let mut bytes = Vec::new();
@@ -368,7 +371,10 @@ fn write_kv(
     let bs = r.snapshot.kv_layout.block_size as usize;
     if seq.tail_tokens > 0 {
         let at = *table.get(seq.blocks.len()).ok_or_else(|| {
-            CheckpointError::Usage(format!("request {}: no block for its KV tail", seq.request_id))
+            CheckpointError::Usage(format!(
+                "request {}: no block for its KV tail",
+                seq.request_id
+            ))
         })?;
         io.write_block(at, seq.tail_tokens as usize, &seq.tail)
             .map_err(|e| CheckpointError::Usage(format!("writing restored KV: {e}")))?;
