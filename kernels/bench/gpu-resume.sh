@@ -41,7 +41,8 @@ for k,r in ref.items():
 print(f"{sys.argv[1]}: {len(res)} of {len(ref)} requests reported; {same} identical to the uninterrupted run; first differing token of the others: {firsts}")
 PY
   if [ -n "${AUDIT:-}" ]; then
-    $S audit $M $d > /tmp/audit.log 2>&1; echo "audit exit $?"; tail -4 /tmp/audit.log
+    # The run directory first: FLAGS may end in an option with an optional value (--deterministic).
+    $S audit $d $M > /tmp/audit.log 2>&1; echo "audit exit $?"; tail -4 /tmp/audit.log
   fi
   rm -rf $d
 done
