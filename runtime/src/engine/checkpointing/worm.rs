@@ -266,7 +266,7 @@ impl WormHook {
     }
 
     /// Publishes the receipts of checkpoints the writer finished (all of them when `all`): slots
-    /// 8..31 get the newest receipt's digest and signature (slot 7 was set by the action).
+    /// 7..31 get the newest one's height, digest and signature.
     fn publish<F: ForwardModel>(
         &mut self,
         core: &mut EngineCore<F>,
@@ -277,7 +277,7 @@ impl WormHook {
         };
         if let Some(done) = w.poll(all).map_err(engine_err)? {
             let mut raw = core.slots().raw();
-            raw[8..32].copy_from_slice(&done.receipt.slot_words()[1..]);
+            raw[7..32].copy_from_slice(&done.receipt.slot_words());
             core.slots().load_raw(&raw);
         }
         Ok(())
@@ -287,17 +287,22 @@ impl WormHook {
 impl<F: ForwardModel> CheckpointHook<F> for WormHook {
     fn checkpoint(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
         if self.writer.is_some() && core.model_mut().kv_io().is_some() {
+            // Slots 7..31 only ever name a durable receipt (the slot file is the anchor a resume
+            // checks): the newest one the writer finished. Before the first one exists there is
+            // nothing the machine's `bft_quorum_height += 1` could land on, so the first
+            // checkpoint of a chain waits for its writer.
             self.publish(core, false)?;
+            let first = core.slots().raw()[7] == 0;
             if let Some(w) = self.writer.as_mut() {
-                let height = w
-                    .checkpoint(core, &|s| s.text.stops().to_vec())
+                w.checkpoint(core, &|s| s.text.stops().to_vec())
                     .map_err(engine_err)?;
-                // The machine's `bft_quorum_height += 1` after the action lands on the height
-                // this checkpoint will have; its digest follows when it is durable.
-                core.slots().set_bft_quorum_height(
-                    u32::try_from(height.saturating_sub(1)).unwrap_or(u32::MAX),
-                );
             }
+            if first {
+                self.publish(core, true)?;
+            }
+            let published = core.slots().raw()[7];
+            core.slots()
+                .set_bft_quorum_height(published.saturating_sub(1));
             if let Some(q) = &self.quorum {
                 core.slots()
                     .set_bft_quorum_height(q.load(Ordering::Acquire).wrapping_sub(1));
