@@ -24,8 +24,8 @@ use cudarc::nvrtc::compile_ptx;
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err};
 use crate::backend::BackendError;
+use crate::backend::kv_stage::KvStager;
 use crate::checkpoint::driver::{ReadyBlocks, StagedBlocks};
-use crate::model::kv_cache::KvStager;
 
 /// Staging slots per device: one being filled while the previous one is hashed and written.
 pub const STAGING_SLOTS: usize = 2;
