@@ -30,6 +30,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod kv_stage;
 
 use crate::loader::tensor::HostTensor;
 

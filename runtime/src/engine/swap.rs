@@ -7,7 +7,12 @@
 //! Design: the seed scheduler's SWAP state (`specs/scheduler.toml`): `swap_out`, `swap_in`,
 //! `has_swapped`, `can_swap_in`. Block bytes move through the model's [`KvBlockIo`]
 //! (`[layers, K/V, block_size, KVH, D]`, the checkpoint layout), so a swapped-in block holds
-//! exactly the bytes it held: outputs are unchanged. A checkpoint lists swapped sequences as
+//! exactly the bytes it held: outputs are unchanged. All of a victim's blocks move in one staged
+//! read ([`KvBlockIo::read_blocks`]: on a GPU one gather kernel on the compute stream and one
+//! asynchronous copy to pinned memory on a side stream), so its blocks are freed and it leaves the
+//! batch at once while the copy overlaps the next steps; the newest swap stays staged until the
+//! next swap (then its bytes move to the pool's host memory, freeing the staging slot) or its swap
+//! in, which writes all its blocks in one staged write ([`KvBlockIo::write_blocks`]). A checkpoint lists swapped sequences as
 //! waiting without KV, so a resume recomputes them (see `engine/checkpointing/core_io.rs`).
 //!
 //! [`KvBlockIo`]: crate::checkpoint::driver::KvBlockIo
@@ -18,14 +23,47 @@ use super::core::EngineCore;
 use super::error::EngineError;
 use super::forward::ForwardModel;
 use super::sequence::Sequence;
+use crate::checkpoint::driver::StagedBlocks;
 
 /// A sequence in the host pool with its blocks' bytes, in block-table order.
-#[derive(Debug)]
 pub struct Swapped {
-    /// The sequence (block table empty; `computed` tokens of KV are in `blocks`).
+    /// The sequence (block table empty; `computed` tokens of KV are in `kv`).
     pub seq: Sequence,
-    /// Bytes of each of its first `computed.div_ceil(block_size)` blocks.
-    pub blocks: Vec<Vec<u8>>,
+    /// Its first `computed.div_ceil(block_size)` blocks.
+    pub n_blocks: usize,
+    /// Their bytes, concatenated.
+    pub kv: SwapKv,
+}
+
+/// Where a swapped sequence's block bytes are.
+pub enum SwapKv {
+    /// Still on their way to the host (a staged read).
+    Staged(Box<dyn StagedBlocks>),
+    /// In host memory.
+    Host(Vec<u8>),
+    /// Lost (a failed copy): the sequence is recomputed when it comes back.
+    Lost,
+}
+
+impl std::fmt::Debug for Swapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Swapped({}, {} blocks)", self.seq.id, self.n_blocks)
+    }
+}
+
+impl SwapKv {
+    /// Moves staged bytes into host memory (waiting for their copy), giving the staging back.
+    fn settle(&mut self) {
+        if let SwapKv::Staged(h) = self {
+            *self = match h.wait() {
+                Ok(b) => SwapKv::Host(b.to_vec()),
+                Err(e) => {
+                    tracing::warn!("swap: copying KV to the host failed ({e}); will recompute");
+                    SwapKv::Lost
+                }
+            };
+        }
+    }
 }
 
 /// The bounded host pool of swapped-out sequences, oldest first.
@@ -72,14 +110,21 @@ impl SwapPool {
     }
 
     fn push(&mut self, s: Swapped) {
-        self.used += s.blocks.len();
+        self.used += s.n_blocks;
         self.seqs.push_back(s);
     }
 
     fn pop_front(&mut self) -> Option<Swapped> {
         let s = self.seqs.pop_front()?;
-        self.used -= s.blocks.len();
+        self.used -= s.n_blocks;
         Some(s)
+    }
+
+    /// Moves every staged swap's bytes into host memory.
+    fn settle_all(&mut self) {
+        for s in &mut self.seqs {
+            s.kv.settle();
+        }
     }
 
     /// Takes every swapped sequence out (oldest first), dropping their bytes.
@@ -92,7 +137,7 @@ impl SwapPool {
     pub fn remove(&mut self, id: u64) -> Option<Sequence> {
         let i = self.seqs.iter().position(|s| s.seq.id == id)?;
         let s = self.seqs.remove(i)?;
-        self.used -= s.blocks.len();
+        self.used -= s.n_blocks;
         Some(s.seq)
     }
 }
@@ -142,12 +187,10 @@ impl<F: ForwardModel> EngineCore<F> {
             self.preempt_newest();
             return Ok(());
         };
-        let read: Result<Vec<Vec<u8>>, String> = victim.block_table[..n]
-            .iter()
-            .map(|&b| io.read_block(b, bs))
-            .collect();
-        let blocks = match read {
-            Ok(b) => b,
+        // At most one swap stays staged: the one before this gives its staging slot back.
+        self.swap.settle_all();
+        let kv = match io.read_blocks(&victim.block_table[..n]) {
+            Ok(b) => SwapKv::Staged(b),
             Err(e) => {
                 tracing::warn!("swap_out: reading KV failed ({e}); preempting by recomputation");
                 self.preempt_newest();
@@ -162,7 +205,11 @@ impl<F: ForwardModel> EngineCore<F> {
         self.kv_counts.swapped_out += 1;
         self.kv_counts.blocks_swapped_out += n as u64;
         self.totals.preemptions += 1;
-        self.swap.push(Swapped { seq, blocks });
+        self.swap.push(Swapped {
+            seq,
+            n_blocks: n,
+            kv,
+        });
         Ok(())
     }
 
@@ -172,7 +219,12 @@ impl<F: ForwardModel> EngineCore<F> {
         if !self.can_swap_in() {
             return Ok(());
         }
-        let Some(Swapped { mut seq, blocks }) = self.swap.pop_front() else {
+        let Some(Swapped {
+            mut seq,
+            n_blocks,
+            mut kv,
+        }) = self.swap.pop_front()
+        else {
             return Ok(());
         };
         let n = seq.tokens.len();
@@ -181,20 +233,22 @@ impl<F: ForwardModel> EngineCore<F> {
             self.requeue_front_for_recompute(seq);
             return Ok(());
         }
-        let bs = self.cfg.block_size;
-        let written = match self.model.kv_io() {
-            Some(io) => blocks
-                .iter()
-                .zip(&seq.block_table)
-                .try_for_each(|(bytes, &b)| io.write_block(b, bs, bytes)),
-            None => Err("the model has no KV access".to_string()),
+        let bytes: Result<&[u8], String> = match &mut kv {
+            SwapKv::Staged(h) => h.wait(),
+            SwapKv::Host(v) => Ok(v.as_slice()),
+            SwapKv::Lost => Err("its KV copy failed".to_string()),
+        };
+        let written = match (self.model.kv_io(), bytes) {
+            (Some(io), Ok(bytes)) => io.write_blocks(&seq.block_table[..n_blocks], bytes),
+            (None, _) => Err("the model has no KV access".to_string()),
+            (_, Err(e)) => Err(e),
         };
         if let Err(e) = written {
             tracing::warn!("swap_in: writing KV failed ({e}); recomputing the sequence");
             self.requeue_front_for_recompute(seq);
             return Ok(());
         }
-        self.kv_counts.blocks_swapped_in += blocks.len() as u64;
+        self.kv_counts.blocks_swapped_in += n_blocks as u64;
         self.running.push(seq);
         Ok(())
     }
@@ -230,7 +284,8 @@ mod tests {
         let (tx, _) = std::sync::mpsc::channel();
         Swapped {
             seq: build_sequence(id, req, &ByteCodec, &limits, tx).unwrap(),
-            blocks: vec![vec![0u8; 8]; blocks],
+            n_blocks: blocks,
+            kv: SwapKv::Host(vec![0u8; 8 * blocks]),
         }
     }
 

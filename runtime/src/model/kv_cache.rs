@@ -3,9 +3,13 @@
 //!
 //! Physical blocks are handed out by the engine's block manager; the model writes and reads them
 //! through block tables. A block's bytes (all layers) can be read out and written back, for
-//! swapping to host memory and for checkpoints.
+//! swapping to host memory and for checkpoints; many blocks at once through a backend's
+//! [`KvStager`] (a device gathers them into one staging buffer and copies it out asynchronously;
+//! the CPU copies them synchronously).
 
+use crate::backend::kv_stage::KvStager;
 use crate::backend::{Backend, DType};
+use crate::checkpoint::driver::StagedBlocks;
 
 use super::config::LlamaConfig;
 use super::error::ModelError;
@@ -152,6 +156,48 @@ impl<B: Backend> KvCache<B> {
             backend.copy_within(buf, s, d, n)?;
         }
         Ok(())
+    }
+
+    /// Starts copying the whole blocks `blocks` to the host (see [`KvStager::stage_read`]): the
+    /// handle's bytes are each block's [`KvCache::read_block`] bytes, concatenated.
+    pub fn stage_blocks(
+        &self,
+        backend: &B,
+        blocks: &[u32],
+    ) -> Result<Box<dyn StagedBlocks>, ModelError>
+    where
+        B: KvStager,
+    {
+        for &b in blocks {
+            self.check_block(b)?;
+        }
+        Ok(backend.stage_read(&self.k, &self.v, self.block_elems(), blocks)?)
+    }
+
+    /// Writes whole blocks from the bytes of [`KvCache::stage_blocks`] (`blocks.len()` blocks,
+    /// concatenated) into `blocks`.
+    pub fn write_blocks(
+        &mut self,
+        backend: &B,
+        blocks: &[u32],
+        bytes: &[u8],
+    ) -> Result<(), ModelError>
+    where
+        B: KvStager,
+    {
+        for &b in blocks {
+            self.check_block(b)?;
+        }
+        if bytes.len() != blocks.len() * self.block_bytes() {
+            return Err(ModelError::InvalidBatch(format!(
+                "{} bytes for {} KV blocks of {} bytes",
+                bytes.len(),
+                blocks.len(),
+                self.block_bytes()
+            )));
+        }
+        let elems = self.block_elems();
+        Ok(backend.stage_write(&mut self.k, &mut self.v, elems, blocks, bytes)?)
     }
 
     /// K and V buffers of layer `l`.

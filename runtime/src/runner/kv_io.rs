@@ -1,5 +1,7 @@
 //! The checkpoint store's [`KvBlockIo`] for [`LlamaRunner`]: KV block bytes through
-//! `KvCache::read_block` / `write_block`, partial tail blocks sliced per layer.
+//! `KvCache::read_block` / `write_block`, partial tail blocks sliced per layer; many whole blocks
+//! at once through the backend's `KvStager` (`KvCache::stage_blocks` / `write_blocks`: on a GPU
+//! one gather kernel and one asynchronous copy to pinned memory, and the reverse).
 //!
 //! Design: the store knows bytes, not models; the runner, which owns the model and its paged KV
 //! cache, says how a block's bytes are laid out (`[layers, 2 (K, V), block_size, KVH * D]`) and
@@ -7,7 +9,7 @@
 
 use super::{LlamaRunner, RunnerBackend};
 use crate::backend::DType;
-use crate::checkpoint::driver::KvBlockIo;
+use crate::checkpoint::driver::{KvBlockIo, StagedBlocks};
 use crate::checkpoint::snapshot::KvLayout;
 
 pub(super) fn dtype_name(d: DType) -> &'static str {
@@ -44,6 +46,21 @@ impl<B: RunnerBackend> KvBlockIo for LlamaRunner<B> {
             self.kv.block_size(),
             tokens,
         ))
+    }
+
+    fn read_blocks(
+        &mut self,
+        blocks: &[u32],
+    ) -> std::result::Result<Box<dyn StagedBlocks>, String> {
+        self.kv
+            .stage_blocks(self.model.backend(), blocks)
+            .map_err(|e| e.to_string())
+    }
+
+    fn write_blocks(&mut self, blocks: &[u32], bytes: &[u8]) -> std::result::Result<(), String> {
+        self.kv
+            .write_blocks(self.model.backend(), blocks, bytes)
+            .map_err(|e| e.to_string())
     }
 
     fn write_block(

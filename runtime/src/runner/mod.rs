@@ -61,7 +61,7 @@ impl Default for RunnerOptions {
 
 /// A backend the runner can drive: the [`Backend`] ops, plus the backend's own way of running a
 /// pure decode step, if it has one.
-pub trait RunnerBackend: Backend {
+pub trait RunnerBackend: Backend + crate::backend::kv_stage::KvStager {
     /// State of the decode fast path, kept by the runner across steps (`()` where there is
     /// none).
     type Decode: Send;

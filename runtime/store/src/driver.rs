@@ -36,6 +36,56 @@ pub trait KvBlockIo {
         tokens: usize,
         bytes: &[u8],
     ) -> std::result::Result<(), String>;
+    /// Start reading the whole blocks `blocks` (physical ids, in order): the handle's bytes are
+    /// `blocks.len()` [`Self::read_block`] results of full blocks, concatenated, as the cache held
+    /// them when this was called (later writes to the cache do not show). A device may gather
+    /// them and copy them out asynchronously; this default reads them one by one, synchronously.
+    fn read_blocks(
+        &mut self,
+        blocks: &[u32],
+    ) -> std::result::Result<Box<dyn StagedBlocks>, String> {
+        let bs = self.kv_layout().block_size as usize;
+        let mut out = Vec::new();
+        for &b in blocks {
+            out.extend(self.read_block(b, bs)?);
+        }
+        Ok(Box::new(ReadyBlocks(out)))
+    }
+    /// Write whole blocks: `bytes` is `blocks.len()` full-block [`Self::read_block`] results,
+    /// concatenated (what a [`Self::read_blocks`] handle gives). This default writes them one by one.
+    fn write_blocks(&mut self, blocks: &[u32], bytes: &[u8]) -> std::result::Result<(), String> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        if !bytes.len().is_multiple_of(blocks.len()) {
+            return Err(format!(
+                "{} bytes do not split into {} blocks",
+                bytes.len(),
+                blocks.len()
+            ));
+        }
+        let bs = self.kv_layout().block_size as usize;
+        for (&b, chunk) in blocks.iter().zip(bytes.chunks(bytes.len() / blocks.len())) {
+            self.write_block(b, bs, chunk)?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of KV blocks on their way to the host ([`KvBlockIo::read_blocks`]). Dropping it gives its
+/// staging memory back.
+pub trait StagedBlocks: Send {
+    /// Waits until the bytes are on the host and returns them.
+    fn wait(&mut self) -> std::result::Result<&[u8], String>;
+}
+
+/// [`StagedBlocks`] already on the host.
+pub struct ReadyBlocks(pub Vec<u8>);
+
+impl StagedBlocks for ReadyBlocks {
+    fn wait(&mut self) -> std::result::Result<&[u8], String> {
+        Ok(&self.0)
+    }
 }
 
 /// One live sequence as the engine sees it.

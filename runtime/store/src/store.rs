@@ -604,9 +604,26 @@ impl CheckpointStore {
         self.write_hashed(snapshot, &hashed)
     }
 
+    /// Store KV blocks ahead of the snapshot that will name them (deduplicated; segment then index
+    /// fsynced). Each hash must be [`block_hash`] of exactly its bytes. Until a snapshot written
+    /// by [`Self::write_hashed`] commits them they are torn leftovers that the next open discards,
+    /// so an asynchronous checkpoint can make its payload durable piece by piece, with bounded
+    /// memory, before the receipt that names it. Returns (new blocks, bytes appended).
+    pub fn append_blocks(&mut self, blocks: &[(Digest, &[u8])]) -> Result<(u64, u64)> {
+        if self.poisoned {
+            return Err(CheckpointError::Usage(
+                "a previous checkpoint write failed; reopen the store".into(),
+            ));
+        }
+        self.poisoned = true;
+        let out = self.blocks.append(blocks)?;
+        self.poisoned = false;
+        Ok(out)
+    }
+
     /// [`Self::write`] for blocks whose hashes the caller already computed with [`block_hash`] over
     /// exactly these bytes (the driver does, once per block); saves hashing them twice.
-    pub(crate) fn write_hashed(
+    pub fn write_hashed(
         &mut self,
         snapshot: &Snapshot,
         new_blocks: &[(Digest, &[u8])],

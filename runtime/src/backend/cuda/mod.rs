@@ -38,6 +38,7 @@ mod modules;
 mod ops;
 mod pdl;
 mod sampling;
+mod staging;
 mod tuning;
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! - [`checkpoint_core`]: snapshot an [`EngineCore`] (running then waiting sequences, slots, step
 //!   counter) through a [`Checkpointer`] and publish the receipt in the slots;
 //! - [`restore_core`]: rebuild the core's sequences from a [`Restored`] checkpoint (KV copied back
-//!   in `Blocks` mode, recomputed by prefill in `Recompute` mode), re-admit journaled requests,
+//!   in `Blocks` mode, a sequence's full blocks in one staged write, recomputed by prefill in
+//!   `Recompute` mode), re-admit journaled requests,
 //!   restore the slots with the chain head at the newest receipt;
 //! - [`request_record`]: the journal record of a sequence the engine accepted.
 //!
@@ -120,7 +121,12 @@ impl EngineSnapshot for CoreView<'_> {
     }
 }
 
-fn live<'a>(seq: &'a Sequence, finish: FinishState, stops: Vec<String>) -> LiveSequence<'a> {
+/// A sequence as the store's driver reads it (`kv_tokens` 0 unless running).
+pub(super) fn live<'a>(
+    seq: &'a Sequence,
+    finish: FinishState,
+    stops: Vec<String>,
+) -> LiveSequence<'a> {
     LiveSequence {
         request_id: seq.id,
         tokens: &seq.tokens,
@@ -302,7 +308,7 @@ pub fn restore_core<F: ForwardModel>(
         let seq = rebuild_sequence(snap, core.codec(), core.grammar(), tx(snap.request_id))?;
         if use_kv && snap.finish == FinishState::Running {
             let written = core.admit_with_kv(seq, |model, table| match kv(model) {
-                Some(io) => write_sequence_kv(restored, snap, table, io),
+                Some(io) => write_kv(restored, snap, table, io),
                 None => Err(CheckpointError::Usage(
                     "the model lost its KV access".into(),
                 )),
@@ -337,6 +343,43 @@ pub fn restore_core<F: ForwardModel>(
     core.set_decode_steps(restored.snapshot.step);
     core.slots().load_raw(&restored_slots(restored));
     Ok(max_id)
+}
+
+/// [`write_sequence_kv`] with the full blocks in one staged write ([`KvBlockIo::write_blocks`]:
+/// on a GPU one host-to-device copy and one scatter kernel), the partial tail after them.
+fn write_kv(
+    r: &Restored,
+    seq: &SequenceSnapshot,
+    table: &[u32],
+    io: &mut dyn KvBlockIo,
+) -> Result<usize> {
+    if r.snapshot.kv_mode == KvMode::Recompute
+        || seq.blocks.is_empty()
+        || table.len() < seq.blocks.len()
+    {
+        return write_sequence_kv(r, seq, table, io);
+    }
+    let mut bytes = Vec::new();
+    for hash in &seq.blocks {
+        match r.blocks.get(hash) {
+            Some(b) => bytes.extend_from_slice(b),
+            None => return write_sequence_kv(r, seq, table, io), // it names the missing block
+        }
+    }
+    io.write_blocks(&table[..seq.blocks.len()], &bytes)
+        .map_err(|e| CheckpointError::Usage(format!("writing restored KV: {e}")))?;
+    let bs = r.snapshot.kv_layout.block_size as usize;
+    if seq.tail_tokens > 0 {
+        let at = *table.get(seq.blocks.len()).ok_or_else(|| {
+            CheckpointError::Usage(format!(
+                "request {}: no block for its KV tail",
+                seq.request_id
+            ))
+        })?;
+        io.write_block(at, seq.tail_tokens as usize, &seq.tail)
+            .map_err(|e| CheckpointError::Usage(format!("writing restored KV: {e}")))?;
+    }
+    Ok(seq.blocks.len() * bs + seq.tail_tokens as usize)
 }
 
 /// A journaled request as a fresh sequence (nothing generated yet), ready to queue.

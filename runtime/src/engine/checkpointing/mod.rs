@@ -7,11 +7,16 @@
 //! - [`core_io`]: the store's `KvBlockIo` for the model runner, and the bodies of the `checkpoint`
 //!   and `restore` actions (`checkpoint_core`, `restore_core`);
 //! - [`worm`]: [`worm::open`] builds the hook, the journal acceptor and the resume book from a
-//!   store directory.
+//!   store directory;
+//! - [`async_blocks`]: `Blocks`-mode checkpoints whose KV is staged by the model and hashed and
+//!   written on a writer thread, the receipt published once its payload is durable.
 
+pub mod async_blocks;
 pub mod core_io;
 pub mod worm;
 
+#[cfg(test)]
+mod async_tests;
 #[cfg(test)]
 mod overhead_tests;
 #[cfg(test)]

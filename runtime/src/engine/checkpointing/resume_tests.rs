@@ -27,18 +27,18 @@ use crate::runner::LlamaRunner;
 use crate::scheduler::seed::Scheduler;
 use crate::scheduler::{Machine, Slots};
 
-const BS: usize = 16;
-const BLOCKS: usize = 64;
+pub(super) const BS: usize = 16;
+pub(super) const BLOCKS: usize = 64;
 
-struct Rig<F: ForwardModel> {
-    core: EngineCore<F>,
-    machine: Scheduler,
-    slots: Slots,
+pub(super) struct Rig<F: ForwardModel> {
+    pub(super) core: EngineCore<F>,
+    pub(super) machine: Scheduler,
+    pub(super) slots: Slots,
     limits: IntakeLimits,
-    rx: BTreeMap<u64, Receiver<Output>>,
+    pub(super) rx: BTreeMap<u64, Receiver<Output>>,
 }
 
-fn rig<F: ForwardModel>(model: F) -> Rig<F> {
+pub(super) fn rig<F: ForwardModel>(model: F) -> Rig<F> {
     let slots = Slots::new();
     let vocab = model.vocab_size();
     let cfg = CoreConfig {
@@ -84,7 +84,7 @@ fn byte_grammar(vocab: usize) -> GrammarSupport {
 }
 
 /// Four requests: greedy, seeded, greedy constrained to a JSON object, seeded.
-fn requests(vocab: usize) -> Vec<Request> {
+pub(super) fn requests(vocab: usize) -> Vec<Request> {
     (0..4u64)
         .map(|i| {
             let prompt: Vec<u32> = (0..(5 + 9 * i as usize))
@@ -111,7 +111,7 @@ fn requests(vocab: usize) -> Vec<Request> {
 }
 
 impl<F: ForwardModel> Rig<F> {
-    fn submit(&mut self, id: u64, req: Request, store: Option<&mut Checkpointer>) {
+    pub(super) fn submit(&mut self, id: u64, req: Request, store: Option<&mut Checkpointer>) {
         let (tx, rx) = mpsc::channel();
         let mut req = req;
         let grammar = req.grammar.take();
@@ -126,12 +126,12 @@ impl<F: ForwardModel> Rig<F> {
         self.rx.insert(id, rx);
     }
 
-    fn step(&mut self) {
+    pub(super) fn step(&mut self) {
         self.core.publish();
         self.machine.step(&mut self.core, &self.slots).unwrap();
     }
 
-    fn finish(&mut self) -> BTreeMap<u64, Vec<u32>> {
+    pub(super) fn finish(&mut self) -> BTreeMap<u64, Vec<u32>> {
         for _ in 0..100_000 {
             if self.core.is_idle() {
                 break;
@@ -266,14 +266,14 @@ fn recompute_mode_resume_is_exact_on_the_fake_model() {
     }
 }
 
-fn tiny_llama() -> LlamaRunner<CpuBackend> {
+pub(super) fn tiny_llama() -> LlamaRunner<CpuBackend> {
     let config = tiny_config();
     let weights = random_weights(&config, 7, WeightDtype::F32);
     let model = LlamaModel::new(CpuBackend::new(), &config, &weights).unwrap();
     LlamaRunner::new(model, BLOCKS, BS).unwrap()
 }
 
-fn llama_kv(r: &mut LlamaRunner<CpuBackend>) -> Option<&mut dyn KvBlockIo> {
+pub(super) fn llama_kv(r: &mut LlamaRunner<CpuBackend>) -> Option<&mut dyn KvBlockIo> {
     Some(r)
 }
 

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ed25519_dalek::SigningKey;
 
+use super::async_blocks::{AsyncBlocks, AsyncTotals};
 use super::core_io::{checkpoint_core, fresh_sequence, request_record, restore_core};
 use crate::checkpoint::attest::ResponseReceipt;
 use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
@@ -173,12 +174,17 @@ pub fn open(cfg: WormConfig) -> Result<Worm> {
         .map_or(1, |m| m + 1);
     let cp = Arc::new(Mutex::new(Checkpointer::new(store, cfg.mode)));
     let book = Arc::new(Mutex::new(ResumeBook::default()));
+    let writer = match cfg.mode {
+        KvMode::Blocks => Some(AsyncBlocks::start(cp.clone())?),
+        KvMode::Recompute => None,
+    };
     Ok(Worm {
         hook: WormHook {
             cp: cp.clone(),
             book: book.clone(),
             from_disk: cfg.resume,
             quorum: None,
+            writer,
         },
         acceptor: Arc::new(JournalAcceptor { cp, next_id }),
         book,
@@ -248,10 +254,61 @@ pub struct WormHook {
     from_disk: bool,
     /// Witness mode: what slot `bft_quorum_height` holds (see [`Worm::set_quorum_height`]).
     quorum: Option<Arc<AtomicU32>>,
+    /// `Blocks` mode: the asynchronous checkpoint writer.
+    writer: Option<AsyncBlocks>,
+}
+
+impl WormHook {
+    /// Totals of the asynchronous `Blocks`-mode checkpoints written so far (None in `Recompute`
+    /// mode, where checkpoints are written in the action).
+    pub fn async_totals(&self) -> Option<AsyncTotals> {
+        self.writer.as_ref().map(|w| w.totals())
+    }
+
+    /// Publishes the receipts of checkpoints the writer finished (all of them when `all`): slots
+    /// 7..31 get the newest one's height, digest and signature.
+    fn publish<F: ForwardModel>(
+        &mut self,
+        core: &mut EngineCore<F>,
+        all: bool,
+    ) -> std::result::Result<(), EngineError> {
+        let Some(w) = self.writer.as_mut() else {
+            return Ok(());
+        };
+        if let Some(done) = w.poll(all).map_err(engine_err)? {
+            let mut raw = core.slots().raw();
+            raw[7..32].copy_from_slice(&done.receipt.slot_words());
+            core.slots().load_raw(&raw);
+        }
+        Ok(())
+    }
 }
 
 impl<F: ForwardModel> CheckpointHook<F> for WormHook {
     fn checkpoint(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
+        if self.writer.is_some() && core.model_mut().kv_io().is_some() {
+            // Slots 7..31 only ever name a durable receipt (the slot file is the anchor a resume
+            // checks): the newest one the writer finished. Before the first one exists there is
+            // nothing the machine's `bft_quorum_height += 1` could land on, so the first
+            // checkpoint of a chain waits for its writer.
+            self.publish(core, false)?;
+            let first = core.slots().raw()[7] == 0;
+            if let Some(w) = self.writer.as_mut() {
+                w.checkpoint(core, &|s| s.text.stops().to_vec())
+                    .map_err(engine_err)?;
+            }
+            if first {
+                self.publish(core, true)?;
+            }
+            let published = core.slots().raw()[7];
+            core.slots()
+                .set_bft_quorum_height(published.saturating_sub(1));
+            if let Some(q) = &self.quorum {
+                core.slots()
+                    .set_bft_quorum_height(q.load(Ordering::Acquire).wrapping_sub(1));
+            }
+            return Ok(());
+        }
         let mut cp = lock(&self.cp)?;
         let (machine, state) = core.machine_state();
         checkpoint_core(&mut cp, core, machine, state, kv_of::<F>, &|s| {
@@ -266,6 +323,8 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
     }
 
     fn restore(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
+        // The newest checkpoint must be on disk before it is read back.
+        self.publish(core, true)?;
         let t0 = std::time::Instant::now();
         let cp = lock(&self.cp)?;
         let layout = layout_of(core.model_mut());
@@ -299,6 +358,7 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
         &mut self,
         done: &[(&Sequence, &Finished)],
     ) -> std::result::Result<(), EngineError> {
+        // (No core here: receipts of finished checkpoints are published by the next action.)
         if done.is_empty() {
             return Ok(());
         }

@@ -1,0 +1,563 @@
+//! Asynchronous `Blocks`-mode checkpoints (issue 17 item 3): the checkpoint action only captures
+//! the engine's state and starts copying the KV blocks it needs; hashing and writing happen on a
+//! writer thread, and the receipt is published in the slots when its payload is durable.
+//!
+//! Design: on the engine thread, [`AsyncBlocks::checkpoint`] copies every sequence's tokens and
+//! sampling state (a [`SequenceSnapshot`] without KV), picks the blocks to read (full blocks not
+//! read since they filled, keyed by (request, KV generation, logical block) as the store's
+//! [`Checkpointer`] does, plus each running sequence's partial tail block) and hands them to the
+//! model's [`KvBlockIo::read_blocks`] in pieces of at most [`STAGE_BYTES`]: on a GPU one gather
+//! kernel on the compute stream and one asynchronous copy into pinned memory per piece, so the
+//! next decode step may overwrite the blocks at once. The writer thread waits for each piece,
+//! hashes its blocks (BLAKE3, the store's `block_hash`, on several threads) and appends the new ones
+//! to the block store (fsynced), then writes the snapshot and its signed receipt
+//! ([`crate::checkpoint::CheckpointStore::write_hashed`]): the WORM store's order, payload durable
+//! before the manifest and head that name it, is kept, and the on-disk format is unchanged (the
+//! same bytes and hashes a synchronous checkpoint writes). Memory is bounded: at most
+//! [`PIECES_QUEUED`] pieces wait per checkpoint (and a GPU has a fixed number of staging slots), so
+//! a writer that falls behind slows the checkpoint action instead of growing a queue. The writer
+//! handles checkpoints in order; its hash cache follows the engine's set of read blocks exactly.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::core_io::live;
+use crate::checkpoint::digest::block_hash;
+use crate::checkpoint::driver::{Checkpointer, KvBlockIo, StagedBlocks};
+use crate::checkpoint::snapshot::{FinishState, KvLayout, KvMode, SequenceSnapshot, Snapshot};
+use crate::checkpoint::store::ReceiptInfo;
+use crate::checkpoint::{CheckpointError, Digest, Result};
+use crate::engine::core::EngineCore;
+use crate::engine::core_view::CoreParts;
+use crate::engine::forward::ForwardModel;
+use crate::engine::sequence::Sequence;
+
+/// Most KV bytes one staged read covers (one GPU staging slot's size).
+pub const STAGE_BYTES: usize = 1 << 30;
+
+/// Staged pieces of one checkpoint that may wait for the writer before the action waits.
+pub const PIECES_QUEUED: usize = 2;
+
+/// (request id, KV generation, logical block).
+type Key = (u64, u32, usize);
+
+/// Where the hash of a sequence's full block comes from.
+enum BlockRef {
+    /// Hashed by an earlier checkpoint.
+    Known(Key),
+    /// Read by this checkpoint at this staged index.
+    Staged(usize, Key),
+}
+
+/// One sequence of a checkpoint in flight.
+struct SeqJob {
+    /// Everything but `blocks`, `tail` and `tail_tokens`.
+    snap: SequenceSnapshot,
+    full: Vec<BlockRef>,
+    /// (staged index, tokens) of the partial tail block.
+    tail: Option<(usize, usize)>,
+}
+
+/// One staged read: blocks `first .. first + count` of the checkpoint's staged list.
+struct Piece {
+    first: usize,
+    count: usize,
+    bytes: Box<dyn StagedBlocks>,
+}
+
+/// A checkpoint handed to the writer; its pieces follow it on the same channel, then `End`.
+struct Job {
+    /// The snapshot without sequences.
+    snapshot: Snapshot,
+    seqs: Vec<SeqJob>,
+    /// Staged blocks in all.
+    staged: usize,
+    /// Bytes of one whole block.
+    block_bytes: usize,
+}
+
+/// What the writer receives, in order: a job, its pieces, `End`.
+enum Msg {
+    Job(Box<Job>),
+    Piece(Piece),
+    End,
+}
+
+/// A checkpoint the writer finished.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The committed receipt.
+    pub receipt: ReceiptInfo,
+    /// KV bytes read for it (whole blocks).
+    pub bytes_read: u64,
+    /// Bytes it appended to the store (blocks, snapshot, receipt, journal).
+    pub bytes_written: u64,
+    /// Writer time spent on it (waiting for copies, hashing, writing).
+    pub busy: Duration,
+}
+
+/// Totals over every checkpoint written.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AsyncTotals {
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// KV bytes read.
+    pub bytes_read: u64,
+    /// Bytes appended to the store.
+    pub bytes_written: u64,
+    /// Writer busy time.
+    pub busy: Duration,
+}
+
+/// The engine-thread side of asynchronous checkpoints.
+pub struct AsyncBlocks {
+    cp: Arc<Mutex<Checkpointer>>,
+    jobs: Option<SyncSender<Msg>>,
+    done: Receiver<Result<Written>>,
+    worker: Option<JoinHandle<()>>,
+    /// Keys of full blocks staged by a checkpoint (their hashes are, or will be, the writer's).
+    known: HashSet<Key>,
+    in_flight: usize,
+    /// Height the next checkpoint will have.
+    next_height: Option<u64>,
+    totals: AsyncTotals,
+    /// Most KV bytes per staged read ([`STAGE_BYTES`]).
+    piece_bytes: usize,
+}
+
+fn lock(cp: &Mutex<Checkpointer>) -> Result<std::sync::MutexGuard<'_, Checkpointer>> {
+    cp.lock()
+        .map_err(|_| CheckpointError::Usage("checkpoint store lock poisoned".into()))
+}
+
+fn usage(e: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Usage(format!("asynchronous checkpoint: {e}"))
+}
+
+impl AsyncBlocks {
+    /// Starts the writer thread over `cp` (which must be in `Blocks` mode).
+    pub fn start(cp: Arc<Mutex<Checkpointer>>) -> Result<Self> {
+        let (jobs, rx) = mpsc::sync_channel::<Msg>(PIECES_QUEUED);
+        let (done_tx, done) = mpsc::channel();
+        let writer_cp = cp.clone();
+        let worker = std::thread::Builder::new()
+            .name("sov-ckpt-writer".into())
+            .spawn(move || writer_loop(&writer_cp, &rx, &done_tx))
+            .map_err(usage)?;
+        Ok(Self {
+            cp,
+            jobs: Some(jobs),
+            done,
+            worker: Some(worker),
+            known: HashSet::new(),
+            in_flight: 0,
+            next_height: None,
+            totals: AsyncTotals::default(),
+            piece_bytes: STAGE_BYTES,
+        })
+    }
+
+    /// Reads at most `bytes` of KV per staged read (at least one block) instead of [`STAGE_BYTES`].
+    pub fn with_piece_bytes(mut self, bytes: usize) -> Self {
+        self.piece_bytes = bytes;
+        self
+    }
+
+    /// Checkpoints written so far (those still in flight not counted).
+    pub fn totals(&self) -> AsyncTotals {
+        self.totals
+    }
+
+    /// Checkpoints handed to the writer and not yet reported back.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The checkpoint action: captures `core` and starts reading its new KV blocks, then hands it
+    /// to the writer. Returns the height the checkpoint will have once written.
+    pub fn checkpoint<F: ForwardModel>(
+        &mut self,
+        core: &mut EngineCore<F>,
+        stops: &dyn Fn(&Sequence) -> Vec<String>,
+    ) -> Result<u64> {
+        let height = match self.next_height {
+            Some(h) => h,
+            None => lock(&self.cp)?.store().height() + 1,
+        };
+        let (machine, state) = core.machine_state();
+        let CoreParts {
+            model,
+            running,
+            swapped,
+            waiting,
+            slots,
+            decode_steps,
+        } = core.parts();
+        let io = model.kv_io().ok_or_else(|| {
+            CheckpointError::Usage("Blocks mode needs KV access to the model".into())
+        })?;
+        let layout = io.kv_layout();
+        let bs = layout.block_size as usize;
+        if bs == 0 {
+            return Err(CheckpointError::Usage("KV layout has block_size 0".into()));
+        }
+        let block_bytes = block_bytes_of(&layout)?;
+        let mut staged: Vec<u32> = Vec::new();
+        let mut by_physical: HashMap<u32, usize> = HashMap::new();
+        let mut stage = |physical: u32| {
+            *by_physical.entry(physical).or_insert_with(|| {
+                staged.push(physical);
+                staged.len() - 1
+            })
+        };
+        let mut live_keys = HashSet::new();
+        let mut seqs = Vec::new();
+        for s in running {
+            let l = live(s, FinishState::Running, stops(s));
+            let (full, rest) = (l.kv_tokens / bs, l.kv_tokens % bs);
+            if l.block_table.len() < full + usize::from(rest > 0) {
+                return Err(CheckpointError::Usage(format!(
+                    "request {}: block table shorter than its {} KV tokens",
+                    l.request_id, l.kv_tokens
+                )));
+            }
+            let mut refs = Vec::with_capacity(full);
+            for (i, &physical) in l.block_table[..full].iter().enumerate() {
+                let key = (l.request_id, l.generation, i);
+                live_keys.insert(key);
+                refs.push(if self.known.contains(&key) {
+                    BlockRef::Known(key)
+                } else {
+                    BlockRef::Staged(stage(physical), key)
+                });
+            }
+            let tail = (rest > 0).then(|| (stage(l.block_table[full]), rest));
+            seqs.push(SeqJob {
+                snap: bare(&l),
+                full: refs,
+                tail,
+            });
+        }
+        // Swapped-out sequences are stored as waiting, without KV (as `checkpoint_core` does).
+        for s in swapped.into_iter().chain(waiting.iter()) {
+            seqs.push(SeqJob {
+                snap: bare(&live(s, FinishState::Waiting, stops(s))),
+                full: Vec::new(),
+                tail: None,
+            });
+        }
+        let snapshot = Snapshot {
+            machine: machine.to_string(),
+            state: state.to_string(),
+            slots: slots.raw(),
+            step: decode_steps,
+            kv_mode: KvMode::Blocks,
+            kv_layout: layout,
+            sequences: Vec::new(),
+            engine_extra: Vec::new(),
+        };
+        let job = Job {
+            snapshot,
+            seqs,
+            staged: staged.len(),
+            block_bytes,
+        };
+        let tx = self
+            .jobs
+            .as_ref()
+            .ok_or_else(|| usage("the writer has stopped"))?;
+        let stopped = |_| usage("the writer has stopped");
+        tx.send(Msg::Job(Box::new(job))).map_err(stopped)?;
+        self.in_flight += 1;
+        self.next_height = Some(height + 1);
+        self.known.retain(|k| live_keys.contains(k));
+        self.known.extend(live_keys);
+        let sent = send_pieces(io, &staged, block_bytes, self.piece_bytes, tx);
+        // The job ends even when a read failed (the writer then reports it incomplete).
+        tx.send(Msg::End).map_err(stopped)?;
+        sent?;
+        Ok(height)
+    }
+
+    /// Collects the checkpoints the writer finished (waiting for all of them when `all`); returns
+    /// the newest, or the first error.
+    pub fn poll(&mut self, all: bool) -> Result<Option<Written>> {
+        let mut newest = None;
+        while self.in_flight > 0 {
+            let r = if all {
+                self.done
+                    .recv()
+                    .map_err(|_| usage("the writer has stopped"))?
+            } else {
+                match self.done.try_recv() {
+                    Ok(r) => r,
+                    Err(_) => break,
+                }
+            };
+            self.in_flight -= 1;
+            let w = match r {
+                Ok(w) => w,
+                Err(e) => {
+                    // Its blocks' hashes are lost: read them again next time.
+                    self.known.clear();
+                    self.next_height = None;
+                    return Err(e);
+                }
+            };
+            self.totals.checkpoints += 1;
+            self.totals.bytes_read += w.bytes_read;
+            self.totals.bytes_written += w.bytes_written;
+            self.totals.busy += w.busy;
+            newest = Some(w);
+        }
+        Ok(newest)
+    }
+}
+
+impl Drop for AsyncBlocks {
+    /// Lets the writer finish every checkpoint handed to it (a clean shutdown's last checkpoint
+    /// is durable when the engine is gone).
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+        let _ = self.poll(false);
+        if self.totals.checkpoints > 0 {
+            tracing::info!(
+                "asynchronous checkpoints: {} written, {} KV bytes read, {} bytes written, writer busy {:.3} s",
+                self.totals.checkpoints,
+                self.totals.bytes_read,
+                self.totals.bytes_written,
+                self.totals.busy.as_secs_f64()
+            );
+        }
+    }
+}
+
+/// Bytes of one whole block in `layout`: `[layers, 2, block_size, KVH * D]` elements.
+fn block_bytes_of(layout: &KvLayout) -> Result<usize> {
+    let elem = match layout.dtype.as_str() {
+        "f32" | "u32" | "i32" => 4,
+        "f16" | "bf16" => 2,
+        other => return Err(usage(format!("KV dtype {other}"))),
+    };
+    Ok(layout.layers as usize
+        * 2
+        * layout.block_size as usize
+        * layout.kv_heads as usize
+        * layout.head_dim as usize
+        * elem)
+}
+
+/// A live sequence's snapshot without its KV.
+fn bare(l: &crate::checkpoint::driver::LiveSequence<'_>) -> SequenceSnapshot {
+    let p = l.prompt_len.min(l.tokens.len());
+    SequenceSnapshot {
+        request_id: l.request_id,
+        prompt: l.tokens[..p].to_vec(),
+        output: l.tokens[p..].to_vec(),
+        sampling: l.sampling.clone(),
+        rng_state: l.rng_state.clone(),
+        finish: l.finish.clone(),
+        blocks: Vec::new(),
+        tail: Vec::new(),
+        tail_tokens: 0,
+    }
+}
+
+/// Starts the reads of `staged` in pieces of at most `piece_bytes` and queues them for the
+/// writer (waiting while [`PIECES_QUEUED`] pieces are queued).
+fn send_pieces(
+    io: &mut dyn KvBlockIo,
+    staged: &[u32],
+    block_bytes: usize,
+    piece_bytes: usize,
+    tx: &SyncSender<Msg>,
+) -> Result<()> {
+    let per = (piece_bytes / block_bytes.max(1)).max(1);
+    for (i, chunk) in staged.chunks(per).enumerate() {
+        let bytes = io.read_blocks(chunk).map_err(usage)?;
+        tx.send(Msg::Piece(Piece {
+            first: i * per,
+            count: chunk.len(),
+            bytes,
+        }))
+        .map_err(|_| usage("the writer has stopped"))?;
+    }
+    Ok(())
+}
+
+/// The first `tokens` token rows of every part (each layer's K, then V) of a whole block: what
+/// `KvBlockIo::read_block(block, tokens)` returns for the layout the checkpoint format stores.
+pub fn tail_rows(layout: &KvLayout, full: &[u8], tokens: usize) -> Vec<u8> {
+    let parts = (2 * layout.layers as usize).max(1);
+    let part = full.len() / parts;
+    let keep = part / (layout.block_size as usize).max(1) * tokens;
+    full.chunks(part.max(1))
+        .flat_map(|p| &p[..keep.min(p.len())])
+        .copied()
+        .collect()
+}
+
+/// Hashes the blocks at `idx` (offsets into `bytes` in blocks) on up to 8 threads.
+fn hash_blocks(bytes: &[u8], block_bytes: usize, idx: &[usize]) -> Vec<Digest> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 8)
+        .min(idx.len().max(1));
+    if threads <= 1 {
+        return idx
+            .iter()
+            .map(|&i| block_hash(&bytes[i * block_bytes..(i + 1) * block_bytes]))
+            .collect();
+    }
+    let per = idx.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = idx
+            .chunks(per)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|&i| block_hash(&bytes[i * block_bytes..(i + 1) * block_bytes]))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
+}
+
+/// The writer thread: one job at a time, in order.
+fn writer_loop(cp: &Mutex<Checkpointer>, rx: &Receiver<Msg>, done: &Sender<Result<Written>>) {
+    let mut hashes = HashMap::new();
+    while let Ok(msg) = rx.recv() {
+        let Msg::Job(job) = msg else {
+            continue; // (write_job takes every piece of its job, up to its End)
+        };
+        let r = write_job(cp, &mut hashes, *job, rx);
+        if done.send(r).is_err() {
+            break;
+        }
+    }
+}
+
+/// The writer's work for one checkpoint: its pieces arrive on `rx` until `End`.
+fn write_job(
+    cp: &Mutex<Checkpointer>,
+    hashes: &mut HashMap<Key, Digest>,
+    job: Job,
+    rx: &Receiver<Msg>,
+) -> Result<Written> {
+    let t0 = Instant::now();
+    let Job {
+        mut snapshot,
+        seqs,
+        staged,
+        block_bytes,
+    } = job;
+    let mut is_full = vec![false; staged];
+    let mut tail_tokens: HashMap<usize, usize> = HashMap::new();
+    for s in &seqs {
+        for r in &s.full {
+            if let BlockRef::Staged(i, _) = r {
+                is_full[*i] = true;
+            }
+        }
+        if let Some((i, t)) = s.tail {
+            tail_tokens.insert(i, t);
+        }
+    }
+    let mut staged_hash: Vec<Option<Digest>> = vec![None; staged];
+    let mut tails: HashMap<usize, Vec<u8>> = HashMap::new();
+    let mut bytes_read = 0u64;
+    let mut bytes_written = 0u64;
+    let mut seen = 0usize;
+    let mut failed = None;
+    loop {
+        let mut piece = match rx.recv() {
+            Ok(Msg::Piece(p)) => p,
+            Ok(Msg::End) => break,
+            Ok(Msg::Job(_)) | Err(_) => return Err(usage("a checkpoint's pieces were cut short")),
+        };
+        if failed.is_some() {
+            continue; // drop the rest of a failed checkpoint's pieces, up to its End
+        }
+        let mut take = || -> Result<()> {
+            let bytes = piece.bytes.wait().map_err(usage)?;
+            if bytes.len() != piece.count * block_bytes || piece.first + piece.count > staged {
+                return Err(usage(format!(
+                    "a staged read gave {} bytes for {} blocks of {block_bytes}",
+                    bytes.len(),
+                    piece.count
+                )));
+            }
+            bytes_read += bytes.len() as u64;
+            seen += piece.count;
+            let local: Vec<usize> = (0..piece.count)
+                .filter(|&j| is_full[piece.first + j])
+                .collect();
+            let digests = hash_blocks(bytes, block_bytes, &local);
+            for j in 0..piece.count {
+                if let Some(&t) = tail_tokens.get(&(piece.first + j)) {
+                    let block = &bytes[j * block_bytes..(j + 1) * block_bytes];
+                    tails.insert(piece.first + j, tail_rows(&snapshot.kv_layout, block, t));
+                }
+            }
+            let mut guard = lock(cp)?;
+            let mut new: Vec<(Digest, &[u8])> = Vec::new();
+            for (&j, d) in local.iter().zip(&digests) {
+                staged_hash[piece.first + j] = Some(*d);
+                if !guard.store().contains_block(d) {
+                    new.push((*d, &bytes[j * block_bytes..(j + 1) * block_bytes]));
+                }
+            }
+            bytes_written += guard.store_mut().append_blocks(&new)?.1;
+            Ok(())
+        };
+        if let Err(e) = take() {
+            failed = Some(e);
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if seen != staged {
+        return Err(usage(format!("{seen} of {staged} staged blocks arrived")));
+    }
+    let mut live_keys = HashSet::new();
+    for s in seqs {
+        let mut snap = s.snap;
+        for r in s.full {
+            let (key, hash) = match r {
+                BlockRef::Known(k) => (k, hashes.get(&k).copied()),
+                BlockRef::Staged(i, k) => (k, staged_hash[i]),
+            };
+            let hash = hash
+                .ok_or_else(|| usage(format!("request {}: block {} has no hash", key.0, key.2)))?;
+            hashes.insert(key, hash);
+            live_keys.insert(key);
+            snap.blocks.push(hash);
+        }
+        if let Some((i, t)) = s.tail {
+            snap.tail = tails.remove(&i).unwrap_or_default();
+            snap.tail_tokens = t as u32;
+        }
+        snapshot.sequences.push(snap);
+    }
+    hashes.retain(|k, _| live_keys.contains(k));
+    let receipt = lock(cp)?.store_mut().write_hashed(&snapshot, &[])?;
+    bytes_written += receipt.bytes_written;
+    Ok(Written {
+        receipt,
+        bytes_read,
+        bytes_written,
+        busy: t0.elapsed(),
+    })
+}
