@@ -3,8 +3,7 @@
 # (3 checkpoints at checkpoint_every = 64) with checkpoints off / recompute / blocks, one process
 # each; `sov bench` prints the share of busy time spent in checkpoint actions; bytes on disk per mode.
 # Run from the repository root on the GPU machine after kernels/build-gpu.sh (SOV=path overrides).
-# Log of the run quoted in README: kernels/bench/logs/gpu-checkpoint-overhead-2026-11-29T2010.log
-# (its trailing resume attempt finished before the SIGTERM; kernels/bench/gpu-resume.sh does that).
+# Current figures: `PARTS=ckpt-fig kernels/bench/gpu-exactness.sh` (runtime/BENCHMARKS.md).
 S=${SOV:-.gpu/sov}
 M="--model random:llama3-8b --device cuda --kv-memory-mb 24000"
 export SOV_STATE_DIR=/tmp/sov-state

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Run from the repository root on the GPU machine after kernels/build-gpu.sh (SOV=path overrides the binary).
-# Logs of earlier runs: kernels/bench/logs/gpu-resume-2026-11-29T2020.log, gpu-resume-blocks-2026-11-29T2037.log
+# Logs: kernels/bench/logs/gpu-exactness-2026-12-01T2112.log and T2217 (its resume-* parts).
 # GPU resume, Llama-3-8B shape random bf16, 16 requests x 1200 tokens: an uninterrupted reference,
 # then for each checkpoint mode (MODES, default "recompute blocks") and signal (SIGNALS, default
 # "TERM KILL"): the signal 3 s after acceptance, `--resume`, every request compared token for token.
