@@ -11,7 +11,8 @@
 # empty context) against sov's batch-1 run.
 #
 # It never downloads or builds anything: build llama.cpp yourself (targets llama-bench and
-# llama-batched-bench, CPU; see ../shared/device.md for the flags that work on this machine).
+# llama-batched-bench, CPU; on a Xeon whose GGML_NATIVE build died with SIGILL, spelling the flags
+# out worked: -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON).
 #
 # Usage:
 #   runtime/bench/cpu-vs-llamacpp.sh LLAMA_BIN_DIR GGUF [SOV_BIN] [OUT_DIR]
