@@ -360,6 +360,21 @@ impl<F: ForwardModel> EngineCore<F> {
         Ok(())
     }
 
+    /// The row picks of a prompt plan `(running index, tokens to run)`: only a chunk that
+    /// finishes its prompt needs a token.
+    pub(crate) fn prompt_picks(&self, plan: &[(usize, usize)]) -> Vec<RowPick> {
+        plan.iter()
+            .map(|&(i, take)| {
+                let s = &self.running[i];
+                if s.computed + take == s.tokens.len() {
+                    self.row_pick(i)
+                } else {
+                    RowPick::Skip
+                }
+            })
+            .collect()
+    }
+
     /// Runs every unprefilled sequence's pending tokens, at most `max_prefill_tokens` per forward
     /// pass (long prompts run in chunks), and samples each one's next token when it completes.
     pub fn prefill(&mut self) -> Result<(), EngineError> {
@@ -380,18 +395,7 @@ impl<F: ForwardModel> EngineCore<F> {
                 budget -= take;
                 plan.push((i, take));
             }
-            // Only chunks that finish their prompt need a token.
-            let picks: Vec<RowPick> = plan
-                .iter()
-                .map(|&(i, take)| {
-                    let s = &self.running[i];
-                    if s.computed + take == s.tokens.len() {
-                        self.row_pick(i)
-                    } else {
-                        RowPick::Skip
-                    }
-                })
-                .collect();
+            let picks = self.prompt_picks(&plan);
             let indices: Vec<usize> = plan.iter().map(|p| p.0).collect();
             let block_size = self.cfg.block_size;
             let Some(picked) = self.forward_rows(&indices, &picks, Pass::Pick, |running| {

@@ -63,17 +63,7 @@ impl<F: ForwardModel> EngineCore<F> {
         if plan.is_empty() {
             return Ok(());
         }
-        let picks: Vec<RowPick> = plan
-            .iter()
-            .map(|&(i, take)| {
-                let s = &self.running[i];
-                if s.computed + take == s.tokens.len() {
-                    self.row_pick(i)
-                } else {
-                    RowPick::Skip
-                }
-            })
-            .collect();
+        let picks = self.prompt_picks(&plan);
         let indices: Vec<usize> = plan.iter().map(|p| p.0).collect();
         let block_size = self.cfg.block_size;
         let t_fwd = Instant::now();
