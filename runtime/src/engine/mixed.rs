@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::advance::RowInput;
 use super::core::{EngineCore, Pass};
 use super::error::EngineError;
-use super::forward::{ForwardModel, RowPick};
+use super::forward::ForwardModel;
 use crate::model::batch::SeqChunk;
 
 impl<F: ForwardModel> EngineCore<F> {
