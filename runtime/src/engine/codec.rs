@@ -9,6 +9,12 @@ pub trait TextCodec: Send + Sync {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
     /// Text of `ids`, special tokens skipped.
     fn decode(&self, ids: &[u32]) -> Result<String, String>;
+    /// Text token `t` adds in the middle of a text (logprobs' `token` strings); by default the
+    /// token decoded alone, which differs where a decoder treats a text's start specially
+    /// (SentencePiece's leading `▁`).
+    fn token_text(&self, t: u32) -> String {
+        self.decode(&[t]).unwrap_or_default()
+    }
 }
 
 /// A byte-level codec: token id = byte value. For tests and demos with random-weight models, whose

@@ -98,6 +98,24 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// Text token `id` adds in the middle of a text, special tokens skipped (as
+    /// [`decode_skip_special`](Self::decode_skip_special)). `decode(&[id])` alone is not that for
+    /// SentencePiece vocabularies: their decoder strips the `▁` space marker at the start of a
+    /// text, so `▁Paris` would read `Paris`. This decodes the token after an anchor token (`a`)
+    /// and returns what it added; where that cannot be done, the token decoded alone.
+    pub fn token_text(&self, id: u32) -> Result<String, LoadError> {
+        let alone = || self.decode_skip_special(&[id]);
+        let Some(&anchor) = self.encode("a", false)?.last() else {
+            return alone();
+        };
+        let head = self.decode_skip_special(&[anchor])?;
+        let pair = self.decode_skip_special(&[anchor, id])?;
+        match pair.strip_prefix(head.as_str()) {
+            Some(rest) if !head.is_empty() => Ok(rest.to_string()),
+            _ => alone(),
+        }
+    }
+
     /// Spelling of token `id` (byte-level BPE spells a space as `Ġ`).
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
@@ -144,6 +162,22 @@ mod tests {
         assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 1);
         assert!(t.adds_bos(1));
         assert!(!tiny().adds_bos(1));
+    }
+
+    /// Byte-level BPE spells spaces inside its tokens (`Ġ`), so a token's text in the middle of
+    /// a text is the token decoded alone; a special token's is empty.
+    #[test]
+    fn token_text_of_byte_level_bpe_is_the_token_alone() {
+        let t = tiny();
+        let ids = t
+            .encode("Once upon a time, there was", false)
+            .expect("encodes");
+        assert!(ids.len() > 3);
+        for id in ids {
+            let alone = t.decode_skip_special(&[id]).expect("decodes");
+            assert_eq!(t.token_text(id).expect("decodes"), alone, "id {id}");
+        }
+        assert_eq!(t.token_text(1).expect("decodes"), "");
     }
 
     /// A tokenizer.json whose post-processor adds BOS (as Llama 3's does) is detected as such.

@@ -24,4 +24,8 @@ impl TextCodec for TokenizerCodec {
             .decode_skip_special(ids)
             .map_err(|e| e.to_string())
     }
+
+    fn token_text(&self, t: u32) -> String {
+        self.tokenizer.token_text(t).unwrap_or_default()
+    }
 }

@@ -22,7 +22,7 @@ pub struct Head<'a> {
 }
 
 fn token_str(codec: &dyn TextCodec, t: u32) -> String {
-    codec.decode(&[t]).unwrap_or_default()
+    codec.token_text(t)
 }
 
 /// `usage` of the request so far: prompt tokens once per prompt, completion tokens over choices.

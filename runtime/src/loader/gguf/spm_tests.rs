@@ -210,3 +210,45 @@ fn bad_metadata_is_an_error() {
     .expect_err("unk out of range");
     assert!(err.to_string().contains("unknown_token_id"), "{err}");
 }
+
+/// A token's text inside a generated text (logprobs' `token` strings) is its piece as the GGUF's
+/// `tokenizer.ggml.tokens` spells it, `▁` read as a space: `▁upon` is " upon", though decoding
+/// `▁upon` alone gives "upon" (the decoder strips a text's leading space). Byte and control
+/// pieces are left out; every case's ids are checked, and the concatenated texts of a case's
+/// tokens are its decoded text with the space prefix in front.
+#[test]
+fn token_text_keeps_the_space_marker() {
+    let path = fixture("spm_tokenizer.gguf");
+    let bytes = std::fs::read(&path).expect("the GGUF exists");
+    let g = Gguf::parse(&bytes, &path).expect("the GGUF parses");
+    let pieces: Vec<&str> = g
+        .get("tokenizer.ggml.tokens")
+        .and_then(MetaValue::as_array)
+        .expect("tokens")
+        .iter()
+        .map(|p| p.as_str().expect("a string"))
+        .collect();
+    let t = tokenizer_with(|_| {}).expect("loads");
+    let mut spaced = 0;
+    for case in reference()["cases"].as_array().expect("cases") {
+        let ids = ids_of(case);
+        let plain = |&&i: &&u32| {
+            let p = pieces[i as usize];
+            !(p.starts_with("<0x") || p.starts_with('<') && p.ends_with('>'))
+        };
+        for &id in ids.iter().filter(plain) {
+            let want = pieces[id as usize].replace('\u{2581}', " ");
+            spaced += usize::from(want.starts_with(' '));
+            assert_eq!(t.token_text(id).expect("decodes"), want, "id {id}");
+        }
+        if ids[1..].iter().all(|i| plain(&i)) && !ids[1..].is_empty() {
+            let joined: String = ids[1..]
+                .iter()
+                .map(|&i| t.token_text(i).expect("decodes"))
+                .collect();
+            let decoded = case["decoded"].as_str().expect("decoded");
+            assert_eq!(joined, format!(" {decoded}"), "{:?}", case["text"]);
+        }
+    }
+    assert!(spaced > 3, "the cases hold pieces with a space marker");
+}
