@@ -384,6 +384,9 @@ pub(crate) fn launch<M: Machine + 'static, F: ForwardModel + 'static>(
             Err(e) => tracing::warn!("removing a leftover swap file in {}: {e}", dir.display()),
         }
     }
+    if opts.swap_file_bytes > 0 && opts.run_dir.is_none() {
+        tracing::warn!("a swap file needs a run directory; swapping to host memory only");
+    }
     let slot_path = opts.run_dir.as_deref().map(slot_path);
     let slots = match &slot_path {
         Some(path) => Some(create_slots(path)?),

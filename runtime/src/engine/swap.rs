@@ -31,7 +31,7 @@ use super::sequence::Sequence;
 use super::swap_spill::SpillFile;
 use crate::checkpoint::driver::StagedBlocks;
 
-/// A sequence in the host pool with its blocks' bytes, in block-table order.
+/// A sequence in the swap pool with its blocks' bytes, in block-table order.
 pub struct Swapped {
     /// The sequence (block table empty; `computed` tokens of KV are in `kv`).
     pub seq: Sequence,
@@ -273,8 +273,9 @@ impl<F: ForwardModel> EngineCore<F> {
         })
     }
 
-    /// Action `swap_out`: moves the newest running sequence's KV to the host pool, or preempts it
-    /// by recomputation when it cannot be swapped (pool full, prefill unfinished, no KV access).
+    /// Action `swap_out`: moves the newest running sequence's KV to the swap pool (host memory,
+    /// else the swap file), or preempts it by recomputation when it cannot be swapped (both tiers
+    /// full, prefill unfinished, no KV access).
     pub fn swap_out(&mut self) -> Result<(), EngineError> {
         let Some(victim) = self.running.last() else {
             return Ok(());
