@@ -96,6 +96,9 @@ pub struct EngineOptions {
     /// Bytes of host memory for KV swapped out under pressure (0, the default here: preempt by
     /// recomputation only; the command line's `--swap-mb` defaults to 256 MiB).
     pub swap_memory_bytes: usize,
+    /// Bytes of the swap pool's file tier in the run directory, for KV beyond the host pool
+    /// (0, the default: none; needs a run directory).
+    pub swap_file_bytes: usize,
     /// Submit every signed head to these witnesses (needs checkpoints); None: no witnesses.
     pub witnesses: Option<WitnessConfig>,
     /// Ranks the model is split across (tensor parallelism; 1: the whole model on one device).
@@ -153,6 +156,7 @@ impl Default for EngineOptions {
             speculative_draft_len: None,
             prefix_cache: true,
             swap_memory_bytes: 0,
+            swap_file_bytes: 0,
             witnesses: None,
             tensor_parallel: 1,
         }
@@ -368,6 +372,21 @@ pub(crate) fn launch<M: Machine + 'static, F: ForwardModel + 'static>(
         ),
         None => (None, None),
     };
+    // A killed run's swap file holds nothing a checkpoint refers to (swapped sequences resume by
+    // recomputation); a fresh spill would truncate it anyway.
+    if let Some(dir) = opts.run_dir.as_deref() {
+        match crate::engine::swap_spill::remove_leftover(dir) {
+            Ok(true) => tracing::info!(
+                "removed the swap file a killed run left in {}",
+                dir.display()
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("removing a leftover swap file in {}: {e}", dir.display()),
+        }
+    }
+    if opts.swap_file_bytes > 0 && opts.run_dir.is_none() {
+        tracing::warn!("a swap file needs a run directory; swapping to host memory only");
+    }
     let slot_path = opts.run_dir.as_deref().map(slot_path);
     let slots = match &slot_path {
         Some(path) => Some(create_slots(path)?),
@@ -390,6 +409,11 @@ pub(crate) fn launch<M: Machine + 'static, F: ForwardModel + 'static>(
             kv: KvPolicy {
                 prefix_cache: opts.prefix_cache,
                 swap_blocks: opts.swap_memory_bytes / (per_token * block_size),
+                spill_blocks: opts.swap_file_bytes / (per_token * block_size),
+                spill_path: opts
+                    .run_dir
+                    .as_deref()
+                    .map(|d| d.join(crate::engine::swap_spill::SPILL_FILE)),
                 // Blocks are shared only between requests to the same model in the same KV dtype.
                 salt: CacheSalt::of(&[
                     parts.name.as_bytes(),

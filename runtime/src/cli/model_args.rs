@@ -129,6 +129,10 @@ pub struct ModelArgs {
     /// Host memory in MiB for KV swapped out under pressure; 0: preempt by recomputation only.
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     pub swap_mb: usize,
+    /// MiB of a swap file in the run directory for KV swapped out beyond `--swap-mb` (written and
+    /// read by block; removed when empty, at exit and on resume); 0: none.
+    #[arg(long, default_value_t = 0, value_name = "MIB")]
+    pub swap_file_mb: usize,
     /// Split the model across N tensor-parallel ranks (Megatron-style: heads and MLP columns per
     /// rank, an all-reduce after the o and down products). On the CPU the ranks run in this
     /// process; on CUDA this build refuses it (no NCCL binding yet).
@@ -315,6 +319,7 @@ impl ModelArgs {
             kv_memory_bytes: self.kv_memory_mb << 20,
             prefix_cache: !self.no_prefix_cache,
             swap_memory_bytes: self.swap_mb << 20,
+            swap_file_bytes: self.swap_file_mb << 20,
             tensor_parallel: usize::from(self.tensor_parallel),
             max_batch: self.max_batch,
             max_prefill_tokens: self.max_prefill_tokens(device),

@@ -1,9 +1,11 @@
-//! Typed settings and counters of the engine's KV memory: the prefix cache, the host swap pool,
-//! and what each did (preemptions, swaps, recomputations, cache hits).
+//! Typed settings and counters of the engine's KV memory: the prefix cache, the host swap pool
+//! and its file tier, and what each did (preemptions, swaps, recomputations, cache hits).
 //!
 //! Design: one settings struct carried from the command line (`EngineOptions`) through
 //! [`super::EngineConfig`] into the core, and one plain counter struct the core keeps and the
 //! engine reports in [`super::EngineStats`] (bench output, `--json`, the server's `/metrics`).
+
+use std::path::PathBuf;
 
 use super::prefix_cache::CacheSalt;
 
@@ -14,6 +16,10 @@ pub struct KvPolicy {
     pub prefix_cache: bool,
     /// Blocks the host swap pool holds; 0: no swapping (KV pressure preempts by recomputation).
     pub swap_blocks: usize,
+    /// Blocks the swap pool's file tier holds beyond the host pool (0: none; needs `spill_path`).
+    pub spill_blocks: usize,
+    /// The file tier's file, in the run directory (see [`super::swap_spill`]).
+    pub spill_path: Option<PathBuf>,
     /// Mixed into every block hash: names the model and its KV layout (see [`CacheSalt`]).
     pub salt: CacheSalt,
 }
@@ -23,6 +29,8 @@ impl Default for KvPolicy {
         Self {
             prefix_cache: true,
             swap_blocks: 0,
+            spill_blocks: 0,
+            spill_path: None,
             salt: CacheSalt::default(),
         }
     }
@@ -37,6 +45,8 @@ pub struct KvCounters {
     pub blocks_swapped_out: u64,
     /// KV blocks copied back from the host pool.
     pub blocks_swapped_in: u64,
+    /// Of the blocks swapped out, those written to the swap file (the host pool was full).
+    pub blocks_spilled: u64,
     /// Sequences whose KV was dropped to be recomputed by prefill (preemption by recomputation,
     /// including swap-outs that fell back to it).
     pub recomputed: u64,

@@ -1,7 +1,8 @@
 //! KV memory under pressure and prefix caching, on a tiny random Llama on the CPU backend driven
 //! step by step by the default machine: outputs must equal each request run alone (greedy and
 //! seeded), with and without the prefix cache, whether a sequence was swapped to host memory,
-//! recomputed, or read its prefix from blocks another request computed.
+//! recomputed, or read its prefix from blocks another request computed; spilled to the swap file
+//! beyond the host pool, which is gone once nothing is swapped out.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use super::intake::{IntakeLimits, build_sequence};
 use super::kv_policy::{KvCounters, KvPolicy};
 use super::output::{FinishReason, Output};
 use super::prefix_cache::CacheSalt;
+use super::swap_spill::SPILL_FILE;
 use super::{EngineError, Prompt, Request, SamplingParams};
 use crate::backend::cpu::CpuBackend;
 use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
@@ -73,7 +75,18 @@ fn policy(prefix_cache: bool, swap_blocks: usize) -> KvPolicy {
     KvPolicy {
         prefix_cache,
         swap_blocks,
+        spill_blocks: 0,
+        spill_path: None,
         salt: CacheSalt::of(&[b"tiny random llama, seed 11"]),
+    }
+}
+
+/// A host pool of `host` blocks and a swap file of `file` blocks in `dir`.
+fn spill_policy(dir: &std::path::Path, host: usize, file: usize) -> KvPolicy {
+    KvPolicy {
+        spill_blocks: file,
+        spill_path: Some(dir.join(SPILL_FILE)),
+        ..policy(true, host)
     }
 }
 
@@ -378,4 +391,93 @@ fn a_checkpoint_taken_while_sequences_are_swapped_out_resumes_exactly() {
         }
     }
     assert_eq!(seen, reqs.len(), "a request was lost");
+}
+
+/// Steps `rig` until `done` holds of its counters, checking the swap file meanwhile: it exists
+/// exactly while blocks are spilled, and holds at most `file_blocks` blocks.
+fn step_until(
+    rig: &mut Rig,
+    path: &std::path::Path,
+    file_blocks: usize,
+    done: fn(&KvCounters) -> bool,
+) {
+    let block_bytes = (BS * 512) as u64; // tiny: 2 layers x K/V x 2 heads x 16 dims x f32 = 512 B/token
+    for _ in 0..100_000 {
+        rig.step();
+        let spilled = rig.core.swap.spilled();
+        assert_eq!(
+            path.exists(),
+            spilled > 0,
+            "the file exists exactly while blocks are spilled"
+        );
+        if spilled > 0 {
+            assert!(std::fs::metadata(path).unwrap().len() <= file_blocks as u64 * block_bytes);
+        }
+        if done(&rig.counters()) {
+            return;
+        }
+    }
+    panic!("never reached: {:?}", rig.counters());
+}
+
+#[test]
+fn blocks_beyond_the_host_pool_spill_to_a_file_and_outputs_do_not_change() {
+    // The workload of the swap test above with a host pool of 6 blocks and a roomy file of 64:
+    // swaps go to both tiers; outputs equal each request alone; the file is gone at the end.
+    let reqs: Vec<Request> = (0..24)
+        .map(|i| request(tokens(200 + i, 60 + 3 * i), 48, i))
+        .collect();
+    let want = solo(&reqs);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(SPILL_FILE);
+    let mut r = rig(40, spill_policy(dir.path(), 6, 64));
+    let rxs: Vec<_> = reqs.iter().map(|q| r.submit(q.clone()).unwrap()).collect();
+    step_until(&mut r, &path, 64, |c| c.blocks_spilled > 0);
+    r.run();
+    let got: Vec<Vec<u32>> = rxs.iter().map(collect).collect();
+    assert_eq!(got, want);
+    let c = r.counters();
+    assert!(
+        c.blocks_spilled > 0 && c.blocks_swapped_out > c.blocks_spilled,
+        "{c:?}"
+    );
+    assert_eq!(c.blocks_swapped_in, c.blocks_swapped_out, "{c:?}");
+    assert!(!path.exists(), "the swap file is gone at the end");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing left on disk"
+    );
+}
+
+#[test]
+fn a_full_swap_file_falls_back_to_recompute_exactly() {
+    // No host pool, a file of 10 blocks (about one sequence): some swaps spill, the rest are
+    // recomputed; outputs equal each request alone.
+    let reqs: Vec<Request> = (0..24)
+        .map(|i| request(tokens(200 + i, 60 + 3 * i), 48, i))
+        .collect();
+    let want = solo(&reqs);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(SPILL_FILE);
+    let mut r = rig(40, spill_policy(dir.path(), 0, 10));
+    let rxs: Vec<_> = reqs.iter().map(|q| r.submit(q.clone()).unwrap()).collect();
+    step_until(&mut r, &path, 10, |c| {
+        c.blocks_spilled > 0 && c.recomputed > 0
+    });
+    r.run();
+    let got: Vec<Vec<u32>> = rxs.iter().map(collect).collect();
+    assert_eq!(got, want);
+    let c = r.counters();
+    assert_eq!(
+        c.blocks_spilled, c.blocks_swapped_out,
+        "no host pool: {c:?}"
+    );
+    assert!(c.blocks_spilled > 0 && c.recomputed > 0, "{c:?}");
+    assert_eq!(
+        r.core.totals().preemptions,
+        c.swapped_out + c.recomputed,
+        "{c:?}"
+    );
+    assert!(!path.exists(), "the swap file is gone at the end");
 }

@@ -35,6 +35,7 @@ pub mod sampler;
 pub mod sequence;
 pub mod speculative;
 pub mod swap;
+pub mod swap_spill;
 pub mod text;
 
 pub use codec::{ByteCodec, TextCodec};

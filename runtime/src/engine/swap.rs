@@ -15,6 +15,11 @@
 //! in, which writes all its blocks in one staged write ([`KvBlockIo::write_blocks`]). A checkpoint lists swapped sequences as
 //! waiting without KV, so a resume recomputes them (see `engine/checkpointing/core_io.rs`).
 //!
+//! The pool has two tiers: host memory (`KvPolicy::swap_blocks`) and, when configured, a file in
+//! the run directory (`KvPolicy::spill_blocks`, [`super::swap_spill`]). A victim goes whole to the
+//! host tier when it fits there, else whole to the file (written at once, block by block, so its
+//! bytes never wait in memory), else it is recomputed.
+//!
 //! [`KvBlockIo`]: crate::checkpoint::driver::KvBlockIo
 
 use std::collections::VecDeque;
@@ -23,9 +28,10 @@ use super::core::EngineCore;
 use super::error::EngineError;
 use super::forward::ForwardModel;
 use super::sequence::Sequence;
+use super::swap_spill::SpillFile;
 use crate::checkpoint::driver::StagedBlocks;
 
-/// A sequence in the host pool with its blocks' bytes, in block-table order.
+/// A sequence in the swap pool with its blocks' bytes, in block-table order.
 pub struct Swapped {
     /// The sequence (block table empty; `computed` tokens of KV are in `kv`).
     pub seq: Sequence,
@@ -33,6 +39,8 @@ pub struct Swapped {
     pub n_blocks: usize,
     /// Their bytes, concatenated.
     pub kv: SwapKv,
+    /// Blocks it takes of the host tier (`n_blocks`, or 0 when spilled or lost at swap-out).
+    host_blocks: usize,
 }
 
 /// Where a swapped sequence's block bytes are.
@@ -41,6 +49,8 @@ pub enum SwapKv {
     Staged(Box<dyn StagedBlocks>),
     /// In host memory.
     Host(Vec<u8>),
+    /// In the swap file, at these slots (block-table order).
+    File(Vec<u32>),
     /// Lost (a failed copy): the sequence is recomputed when it comes back.
     Lost,
 }
@@ -66,32 +76,63 @@ impl SwapKv {
     }
 }
 
-/// The bounded host pool of swapped-out sequences, oldest first.
+/// The bounded pool of swapped-out sequences, oldest first: host memory, then the swap file.
 #[derive(Debug, Default)]
 pub struct SwapPool {
+    /// Most blocks in host memory.
     capacity: usize,
+    /// Blocks in host memory (or staged on their way there).
     used: usize,
+    /// The file tier (None: not configured, or not opened yet; see [`SwapPool::set_spill`]).
+    spill: Option<SpillFile>,
     seqs: VecDeque<Swapped>,
 }
 
 impl SwapPool {
-    /// A pool holding at most `capacity` blocks.
+    /// A pool holding at most `capacity` blocks in host memory.
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
             used: 0,
+            spill: None,
             seqs: VecDeque::new(),
         }
     }
 
-    /// Blocks the pool holds now.
-    pub fn used(&self) -> usize {
-        self.used
+    /// Adds a file tier (no-op when the pool has one).
+    pub fn set_spill(&mut self, spill: SpillFile) {
+        if self.spill.is_none() {
+            self.spill = Some(spill);
+        }
     }
 
-    /// Whether `blocks` more blocks fit.
-    pub fn can_hold(&self, blocks: usize) -> bool {
+    /// Whether the pool has a file tier.
+    pub fn has_spill(&self) -> bool {
+        self.spill.is_some()
+    }
+
+    /// Blocks the pool holds now, both tiers.
+    pub fn used(&self) -> usize {
+        self.used + self.spilled()
+    }
+
+    /// Blocks in the swap file now.
+    pub fn spilled(&self) -> usize {
+        self.spill.as_ref().map_or(0, SpillFile::used)
+    }
+
+    /// Whether `blocks` more blocks fit in host memory.
+    fn host_fits(&self, blocks: usize) -> bool {
         self.used + blocks <= self.capacity
+    }
+
+    /// Whether `blocks` more blocks fit, in host memory or else in the file.
+    pub fn can_hold(&self, blocks: usize) -> bool {
+        self.host_fits(blocks)
+            || self
+                .spill
+                .as_ref()
+                .is_some_and(|f| blocks <= f.free_count())
     }
 
     /// Whether no sequence is swapped out.
@@ -109,15 +150,80 @@ impl SwapPool {
         self.seqs.front().map(|s| &s.seq)
     }
 
-    fn push(&mut self, s: Swapped) {
-        self.used += s.n_blocks;
+    /// Adds `s`: to host memory when it fits, else to the file (its bytes written now). Returns
+    /// the blocks written to the file (0: host memory); a failed write leaves it `Lost`.
+    fn push(&mut self, mut s: Swapped) -> usize {
+        let mut spilled = 0;
+        s.host_blocks = 0;
+        if self.host_fits(s.n_blocks) {
+            s.host_blocks = s.n_blocks;
+            self.used += s.n_blocks;
+        } else if let Some(f) = &mut self.spill {
+            let n = s.n_blocks;
+            s.kv = match s.kv {
+                SwapKv::Staged(mut h) => {
+                    match h
+                        .wait()
+                        .and_then(|b| f.write(b, n).map_err(|e| e.to_string()))
+                    {
+                        Ok(slots) => {
+                            spilled = n;
+                            SwapKv::File(slots)
+                        }
+                        Err(e) => {
+                            tracing::warn!(
+                                "swap: writing KV to the swap file failed ({e}); will recompute"
+                            );
+                            SwapKv::Lost
+                        }
+                    }
+                }
+                other => other,
+            };
+        } else {
+            // Callers check can_hold; should they not, the sequence is recomputed on return.
+            s.kv = SwapKv::Lost;
+        }
         self.seqs.push_back(s);
+        spilled
+    }
+
+    /// Gives back `s`'s place in the pool (its host blocks, its file slots).
+    fn release(&mut self, s: &Swapped) {
+        self.used -= s.host_blocks;
+        if let (SwapKv::File(slots), Some(f)) = (&s.kv, &mut self.spill) {
+            f.release(slots);
+        }
     }
 
     fn pop_front(&mut self) -> Option<Swapped> {
-        let s = self.seqs.pop_front()?;
-        self.used -= s.n_blocks;
+        let mut s = self.seqs.pop_front()?;
+        self.used -= s.host_blocks;
+        s.host_blocks = 0;
         Some(s)
+    }
+
+    /// Reads a popped sequence's spilled bytes back (freeing its file slots): `File` becomes
+    /// `Host`, or `Lost` when the read fails.
+    fn unspill(&mut self, kv: &mut SwapKv) {
+        let SwapKv::File(slots) = kv else {
+            return;
+        };
+        let read = match &mut self.spill {
+            Some(f) => {
+                let r = f.read(slots).map_err(|e| e.to_string());
+                f.release(slots);
+                r
+            }
+            None => Err("the swap file is gone".to_string()),
+        };
+        *kv = match read {
+            Ok(v) => SwapKv::Host(v),
+            Err(e) => {
+                tracing::warn!("swap_in: reading the swap file failed ({e}); will recompute");
+                SwapKv::Lost
+            }
+        };
     }
 
     /// Moves every staged swap's bytes into host memory.
@@ -129,15 +235,18 @@ impl SwapPool {
 
     /// Takes every swapped sequence out (oldest first), dropping their bytes.
     pub fn take_all(&mut self) -> Vec<Sequence> {
-        self.used = 0;
-        self.seqs.drain(..).map(|s| s.seq).collect()
+        let all: Vec<Swapped> = self.seqs.drain(..).collect();
+        for s in &all {
+            self.release(s);
+        }
+        all.into_iter().map(|s| s.seq).collect()
     }
 
     /// Removes swapped sequence `id`, if there.
     pub fn remove(&mut self, id: u64) -> Option<Sequence> {
         let i = self.seqs.iter().position(|s| s.seq.id == id)?;
         let s = self.seqs.remove(i)?;
-        self.used -= s.n_blocks;
+        self.release(&s);
         Some(s.seq)
     }
 }
@@ -164,14 +273,22 @@ impl<F: ForwardModel> EngineCore<F> {
         })
     }
 
-    /// Action `swap_out`: moves the newest running sequence's KV to the host pool, or preempts it
-    /// by recomputation when it cannot be swapped (pool full, prefill unfinished, no KV access).
+    /// Action `swap_out`: moves the newest running sequence's KV to the swap pool (host memory,
+    /// else the swap file), or preempts it by recomputation when it cannot be swapped (both tiers
+    /// full, prefill unfinished, no KV access).
     pub fn swap_out(&mut self) -> Result<(), EngineError> {
         let Some(victim) = self.running.last() else {
             return Ok(());
         };
         let bs = self.cfg.block_size;
         let n = victim.computed.div_ceil(bs);
+        if !self.swap.has_spill()
+            && self.cfg.kv.spill_blocks > 0
+            && let Some(path) = &self.cfg.kv.spill_path
+        {
+            self.swap
+                .set_spill(SpillFile::new(path.clone(), self.cfg.kv.spill_blocks));
+        }
         if !victim.prefilled || !self.swap.can_hold(n) || n > victim.block_table.len() {
             self.notes.push(if self.swap.can_hold(n) {
                 "swap_out: prefill unfinished, preempt by recomputation"
@@ -202,14 +319,25 @@ impl<F: ForwardModel> EngineCore<F> {
         };
         self.blocks.release(&mut seq.block_table);
         seq.prefix.registered = 0;
+        let id = seq.id;
         self.kv_counts.swapped_out += 1;
         self.kv_counts.blocks_swapped_out += n as u64;
         self.totals.preemptions += 1;
-        self.swap.push(Swapped {
+        let spilled = self.swap.push(Swapped {
             seq,
             n_blocks: n,
             kv,
+            host_blocks: 0,
         });
+        self.kv_counts.blocks_spilled += spilled as u64;
+        tracing::debug!(
+            "swap_out: sequence {id}, {n} blocks to the {}",
+            if spilled > 0 {
+                "swap file"
+            } else {
+                "host pool"
+            }
+        );
         Ok(())
     }
 
@@ -223,10 +351,12 @@ impl<F: ForwardModel> EngineCore<F> {
             mut seq,
             n_blocks,
             mut kv,
+            ..
         }) = self.swap.pop_front()
         else {
             return Ok(());
         };
+        self.swap.unspill(&mut kv);
         let n = seq.tokens.len();
         if self.blocks.grow(&mut seq.block_table, n).is_err() {
             // can_swap_in checked the same numbers; recompute rather than lose the request.
@@ -236,7 +366,7 @@ impl<F: ForwardModel> EngineCore<F> {
         let bytes: Result<&[u8], String> = match &mut kv {
             SwapKv::Staged(h) => h.wait(),
             SwapKv::Host(v) => Ok(v.as_slice()),
-            SwapKv::Lost => Err("its KV copy failed".to_string()),
+            SwapKv::File(_) | SwapKv::Lost => Err("its KV copy failed".to_string()),
         };
         let written = match (self.model.kv_io(), bytes) {
             (Some(io), Ok(bytes)) => io.write_blocks(&seq.block_table[..n_blocks], bytes),
@@ -249,6 +379,7 @@ impl<F: ForwardModel> EngineCore<F> {
             return Ok(());
         }
         self.kv_counts.blocks_swapped_in += n_blocks as u64;
+        tracing::debug!("swap_in: sequence {}, {n_blocks} blocks back", seq.id);
         self.running.push(seq);
         Ok(())
     }
@@ -286,6 +417,7 @@ mod tests {
             seq: build_sequence(id, req, &ByteCodec, &limits, tx).unwrap(),
             n_blocks: blocks,
             kv: SwapKv::Host(vec![0u8; 8 * blocks]),
+            host_blocks: 0,
         }
     }
 

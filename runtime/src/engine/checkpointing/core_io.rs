@@ -306,7 +306,11 @@ pub fn restore_core<F: ForwardModel>(
     for snap in &restored.snapshot.sequences {
         max_id = max_id.max(snap.request_id);
         let seq = rebuild_sequence(snap, core.codec(), core.grammar(), tx(snap.request_id))?;
-        if use_kv && snap.finish == FinishState::Running {
+        // A sequence running at the checkpoint needs a block more than its KV when its next
+        // token starts one; a cache that was full then cannot take them all back, so those that
+        // do not fit are recomputed rather than failing the resume.
+        let fits = core.blocks.blocks_for(seq.tokens.len()) <= core.blocks.free_count();
+        if use_kv && snap.finish == FinishState::Running && fits {
             let written = core.admit_with_kv(seq, |model, table| match kv(model) {
                 Some(io) => write_kv(restored, snap, table, io),
                 None => Err(CheckpointError::Usage(
