@@ -70,6 +70,7 @@ const NAMES: &[(&str, &str)] = &[
     ("sov_spec_decode_accepted_tokens_total", "counter"),
     ("sov_kv_blocks_swapped_out_total", "counter"),
     ("sov_kv_blocks_swapped_in_total", "counter"),
+    ("sov_kv_blocks_spilled_total", "counter"),
     ("sov_num_recomputed_sequences_total", "counter"),
     ("sov_prefix_cache_queries_total", "counter"),
     ("sov_prefix_cache_hits_total", "counter"),

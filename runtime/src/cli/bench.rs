@@ -161,6 +161,8 @@ pub struct KvReport {
     pub blocks_swapped_out: u64,
     /// KV blocks copied back.
     pub blocks_swapped_in: u64,
+    /// Of the blocks swapped out, those written to the swap file (`--swap-file-mb`).
+    pub blocks_spilled: u64,
     /// Sequences whose KV was dropped and recomputed by prefill.
     pub recomputed: u64,
     /// Tokens looked up in the prefix cache at admission.
@@ -400,6 +402,7 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
             swapped_out: after.kv.swapped_out - before.kv.swapped_out,
             blocks_swapped_out: after.kv.blocks_swapped_out - before.kv.blocks_swapped_out,
             blocks_swapped_in: after.kv.blocks_swapped_in - before.kv.blocks_swapped_in,
+            blocks_spilled: after.kv.blocks_spilled - before.kv.blocks_spilled,
             recomputed: after.kv.recomputed - before.kv.recomputed,
             prefix_query_tokens: after.kv.prefix_query_tokens - before.kv.prefix_query_tokens,
             prefix_hit_tokens: after.kv.prefix_hit_tokens - before.kv.prefix_hit_tokens,
@@ -500,6 +503,10 @@ fn print_report(r: &BenchResult) {
     line(
         "Blocks swapped out / in:",
         format!("{}/{}", kv.blocks_swapped_out, kv.blocks_swapped_in),
+    );
+    line(
+        "Blocks spilled to the swap file:",
+        kv.blocks_spilled.to_string(),
     );
     line("Recomputed sequences:", kv.recomputed.to_string());
     println!("{:=^52}", "");

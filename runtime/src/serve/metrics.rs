@@ -81,6 +81,8 @@ pub mod names {
     pub const SWAPPED_OUT: &str = "sov_kv_blocks_swapped_out_total";
     /// Counter: KV blocks copied back from the host swap pool.
     pub const SWAPPED_IN: &str = "sov_kv_blocks_swapped_in_total";
+    /// Counter: of the blocks swapped out, those written to the swap file (`--swap-file-mb`).
+    pub const SPILLED: &str = "sov_kv_blocks_spilled_total";
     /// Counter: sequences whose KV was dropped and recomputed by prefill.
     pub const RECOMPUTED: &str = "sov_num_recomputed_sequences_total";
     /// Counter: tokens looked up in the prefix cache at admission (vLLM: prefix_cache_queries).
@@ -129,6 +131,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (names::SWAPPED_OUT, "KV blocks swapped out to host memory."),
     (names::SWAPPED_IN, "KV blocks swapped back in."),
+    (names::SPILLED, "KV blocks swapped out to the swap file."),
     (names::RECOMPUTED, "Sequences whose KV was recomputed."),
     (
         names::PREFIX_QUERIES,
@@ -176,7 +179,7 @@ pub struct ServerMetrics {
     kv_total: Gauge,
     receipt_height: Gauge,
     preemptions: Counter,
-    kv: [Counter; 5],
+    kv: [Counter; 6],
     checkpoints: Counter,
     spec_accepted: Counter,
     spec_draft: Counter,
@@ -240,6 +243,7 @@ impl ServerMetrics {
             kv: [
                 names::SWAPPED_OUT,
                 names::SWAPPED_IN,
+                names::SPILLED,
                 names::RECOMPUTED,
                 names::PREFIX_QUERIES,
                 names::PREFIX_HITS,
@@ -327,6 +331,7 @@ impl ServerMetrics {
         let values = [
             kv.blocks_swapped_out,
             kv.blocks_swapped_in,
+            kv.blocks_spilled,
             kv.recomputed,
             kv.prefix_query_tokens,
             kv.prefix_hit_tokens,
