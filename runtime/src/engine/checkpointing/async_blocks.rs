@@ -55,7 +55,7 @@ pub const STAGE_BYTES: usize = 64 << 20;
 /// Staged pieces that may wait for the writer before the action waits for it. Not the memory
 /// bound (that is one checkpoint in flight, and the backend's staging pools): large enough that a
 /// checkpoint of a whole KV cache queues without waiting.
-pub const PIECES_QUEUED: usize = 256;
+pub const PIECES_QUEUED: usize = 4096;
 
 /// Most block bytes one append to the block store writes (and holds the store's lock for).
 pub const APPEND_BYTES: usize = 64 << 20;

@@ -349,11 +349,12 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
     fn restore(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
         // In process, a deferred periodic checkpoint (an interrupt taken from the `checkpoint`
         // state looks like one) is taken now: nothing has run since, so it is the live state.
-        if !self.from_disk && std::mem::take(&mut self.owed) {
-            if let Some(w) = self.writer.as_mut() {
-                w.checkpoint(core, &|s| s.text.stops().to_vec())
-                    .map_err(engine_err)?;
-            }
+        if !self.from_disk
+            && std::mem::take(&mut self.owed)
+            && let Some(w) = self.writer.as_mut()
+        {
+            w.checkpoint(core, &|s| s.text.stops().to_vec())
+                .map_err(engine_err)?;
         }
         // The newest checkpoint must be on disk before it is read back.
         self.publish(core, true)?;
