@@ -6,31 +6,32 @@
 # MIDRUN=1 instead checks neighbours arriving mid-run, in the modes of MODES (default
 # deterministic), for each batch size of BATCHES (default "16 64 256") and each sampling of
 # SAMPLES (default greedy and seeded): the four requests come first with short prompts, and the
-# batch's other requests have long prompts (300-1000 tokens) that are prefilled in chunks of
+# batch's other requests have long prompts (100-400 tokens) that are prefilled in chunks of
 # --max-prefill-tokens 128 inside the decode steps of the four, so they join the batch while the
-# four are decoding (--max-batch = the batch size). Every run of a MIDRUN check starts at once
-# (KV=MiB each, default 12000; the GPU holds them). MODEL (default random:llama3-8b) may be a GGUF.
+# four are decoding (--max-batch = the batch size). The runs of one sampling start at once (about
+# 100 GB of GPU memory for the 8B shape: KV cache sized by batch). MODEL (default
+# random:llama3-8b) may be a GGUF; DEVICE (default cuda) =cpu checks the script itself.
 # Run from the repository root on the GPU machine after kernels/build-gpu.sh (SOV=path overrides).
 S=${SOV:-.gpu/sov}
 MODEL=${MODEL:-random:llama3-8b}
 FOUR=(); for i in 1 2 3 4; do FOUR+=(--prompt "request number $i of four"); done
 if [ -n "${MIDRUN:-}" ]; then
   T=${T:-/tmp/sov-midrun}; rm -rf $T; mkdir -p $T
-  M="--model $MODEL --device cuda --kv-memory-mb ${KV:-12000} --checkpoint off --max-tokens ${N:-256} --ignore-eos --json"
-  long() { printf 'neighbour %s ' "$1"; head -c $((300 + ($1 * 37) % 700)) /dev/zero | tr '\0' "$(printf \\$(printf '%03o' $((97 + $1 % 26))))"; }
+  M="--model $MODEL --device ${DEVICE:-cuda} --checkpoint off --max-tokens ${N:-256} --ignore-eos --json"
+  long() { printf 'neighbour %s ' "$1"; head -c $((100 + ($1 * 37) % 300)) /dev/zero | tr '\0' "$(printf \\$(printf '%03o' $((97 + $1 % 26))))"; }
   SAMPLES=${SAMPLES:-greedy seeded}
   for mode in ${MODES:-deterministic}; do
     F=(); [ "$mode" = deterministic ] && F=(--deterministic)
     for s in $SAMPLES; do
       X="--temperature 0"; [ "$s" = seeded ] && X="--temperature 0.8 --seed 7"
-      $S generate $M "${F[@]}" $X --max-batch 1 "${FOUR[@]}" > $T/alone-$mode-$s.json 2>$T/alone-$mode-$s.err &
+      $S generate $M --kv-memory-mb 2000 "${F[@]}" $X --max-batch 1 "${FOUR[@]}" > $T/alone-$mode-$s.json 2>$T/alone-$mode-$s.err &
       for b in ${BATCHES:-16 64 256}; do
         MANY=(); for i in $(seq 1 $((b - 4))); do MANY+=(--prompt "$(long $i)"); done
-        $S generate $M "${F[@]}" $X --max-batch $b --max-prefill-tokens 128 "${FOUR[@]}" "${MANY[@]}" > $T/batch-$mode-$s-$b.json 2>$T/batch-$mode-$s-$b.err &
+        $S generate $M --kv-memory-mb $((1000 + b * 75)) "${F[@]}" $X --max-batch $b --max-prefill-tokens 128 "${FOUR[@]}" "${MANY[@]}" > $T/batch-$mode-$s-$b.json 2>$T/batch-$mode-$s-$b.err &
       done
+      wait
     done
   done
-  wait
   for mode in ${MODES:-deterministic}; do for s in $SAMPLES; do for b in ${BATCHES:-16 64 256}; do
     python3 - $T/alone-$mode-$s.json $T/batch-$mode-$s-$b.json "$mode $s, batch of $b with neighbours arriving mid-run" <<'PY'
 import json, sys
