@@ -10,7 +10,11 @@
 # batch 256 with recompute checkpoints in the deterministic mode; staging, the CUDA gather/scatter
 # test; resume-blocks, resume-blocks-seeded, resume-det (+ sov audit), resume-det-seeded: SIGTERM /
 # SIGKILL resumes; ckpt-fig, checkpoints off vs asynchronous blocks vs recompute at batch 64; swap,
-# swap vs recompute under 2x / 4x KV oversubscription; swap-exact, deterministic outputs under swap).
+# swap vs recompute under 2x / 4x KV oversubscription; swap-exact, deterministic outputs under swap;
+# ckpt-share, checkpoints off vs blocks at batch 64 and 256, one process per mode, the writer's log
+# of every checkpoint (bytes, phases, deferrals); resume-blocks-par, resume-blocks and
+# resume-blocks-seeded side by side with 4000 MiB of KV each; engine-midrun, deterministic-mode
+# batch invariance with neighbours arriving mid-run, batches 16/64/256, greedy and seeded).
 set -o pipefail
 LOG=${OUT:-.}/gpu-exactness.log
 : > "$LOG"
@@ -28,6 +32,7 @@ for part in $PARTS; do
       run .gpu/sov-lib-tests backend::cuda --test-threads=1 --skip deterministic_tests ;;
     engine) run kernels/bench/gpu-batch-invariance.sh ;;
     engine-det) MODES=deterministic run kernels/bench/gpu-batch-invariance.sh ;;
+    engine-midrun) MIDRUN=1 run kernels/bench/gpu-batch-invariance.sh ;;
     resume) FLAGS=--deterministic MODES=recompute run kernels/bench/gpu-resume.sh ;;
     bench)
       run .gpu/sov bench $B --sweep 1,64,256
@@ -51,6 +56,19 @@ for part in $PARTS; do
         say "checkpoint bytes ($C): $(du -sb /tmp/ck-$C/checkpoints 2>/dev/null | cut -f1) receipts: $(ls /tmp/ck-$C/checkpoints 2>/dev/null | grep -c receipt)"
         rm -rf /tmp/ck-$C
       done ;;
+    ckpt-share)
+      # Issue 17 item 3: the share of busy time in blocks-mode checkpoints at batch 64 and 256,
+      # against checkpoints off in the same call; bytes per checkpoint in the writer's lines.
+      for C in off blocks; do
+        rm -rf /tmp/ck-$C
+        run .gpu/sov bench $B --sweep 64,256 --checkpoint $C --run-dir /tmp/ck-$C --log info
+        say "checkpoint bytes ($C): $(du -sb /tmp/ck-$C/checkpoints 2>/dev/null | cut -f1) receipts: $(ls /tmp/ck-$C/checkpoints 2>/dev/null | grep -c receipt)"
+        rm -rf /tmp/ck-$C
+      done ;;
+    resume-blocks-par)
+      T=/tmp/rb KV=4000 MODES=blocks kernels/bench/gpu-resume.sh > /tmp/rb.out 2>&1 &
+      T=/tmp/rbs KV=4000 MODES=blocks SIGNALS=KILL SAMPLE="--temperature 0.8 --seed 7" kernels/bench/gpu-resume.sh > /tmp/rbs.out 2>&1 &
+      wait; cat /tmp/rb.out /tmp/rbs.out | tee -a "$LOG" ;;
     swap)
       # Issue 19: batch 64, 128 in / 512 out needs ~5.4 GB of KV; 2x and 4x oversubscribed, with a
       # host swap pool (swap) and without (--swap-mb 0: recompute).

@@ -62,11 +62,14 @@ pub struct Anchor {
 }
 
 impl Anchor {
-    /// The anchor the slots mirror (slot 7 height, 8..15 digest); None at height 0.
+    /// The anchor the slots mirror (slot 7 height, 8..15 digest); None at height 0 or without a
+    /// digest (an engine whose first asynchronous checkpoint is not durable yet: its slot 7 has
+    /// moved on, but no receipt is named).
     pub fn from_slots(slots: &[u32; 32]) -> Option<Self> {
-        (slots[7] > 0).then(|| Self {
+        let digest = receipt::digest_from_slots(slots);
+        (slots[7] > 0 && digest != [0; 32]).then_some(Self {
             height: u64::from(slots[7]),
-            digest: receipt::digest_from_slots(slots),
+            digest,
         })
     }
 

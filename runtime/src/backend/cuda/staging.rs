@@ -1,23 +1,28 @@
 //! Staged KV block copies on the GPU, the [`KvStager`] of [`CudaBackend`]: whole blocks gathered on
-//! the device into one contiguous staging buffer by one kernel (`kernels/cuda/kv_gather.cu`), then
-//! one asynchronous device-to-host copy into pinned host memory on a side stream; writes are one
-//! host-to-device copy then the scatter kernel.
+//! the device into one contiguous staging buffer by one kernel (`kernels/cuda/kv_gather.cu`); the
+//! device-to-host copy into pinned host memory runs on a side stream when the holder of the handle
+//! asks for the bytes; writes are one host-to-device copy then the scatter kernel.
 //!
 //! Design (issue 17 item 3, issue 19's GPU swap): the gather runs on the backend's compute stream,
 //! so it sees the cache exactly as the kernels enqueued before it left it, and the kernels enqueued
 //! after it (the next decode step, a block handed to another sequence) may overwrite the blocks at
-//! once. An event orders the side stream's copy after the gather; the calling thread does not wait,
-//! and whoever holds the handle (a checkpoint writer thread) waits on the copy's event. Memory is
-//! bounded: [`STAGING_SLOTS`] slots per device (device staging + pinned host buffer + block table,
-//! each grown to the largest request), process-wide like the kernel cache; a read waits for a free
-//! slot (back-pressure), and a handle gives its slot back when dropped, once its copy is done.
+//! once. Nothing the caller (the engine thread) does waits for the host: it takes a device staging
+//! buffer, enqueues the gather and returns. Whoever holds the handle (a checkpoint writer thread)
+//! calls `wait`, which takes a pinned host buffer, orders the side stream's copy after the gather
+//! by an event and waits for it; so pinned memory is allocated, and copies wait for a free pinned
+//! buffer, on the writer's thread, not on the engine's. Memory is bounded: device staging buffers
+//! are kept for reuse (each grown to the largest piece it held) and a new one is made only while
+//! the device keeps [`DEVICE_HEADROOM`] bytes free after it (otherwise the read waits for one to
+//! come back); at most [`HOST_SLOTS`] pinned buffers exist per device. Both pools are
+//! process-wide, like the kernel cache; a handle gives its buffers back when dropped, once its
+//! copy is done.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
-    result, sys,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
+    PushKernelArg, result, sys,
 };
 use cudarc::nvrtc::compile_ptx;
 
@@ -27,26 +32,38 @@ use crate::backend::BackendError;
 use crate::backend::kv_stage::KvStager;
 use crate::checkpoint::driver::{ReadyBlocks, StagedBlocks};
 
-/// Staging slots per device: one being filled while the previous one is hashed and written.
-pub const STAGING_SLOTS: usize = 2;
+/// Pinned host buffers per device: one being copied into while the previous one is hashed.
+pub const HOST_SLOTS: usize = 2;
+
+/// Device memory a new device staging buffer must leave free (decode graphs and scratch).
+pub const DEVICE_HEADROOM: usize = 4 << 30;
 
 /// The gather/scatter kernel's source.
 const SOURCE: &str = include_str!("../../../../kernels/cuda/kv_gather.cu");
 
-/// One slot's memory (absent until first used, then grown as needed).
+/// One device staging buffer (`[bytes]`, the gathered blocks) and its kernel table
+/// (`[2 * layers + blocks]` u64: layer bases, then block ids).
 #[derive(Default)]
-struct Slot {
+struct DevSlot {
     dev: Option<CudaSlice<u8>>,
-    host: Option<PinnedHostSlice<u8>>,
     table: Option<CudaSlice<u64>>,
 }
 
-/// A device's side stream, kernel and free slots.
+/// A device's side stream, kernel and free buffers.
 struct Pool {
+    ctx: Arc<CudaContext>,
     side: Arc<CudaStream>,
     func: CudaFunction,
-    free: Mutex<Vec<Slot>>,
+    state: Mutex<Free>,
     returned: Condvar,
+}
+
+/// The buffers not lent out, and how many device buffers exist.
+struct Free {
+    dev: Vec<DevSlot>,
+    dev_made: usize,
+    /// Pinned host buffers (`[bytes]`), absent until first grown.
+    host: Vec<Option<PinnedHostSlice<u8>>>,
 }
 
 /// Pools by device ordinal.
@@ -57,14 +74,54 @@ fn poisoned() -> BackendError {
 }
 
 impl Pool {
-    /// Waits for a free slot.
-    fn take(self: &Arc<Self>) -> Result<SlotGuard, BackendError> {
-        let mut free = self.free.lock().map_err(|_| poisoned())?;
+    fn lock(&self) -> Result<MutexGuard<'_, Free>, BackendError> {
+        self.state.lock().map_err(|_| poisoned())
+    }
+
+    /// A device buffer: a free one (the smallest that holds `bytes`, else the largest), a new one
+    /// while the device keeps [`DEVICE_HEADROOM`] free, or else the next one given back.
+    fn take_dev(self: &Arc<Self>, bytes: usize) -> Result<DevGuard, BackendError> {
+        let t0 = std::time::Instant::now();
+        let mut free = self.lock()?;
         loop {
-            if let Some(slot) = free.pop() {
-                return Ok(SlotGuard {
+            let fits = |s: &DevSlot| s.dev.as_ref().map_or(0, |d| d.len());
+            let best = (0..free.dev.len())
+                .filter(|&i| fits(&free.dev[i]) >= bytes)
+                .min_by_key(|&i| fits(&free.dev[i]))
+                .or_else(|| (0..free.dev.len()).max_by_key(|&i| fits(&free.dev[i])));
+            if let Some(i) = best {
+                let slot = free.dev.swap_remove(i);
+                return Ok(DevGuard {
                     pool: self.clone(),
                     slot: Some(slot),
+                });
+            }
+            let room = self.ctx.mem_get_info().map_or(0, |(f, _)| f);
+            if free.dev_made == 0 || room >= bytes + DEVICE_HEADROOM {
+                free.dev_made += 1;
+                return Ok(DevGuard {
+                    pool: self.clone(),
+                    slot: Some(DevSlot::default()),
+                });
+            }
+            free = self.returned.wait(free).map_err(|_| poisoned())?;
+            tracing::info!(
+                "KV staging: waited {:.1} ms for a device buffer ({} made, {} MB free on the device)",
+                t0.elapsed().as_secs_f64() * 1e3,
+                free.dev_made,
+                room / 1_000_000
+            );
+        }
+    }
+
+    /// A pinned host buffer (waits while [`HOST_SLOTS`] are lent out).
+    fn take_host(self: &Arc<Self>) -> Result<HostGuard, BackendError> {
+        let mut free = self.lock()?;
+        loop {
+            if let Some(buf) = free.host.pop() {
+                return Ok(HostGuard {
+                    pool: self.clone(),
+                    buf: Some(buf),
                 });
             }
             free = self.returned.wait(free).map_err(|_| poisoned())?;
@@ -72,17 +129,32 @@ impl Pool {
     }
 }
 
-/// A slot taken from its pool; dropping it gives it back.
-struct SlotGuard {
+/// A device buffer taken from its pool; dropping it gives it back.
+struct DevGuard {
     pool: Arc<Pool>,
-    slot: Option<Slot>,
+    slot: Option<DevSlot>,
 }
 
-impl Drop for SlotGuard {
+impl Drop for DevGuard {
     fn drop(&mut self) {
-        if let (Some(slot), Ok(mut free)) = (self.slot.take(), self.pool.free.lock()) {
-            free.push(slot);
-            self.pool.returned.notify_one();
+        if let (Some(slot), Ok(mut free)) = (self.slot.take(), self.pool.lock()) {
+            free.dev.push(slot);
+            self.pool.returned.notify_all();
+        }
+    }
+}
+
+/// A pinned host buffer taken from its pool; dropping it gives it back.
+struct HostGuard {
+    pool: Arc<Pool>,
+    buf: Option<Option<PinnedHostSlice<u8>>>,
+}
+
+impl Drop for HostGuard {
+    fn drop(&mut self) {
+        if let (Some(buf), Ok(mut free)) = (self.buf.take(), self.pool.lock()) {
+            free.host.push(buf);
+            self.pool.returned.notify_all();
         }
     }
 }
@@ -93,15 +165,14 @@ fn addr<T>(s: &CudaSlice<T>) -> u64 {
     ptr
 }
 
-impl SlotGuard {
-    /// Grows the slot to `bytes` of staging (pinned too when `pinned`) and `table` entries;
-    /// returns (device staging address, table address).
+impl DevGuard {
+    /// Grows the buffer to `bytes` of staging and `table` entries; returns (device staging
+    /// address, table address).
     fn ensure(
         &mut self,
         be: &CudaBackend,
         bytes: usize,
         table: usize,
-        pinned: bool,
     ) -> Result<(u64, u64), BackendError> {
         let slot = self
             .slot
@@ -117,20 +188,41 @@ impl SlotGuard {
             // SAFETY: the table is uploaded before the kernel that reads it.
             slot.table = Some(unsafe { be.stream.alloc::<u64>(table) }.map_err(driver_err)?);
         }
-        if pinned && slot.host.as_ref().is_none_or(|h| h.len() < bytes) {
-            slot.host = None;
-            // SAFETY: flags 0 is ordinary (cached, readable) page-locked memory; it is only read
-            // after the copy into it has completed (`CudaStaged::wait`).
-            slot.host = Some(
-                unsafe { be.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }.map_err(driver_err)?,
-            );
-        }
         match (&slot.dev, &slot.table) {
             (Some(d), Some(t)) => Ok((addr(d), addr(t))),
             _ => Err(BackendError::Device(
                 "KV staging slot missing memory".into(),
             )),
         }
+    }
+}
+
+impl HostGuard {
+    /// Grows the pinned buffer to `bytes`.
+    fn ensure(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        bytes: usize,
+    ) -> Result<&mut PinnedHostSlice<u8>, BackendError> {
+        let buf = self
+            .buf
+            .as_mut()
+            .ok_or_else(|| BackendError::Device("KV staging host buffer missing".into()))?;
+        if buf.as_ref().is_none_or(|h| h.len() < bytes) {
+            *buf = None;
+            let t0 = std::time::Instant::now();
+            // SAFETY: flags 0 is ordinary (cached, readable) page-locked memory; it is only read
+            // after the copy into it has completed (`CudaStaged::wait`).
+            *buf =
+                Some(unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }.map_err(driver_err)?);
+            tracing::info!(
+                "KV staging: {} MB of pinned memory allocated in {:.1} ms",
+                bytes / 1_000_000,
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        buf.as_mut()
+            .ok_or_else(|| BackendError::Device("KV staging host buffer missing".into()))
     }
 }
 
@@ -149,9 +241,14 @@ impl CudaBackend {
         let module = self.ctx.load_module(ptx).map_err(driver_err)?;
         let func = module.load_function("kv_stage_copy").map_err(driver_err)?;
         let pool = Arc::new(Pool {
+            ctx: self.ctx.clone(),
             side: self.ctx.new_stream().map_err(driver_err)?,
             func,
-            free: Mutex::new((0..STAGING_SLOTS).map(|_| Slot::default()).collect()),
+            state: Mutex::new(Free {
+                dev: Vec::new(),
+                dev_made: 0,
+                host: (0..HOST_SLOTS).map(|_| None).collect(),
+            }),
             returned: Condvar::new(),
         });
         pools.insert(self.ordinal, pool.clone());
@@ -207,23 +304,64 @@ fn layer_table(k: &[CudaBuffer], v: &[CudaBuffer], block_elems: usize) -> (Vec<u
     (layers, block_elems * size)
 }
 
-/// A staged read: bytes arrive in the slot's pinned buffer when `done` fires.
+/// A staged read: the gathered blocks are in `dev` once `gathered` fires; `wait` copies them into
+/// a pinned buffer and returns them.
 struct CudaStaged {
-    guard: SlotGuard,
-    done: cudarc::driver::CudaEvent,
+    /// Held until the copy out of it is done.
+    _dev: DevGuard,
+    gathered: cudarc::driver::CudaEvent,
+    pool: Arc<Pool>,
+    /// The pinned buffer and the event of the copy into it, once `wait` started it.
+    host: Option<(HostGuard, cudarc::driver::CudaEvent)>,
+    /// Device address of the gathered bytes.
+    at: u64,
     len: usize,
+}
+
+impl CudaStaged {
+    /// Starts the copy into a pinned buffer (once).
+    fn start_copy(&mut self) -> Result<(), BackendError> {
+        if self.host.is_some() {
+            return Ok(());
+        }
+        // This runs on the handle holder's thread (a checkpoint writer): bind the device there.
+        self.pool.ctx.bind_to_thread().map_err(driver_err)?;
+        let mut host = self.pool.take_host()?;
+        let dst = host
+            .ensure(&self.pool.ctx, self.len)?
+            .as_mut_slice()
+            .map_err(driver_err)?;
+        self.pool.side.wait(&self.gathered).map_err(driver_err)?;
+        // SAFETY: the pinned buffer holds >= len bytes (`ensure`) and is not read before `done`
+        // fires; the side stream waits for the gather that fills the device staging, which is
+        // not given back before `done` (Drop).
+        unsafe {
+            result::memcpy_dtoh_async(&mut dst[..self.len], self.at, self.pool.side.cu_stream())
+        }
+        .map_err(driver_err)?;
+        let done = self
+            .pool
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(driver_err)?;
+        done.record(&self.pool.side).map_err(driver_err)?;
+        self.host = Some((host, done));
+        Ok(())
+    }
 }
 
 impl StagedBlocks for CudaStaged {
     fn wait(&mut self) -> Result<&[u8], String> {
-        self.done.synchronize().map_err(|e| format!("{e:?}"))?;
-        let host = self
-            .guard
-            .slot
+        self.start_copy().map_err(|e| e.to_string())?;
+        let (host, done) = self.host.as_ref().ok_or("KV staging copy not started")?;
+        done.synchronize().map_err(|e| format!("{e:?}"))?;
+        let all = host
+            .buf
             .as_ref()
-            .and_then(|s| s.host.as_ref())
-            .ok_or("KV staging slot lost its host buffer")?;
-        let all = host.as_slice().map_err(|e| format!("{e:?}"))?;
+            .and_then(|b| b.as_ref())
+            .ok_or("KV staging lost its host buffer")?
+            .as_slice()
+            .map_err(|e| format!("{e:?}"))?;
         all.get(..self.len)
             .ok_or_else(|| "KV staging buffer shorter than its copy".to_string())
     }
@@ -231,8 +369,15 @@ impl StagedBlocks for CudaStaged {
 
 impl Drop for CudaStaged {
     fn drop(&mut self) {
-        // The slot goes back to the pool only once nothing copies into it.
-        let _ = self.done.synchronize();
+        // The buffers go back to their pools only once nothing reads or writes them.
+        match &self.host {
+            Some((_, done)) => {
+                let _ = done.synchronize();
+            }
+            None => {
+                let _ = self.gathered.synchronize();
+            }
+        }
     }
 }
 
@@ -250,30 +395,20 @@ impl KvStager for CudaBackend {
         let (layers, part) = layer_table(k, v, block_elems);
         let bytes = blocks.len() * layers.len() * part;
         let pool = self.staging_pool()?;
-        let mut guard = pool.take()?;
-        let at = guard.ensure(self, bytes, layers.len() + blocks.len(), true)?;
+        let mut dev = pool.take_dev(bytes)?;
+        let at = dev.ensure(self, bytes, layers.len() + blocks.len())?;
         self.launch_stage_copy(&pool, &layers, blocks, part, at, false)?;
-        let gathered = self.ctx.new_event(None).map_err(driver_err)?;
-        gathered.record(&self.stream).map_err(driver_err)?;
-        pool.side.wait(&gathered).map_err(driver_err)?;
-        let host = guard
-            .slot
-            .as_mut()
-            .and_then(|s| s.host.as_mut())
-            .ok_or_else(|| BackendError::Device("KV staging slot lost its host buffer".into()))?;
-        let dst = host.as_mut_slice().map_err(driver_err)?;
-        // SAFETY: the pinned buffer holds >= bytes (`ensure`) and is not read before `done`; the
-        // side stream waits for the gather that fills the device staging.
-        unsafe { result::memcpy_dtoh_async(&mut dst[..bytes], at.0, pool.side.cu_stream()) }
-            .map_err(driver_err)?;
-        let done = self
+        let gathered = self
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
             .map_err(driver_err)?;
-        done.record(&pool.side).map_err(driver_err)?;
+        gathered.record(&self.stream).map_err(driver_err)?;
         Ok(Box::new(CudaStaged {
-            guard,
-            done,
+            _dev: dev,
+            gathered,
+            pool,
+            host: None,
+            at: at.0,
             len: bytes,
         }))
     }
@@ -297,8 +432,8 @@ impl KvStager for CudaBackend {
             });
         }
         let pool = self.staging_pool()?;
-        let mut guard = pool.take()?;
-        let at = guard.ensure(self, bytes.len(), layers.len() + blocks.len(), false)?;
+        let mut dev = pool.take_dev(bytes.len())?;
+        let at = dev.ensure(self, bytes.len(), layers.len() + blocks.len())?;
         // SAFETY: the staging buffer holds bytes.len() (`ensure`); the stream is synchronised
         // below, before `bytes` or the slot can go.
         unsafe { result::memcpy_htod_async(at.0, bytes, self.stream.cu_stream()) }
@@ -311,7 +446,7 @@ impl KvStager for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::super::tests::device;
-    use super::STAGING_SLOTS;
+    use super::HOST_SLOTS;
     use crate::model::KvCache;
     use crate::model::random::tiny_config;
 
@@ -363,10 +498,15 @@ mod tests {
         assert!(kv.stage_blocks(&be, &[40]).is_err());
         assert!(kv.write_blocks(&be, &[1, 2], &want[..bb]).is_err());
         drop(staged);
-        // The pool is bounded: with every slot held, the slots come back when the handles go.
-        let held: Vec<_> = (0..STAGING_SLOTS)
-            .map(|i| kv.stage_blocks(&be, &[i as u32]).unwrap())
+        // Pinned buffers are bounded: with more reads waited on than there are pinned buffers,
+        // the next one's copy waits until a handle goes; reads not waited on hold none.
+        // (Blocks 30.. still hold their patterns; the scatter above overwrote 1..=9.)
+        let mut held: Vec<_> = (0..HOST_SLOTS + 3)
+            .map(|i| kv.stage_blocks(&be, &[30 + i as u32]).unwrap())
             .collect();
+        for (i, h) in held.iter_mut().enumerate().take(HOST_SLOTS) {
+            assert!(h.wait().unwrap() == pattern(30 + i as u32, bb).as_slice());
+        }
         drop(held);
         let mut again = kv.stage_blocks(&be, &[39]).unwrap();
         assert!(again.wait().unwrap() == pattern(39, bb).as_slice());

@@ -2,14 +2,15 @@
 //! `Checkpointer::checkpoint`, which reads every block with `read_block`): on a tiny random Llama
 //! on the CPU, at several points of a run, both write the same sequences, block hashes and partial
 //! tails; a resume from the asynchronous store finishes every request exactly as an uninterrupted
-//! run; and the staged reads in flight stay bounded when a checkpoint needs many pieces.
+//! run; periodic checkpoints are deferred while one is in flight, and the one that follows
+//! stages every block the deferred ones would have (none lost; resume exact).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use super::async_blocks::{AsyncBlocks, PIECES_QUEUED};
+use super::async_blocks::AsyncBlocks;
 use super::core_io::{checkpoint_core, restore_core};
 use super::resume_tests::{llama_kv, requests, rig, tiny_llama};
 use crate::backend::cpu::CpuBackend;
@@ -113,32 +114,36 @@ fn async_checkpoints_equal_synchronous_ones_and_resume_exactly() {
     }
 }
 
-/// The tiny Llama with its staged reads counted (alive now, most alive at once).
-struct Counted {
+/// The tiny Llama with its staged reads counted (alive now) and their copies held back until
+/// `gate` opens (a writer that cannot keep up).
+struct Gated {
     inner: LlamaRunner<CpuBackend>,
     alive: Arc<AtomicUsize>,
-    most: Arc<AtomicUsize>,
+    gate: Arc<AtomicBool>,
 }
 
-struct CountedRead {
+struct GatedRead {
     bytes: Box<dyn StagedBlocks>,
     alive: Arc<AtomicUsize>,
+    gate: Arc<AtomicBool>,
 }
 
-impl StagedBlocks for CountedRead {
+impl StagedBlocks for GatedRead {
     fn wait(&mut self) -> Result<&[u8], String> {
-        std::thread::sleep(std::time::Duration::from_millis(2)); // a slow device copy
+        while !self.gate.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1)); // a slow disk
+        }
         self.bytes.wait()
     }
 }
 
-impl Drop for CountedRead {
+impl Drop for GatedRead {
     fn drop(&mut self) {
         self.alive.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-impl KvBlockIo for Counted {
+impl KvBlockIo for Gated {
     fn kv_layout(&self) -> KvLayout {
         self.inner.kv_layout()
     }
@@ -149,16 +154,16 @@ impl KvBlockIo for Counted {
         self.inner.write_block(block, tokens, bytes)
     }
     fn read_blocks(&mut self, blocks: &[u32]) -> Result<Box<dyn StagedBlocks>, String> {
-        let n = self.alive.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most.fetch_max(n, Ordering::SeqCst);
-        Ok(Box::new(CountedRead {
+        self.alive.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(GatedRead {
             bytes: self.inner.read_blocks(blocks)?,
             alive: self.alive.clone(),
+            gate: self.gate.clone(),
         }))
     }
 }
 
-impl ForwardModel for Counted {
+impl ForwardModel for Gated {
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
@@ -170,44 +175,131 @@ impl ForwardModel for Counted {
     }
 }
 
+fn gated_kv(m: &mut Gated) -> Option<&mut dyn KvBlockIo> {
+    Some(m)
+}
+
+/// Full blocks named by a snapshot, over all its sequences.
+fn full_blocks(s: &Snapshot) -> usize {
+    s.sequences.iter().map(|q| q.blocks.len()).sum()
+}
+
 #[test]
-fn staged_reads_in_flight_stay_bounded() {
+fn deferred_checkpoints_lose_no_block_and_resume_exactly() {
+    let vocab = tiny_llama().vocab_size();
+    let reqs = requests(vocab);
+    let mut reference = rig(tiny_llama());
+    for (i, r) in reqs.iter().enumerate() {
+        reference.submit(i as u64 + 1, r.clone(), None);
+    }
+    let want = reference.finish();
+
     let alive = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
-    let model = Counted {
+    let gate = Arc::new(AtomicBool::new(false));
+    let model = Gated {
         inner: tiny_llama(),
         alive: alive.clone(),
-        most: most.clone(),
+        gate: gate.clone(),
     };
-    let block_bytes = {
-        let l = model.inner.kv_layout();
-        (l.layers * 2 * l.block_size * l.kv_heads * l.head_dim * 4) as usize
-    };
-    let vocab = model.vocab_size();
+    let (sync_dir, async_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut sync_cp = store(sync_dir.path());
+    let mut writer = AsyncBlocks::start(Arc::new(Mutex::new(store(async_dir.path())))).unwrap();
     let mut run = rig(model);
-    for (i, r) in requests(vocab).into_iter().enumerate() {
-        run.submit(i as u64 + 1, r, None);
+    for (i, r) in reqs.iter().enumerate() {
+        run.submit(i as u64 + 1, r.clone(), Some(&mut sync_cp));
     }
-    while run.core.decode_steps() < 30 {
-        run.step();
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Arc::new(Mutex::new(store(dir.path())));
-    // One block per piece: a checkpoint of many pieces.
-    let mut writer = AsyncBlocks::start(cp)
-        .unwrap()
-        .with_piece_bytes(block_bytes);
-    for _ in 0..3 {
-        writer.checkpoint(&mut run.core, &|_| Vec::new()).unwrap();
-    }
-    writer.poll(true).unwrap().expect("written");
-    let pieces = writer.totals().bytes_read as usize / block_bytes;
-    assert!(pieces > 3 * (PIECES_QUEUED + 2), "{pieces} pieces");
-    // Queued, one the writer holds, one the action holds while it waits to queue it.
-    let most = most.load(Ordering::SeqCst);
-    assert!(
-        most <= PIECES_QUEUED + 2,
-        "{most} staged reads alive at once"
+    let to = |run: &mut super::resume_tests::Rig<Gated>, cut: u64| {
+        while run.core.decode_steps() < cut && !run.core.is_idle() {
+            run.step();
+        }
+    };
+    let mut sync_now = |run: &mut super::resume_tests::Rig<Gated>| {
+        checkpoint_core(
+            &mut sync_cp,
+            &mut run.core,
+            Scheduler::NAME,
+            run.machine.state_name(),
+            gated_kv,
+            &|_| Vec::new(),
+        )
+        .unwrap();
+    };
+    to(&mut run, 4);
+    assert_eq!(
+        writer
+            .try_checkpoint(&mut run.core, &|_| Vec::new())
+            .unwrap(),
+        Some(1)
     );
+    sync_now(&mut run);
+    // The writer cannot finish (its copies are held back): the next two are deferred, and
+    // nothing more is staged meanwhile.
+    for cut in [9, 14] {
+        to(&mut run, cut);
+        assert_eq!(
+            writer
+                .try_checkpoint(&mut run.core, &|_| Vec::new())
+                .unwrap(),
+            None
+        );
+    }
+    assert_eq!(writer.totals().deferred, 2);
+    assert_eq!(writer.in_flight(), 1);
+    gate.store(true, Ordering::SeqCst);
+    assert_eq!(
+        writer.poll(true).unwrap().expect("written").receipt.height,
+        1
+    );
+    let first = newest(async_dir.path());
+    assert_eq!(first.sequences, newest(sync_dir.path()).sequences);
+    // The next checkpoint stages the blocks filled while the other two were deferred.
+    to(&mut run, 20);
+    assert_eq!(
+        writer
+            .try_checkpoint(&mut run.core, &|_| Vec::new())
+            .unwrap(),
+        Some(2)
+    );
+    sync_now(&mut run);
+    assert_eq!(
+        writer.poll(true).unwrap().expect("written").receipt.height,
+        2
+    );
+    let second = newest(async_dir.path());
+    assert_eq!(second.sequences, newest(sync_dir.path()).sequences);
+    assert_eq!(second.step, 20);
+    assert!(
+        full_blocks(&second) > full_blocks(&first),
+        "no block filled between steps 4 and 20 ({} vs {})",
+        full_blocks(&second),
+        full_blocks(&first)
+    );
+    assert_eq!(writer.totals().checkpoints, 2);
+    drop(writer);
+    drop(run);
     assert_eq!(alive.load(Ordering::SeqCst), 0);
+
+    // A resume from the newest checkpoint (after the deferrals) finishes exactly.
+    let restored = CheckpointStore::open(async_dir.path(), key(), SPEC, MODEL)
+        .unwrap()
+        .latest_valid()
+        .unwrap()
+        .expect("a checkpoint");
+    let mut second = rig(tiny_llama());
+    let mut rxs = BTreeMap::new();
+    restore_core(&mut second.core, &restored, llama_kv, &mut |id| {
+        let (tx, rx) = mpsc::channel();
+        rxs.insert(id, rx);
+        tx
+    })
+    .unwrap();
+    second.rx = rxs;
+    second.machine.set_state_by_name("prefill").unwrap();
+    for (id, tokens) in second.finish() {
+        assert_eq!(
+            Some(&tokens),
+            want.get(&id),
+            "request {id} after deferred checkpoints"
+        );
+    }
 }

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ed25519_dalek::SigningKey;
 
-use super::async_blocks::{AsyncBlocks, AsyncTotals};
+use super::async_blocks::{AsyncBlocks, AsyncTotals, LockQueue};
 use super::core_io::{checkpoint_core, fresh_sequence, request_record, restore_core};
 use crate::checkpoint::attest::ResponseReceipt;
 use crate::checkpoint::driver::{Checkpointer, KvBlockIo};
@@ -114,6 +114,10 @@ pub struct WormConfig {
     pub platform: Platform,
 }
 
+/// The machine state whose `checkpoint` action is the periodic one (both specs name it so): in
+/// `Blocks` mode it may be deferred while the previous checkpoint is not durable yet.
+pub const PERIODIC_STATE: &str = "checkpoint";
+
 /// The three handles [`open`] returns.
 pub struct Worm {
     /// The engine's `checkpoint` / `restore` actions.
@@ -174,8 +178,9 @@ pub fn open(cfg: WormConfig) -> Result<Worm> {
         .map_or(1, |m| m + 1);
     let cp = Arc::new(Mutex::new(Checkpointer::new(store, cfg.mode)));
     let book = Arc::new(Mutex::new(ResumeBook::default()));
+    let queue = LockQueue::default();
     let writer = match cfg.mode {
-        KvMode::Blocks => Some(AsyncBlocks::start(cp.clone())?),
+        KvMode::Blocks => Some(AsyncBlocks::start_queued(cp.clone(), queue.clone())?),
         KvMode::Recompute => None,
     };
     Ok(Worm {
@@ -185,8 +190,10 @@ pub fn open(cfg: WormConfig) -> Result<Worm> {
             from_disk: cfg.resume,
             quorum: None,
             writer,
+            owed: false,
+            queue: queue.clone(),
         },
-        acceptor: Arc::new(JournalAcceptor { cp, next_id }),
+        acceptor: Arc::new(JournalAcceptor { cp, next_id, queue }),
         book,
         recovered,
         height,
@@ -226,6 +233,8 @@ fn layout_of<F: ForwardModel>(model: &mut F) -> KvLayout {
 pub struct JournalAcceptor {
     cp: Arc<Mutex<Checkpointer>>,
     next_id: u64,
+    /// Takes the store's lock ahead of the checkpoint writer.
+    queue: LockQueue,
 }
 
 impl RequestJournal for JournalAcceptor {
@@ -238,7 +247,11 @@ impl RequestJournal for JournalAcceptor {
             .iter()
             .map(|s| request_record(s, s.text.stops().to_vec()))
             .collect();
-        lock(&self.cp)?.accept_all(&records).map_err(engine_err)
+        self.queue
+            .lock(&self.cp)
+            .map_err(engine_err)?
+            .accept_all(&records)
+            .map_err(engine_err)
     }
 
     fn next_id(&self) -> u64 {
@@ -256,6 +269,10 @@ pub struct WormHook {
     quorum: Option<Arc<AtomicU32>>,
     /// `Blocks` mode: the asynchronous checkpoint writer.
     writer: Option<AsyncBlocks>,
+    /// The last periodic checkpoint was deferred (an in-process restore takes it first).
+    owed: bool,
+    /// Takes the store's lock ahead of the checkpoint writer.
+    queue: LockQueue,
 }
 
 impl WormHook {
@@ -288,17 +305,24 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
     fn checkpoint(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
         if self.writer.is_some() && core.model_mut().kv_io().is_some() {
             // Slots 7..31 only ever name a durable receipt (the slot file is the anchor a resume
-            // checks): the newest one the writer finished. Before the first one exists there is
-            // nothing the machine's `bft_quorum_height += 1` could land on, so the first
-            // checkpoint of a chain waits for its writer.
+            // checks): the newest one the writer finished. Before the first one, slot 7 moves to
+            // 1 with no digest (the machine's `bft_quorum_height += 1`), which names no receipt
+            // and which a resume ignores (`Anchor::from_slots`); nothing waits for the disk.
             self.publish(core, false)?;
-            let first = core.slots().raw()[7] == 0;
+            // The machine's periodic checkpoint (taken from its `checkpoint` state) may be
+            // deferred while the previous one is not durable; an interrupt's (suspend, low
+            // battery, shutdown) is always handed over.
+            let periodic = core.machine_state().1 == PERIODIC_STATE;
             if let Some(w) = self.writer.as_mut() {
-                w.checkpoint(core, &|s| s.text.stops().to_vec())
-                    .map_err(engine_err)?;
-            }
-            if first {
-                self.publish(core, true)?;
+                let stops = |s: &Sequence| s.text.stops().to_vec();
+                self.owed = if periodic {
+                    w.try_checkpoint(core, &stops)
+                        .map_err(engine_err)?
+                        .is_none()
+                } else {
+                    w.checkpoint(core, &stops).map_err(engine_err)?;
+                    false
+                };
             }
             let published = core.slots().raw()[7];
             core.slots()
@@ -323,6 +347,15 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
     }
 
     fn restore(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
+        // In process, a deferred periodic checkpoint (an interrupt taken from the `checkpoint`
+        // state looks like one) is taken now: nothing has run since, so it is the live state.
+        if !self.from_disk
+            && std::mem::take(&mut self.owed)
+            && let Some(w) = self.writer.as_mut()
+        {
+            w.checkpoint(core, &|s| s.text.stops().to_vec())
+                .map_err(engine_err)?;
+        }
         // The newest checkpoint must be on disk before it is read back.
         self.publish(core, true)?;
         let t0 = std::time::Instant::now();
@@ -373,7 +406,19 @@ impl<F: ForwardModel> CheckpointHook<F> for WormHook {
             })
             .collect();
         let ids: Vec<u64> = records.iter().map(|r| r.request_id).collect();
-        let receipts = lock(&self.cp)?.finish(&records).map_err(engine_err)?;
+        let t0 = std::time::Instant::now();
+        let mut cp = self.queue.lock(&self.cp).map_err(engine_err)?;
+        let waited = t0.elapsed();
+        let receipts = cp.finish(&records).map_err(engine_err)?;
+        drop(cp);
+        if waited > std::time::Duration::from_millis(2) {
+            tracing::info!(
+                "journal of {} finished requests: waited {:.1} ms for the store lock, wrote in {:.1} ms",
+                records.len(),
+                waited.as_secs_f64() * 1e3,
+                (t0.elapsed() - waited).as_secs_f64() * 1e3
+            );
+        }
         self.book
             .lock()
             .map_err(|_| EngineError::Checkpoint("resume book lock poisoned".into()))?
