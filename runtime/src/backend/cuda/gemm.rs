@@ -8,7 +8,7 @@
 //! Where the producer of the input already wrote it in bf16 ([`CudaBackend::matmul_input_dtype_impl`],
 //! the model's normed rows and SwiGLU output at more than one row), cuBLAS reads it as it is: no
 //! cast kernel, the same values (op loop at batch 256: 11.99 -> 11.60 ms a step,
-//! kernels/bench/logs/bf16-product-inputs-fixed-bench-2026-11-30T0401.log).
+//! bf16-product-inputs-fixed-bench-2026-11-30T0401.log, not kept).
 //! In fast mode a product of one row (decode at batch 1; up to four with
 //! [`super::CudaTuning::gemv_max_rows`]) goes to
 //! `gemv.cu` instead: the same bf16 products, no cast kernel in front, weights streamed with many

@@ -28,7 +28,7 @@ pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
 /// many rows (the same rows, so the same results). On the H200 every Llama-3-8B product ran at
 /// each of 1..=256 rows with the algorithms picked at 128 rows, while the down projection's
 /// (k = 14336) rejected 2048 rows with CUBLAS_STATUS_INVALID_VALUE
-/// (kernels/bench/logs/gpu-exactness-2026-12-01T1803.log).
+/// (gpu-exactness-2026-12-01T1803.log, not kept).
 const MAX_LAUNCH_ROWS: usize = 256;
 
 /// A cuBLASLt handle, its workspace and the pinned algorithm of each weight shape.
