@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use super::pool::Pool;
 
 use super::dot::{WeightRow, dot_rows};
-use super::qdot::decode_rows;
+use super::qdot::{decode_rows, qdot_matrix};
 use crate::loader::tensor::QuantType;
 
 /// Activation row counts up to this use the GEMV kernel for f32 weights (`gemm` needs no
@@ -132,6 +132,10 @@ fn gemv(pool: &Pool, x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: us
     pool.run(m.div_ceil(chunk), &|c| {
         let r0 = c * chunk;
         let r1 = (r0 + chunk).min(m);
+        if let (Weights::Quant(ty, _), WeightRow::Quant(_, bytes)) = (w, w.rows(r0, r1, k)) {
+            quant_chunk(ty, bytes, k, &xrows, r0, m, out_ptr);
+            return;
+        }
         for j in r0..r1 {
             let wr = w.rows(j, j + 1, k);
             let store = |i: usize, sums: &[f32]| {
@@ -157,6 +161,51 @@ fn gemv(pool: &Pool, x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: us
             }
         }
     });
+}
+
+/// The quantized weight rows `r0 ..` of one GEMV chunk (`bytes`: whole rows of `k` values)
+/// against every activation row, four at a time, through [`qdot_matrix`]; sums go to output
+/// columns `r0 + j`.
+fn quant_chunk(
+    ty: QuantType,
+    bytes: &[u8],
+    k: usize,
+    xrows: &[&[f32]],
+    r0: usize,
+    m: usize,
+    out_ptr: OutPtr,
+) {
+    let row_bytes = k / ty.block_elems() * ty.block_bytes();
+    let n = xrows.len();
+    let mut i = 0;
+    while i < n {
+        let take = (n - i).min(4);
+        let store = |j: usize, sums: &[f32]| {
+            for (t, s) in sums.iter().enumerate() {
+                // SAFETY: `(i + t) * m + r0 + j < n * m <= out.len()`; column `r0 + j` belongs to
+                // this chunk only, so no other thread writes this element.
+                unsafe { *out_ptr.get().add((i + t) * m + r0 + j) = *s };
+            }
+        };
+        let x = &xrows[i..i + take];
+        match take {
+            4 => qdot_matrix(
+                ty,
+                bytes,
+                row_bytes,
+                &[x[0], x[1], x[2], x[3]],
+                &mut |j, s| store(j, &s),
+            ),
+            3 => qdot_matrix(ty, bytes, row_bytes, &[x[0], x[1], x[2]], &mut |j, s| {
+                store(j, &s)
+            }),
+            2 => qdot_matrix(ty, bytes, row_bytes, &[x[0], x[1]], &mut |j, s| {
+                store(j, &s)
+            }),
+            _ => qdot_matrix(ty, bytes, row_bytes, &[x[0]], &mut |j, s| store(j, &s)),
+        }
+        i += take;
+    }
 }
 
 thread_local! {
