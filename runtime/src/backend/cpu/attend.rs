@@ -2,10 +2,11 @@
 //! stable softmax (max subtracted, as `torch.softmax`), and the weighted sum of values.
 //!
 //! Design: the keys are walked block by block through the block table (no division per key),
-//! the per-head score row lives in a buffer the caller reuses, and the two inner loops (q . k per
-//! key, `out += p * v` per key) run in SIMD at the level [`Level::detect`] picks: AVX-512 for
-//! head sizes that are whole 16-lane registers, AVX2 + FMA for whole 8-lane ones, and a portable
-//! loop otherwise (and as the reference the others are tested against). Each head's result
+//! the per-head score row lives in a buffer the caller reuses, and the inner loops run in SIMD at
+//! the level [`Level::detect`] picks: AVX-512 for head sizes that are whole 16-lane registers
+//! (q . k for 16 keys at a time with one transposing reduction, a vectorized `exp`, the value
+//! sum in register tiles over two keys at a time), AVX2 + FMA for whole 8-lane ones, and a
+//! portable loop otherwise (and as the reference the others are tested against). Each head's result
 //! depends only on its own query, keys and values, never on the batch it runs in.
 
 use super::qdot::Level;
@@ -38,6 +39,35 @@ impl KeyRows<'_> {
             let n = self.block_size.min(self.len - j);
             for t in 0..n {
                 f(j + t, base + t * self.stride);
+            }
+            j += n;
+        }
+    }
+}
+
+impl KeyRows<'_> {
+    /// As [`KeyRows::each`], two keys of a block at a time: `f(j, at_j, Some(at_j+1))`, and
+    /// `f(j, at_j, None)` for a block's odd last key.
+    #[inline(always)]
+    fn each_pair(&self, mut f: impl FnMut(usize, usize, Option<usize>)) {
+        let mut j = 0;
+        for &blk in self.table {
+            if j >= self.len {
+                break;
+            }
+            let base = blk as usize * self.block_size * self.stride + self.offset;
+            let n = self.block_size.min(self.len - j);
+            let mut t = 0;
+            while t + 2 <= n {
+                f(
+                    j + t,
+                    base + t * self.stride,
+                    Some(base + (t + 1) * self.stride),
+                );
+                t += 2;
+            }
+            if t < n {
+                f(j + t, base + t * self.stride, None);
             }
             j += n;
         }
@@ -162,7 +192,25 @@ mod x86 {
         out: &mut [f32],
     ) {
         let d = q.len();
+        // Scores 16 keys at a time (one transposing reduction for all 16), then one by one.
+        let mut group = [0usize; 16];
+        let mut filled = 0;
         keys.each(|j, at| {
+            assert!(at + d <= k.len(), "attend: key row outside the cache");
+            group[filled] = at;
+            filled += 1;
+            if filled == 16 {
+                filled = 0;
+                // SAFETY: AVX-512 available (contract); every row of `group` holds `d` values
+                // inside `k` (asserted as it was added).
+                let sums = unsafe { scores16(q, k, &group) };
+                let sc = _mm512_mul_ps(sums, _mm512_set1_ps(scale));
+                // SAFETY: `j + 1 - 16 .. j + 1` lies inside `scores` (`scores.len() == len`).
+                unsafe { _mm512_storeu_ps(scores[j + 1 - 16..j + 1].as_mut_ptr(), sc) };
+            }
+        });
+        let rest = scores.len() - filled;
+        for (t, &at) in group[..filled].iter().enumerate() {
             let kr = &k[at..at + d]; // [D], bound-checked
             let mut acc = _mm512_setzero_ps();
             for c in (0..d).step_by(16) {
@@ -175,9 +223,10 @@ mod x86 {
                     );
                 }
             }
-            scores[j] = _mm512_reduce_add_ps(acc) * scale;
-        });
-        let inv = 1.0 / softmax_unnormalized(scores);
+            scores[rest + t] = _mm512_reduce_add_ps(acc) * scale;
+        }
+        // SAFETY: AVX-512 available (contract).
+        let inv = 1.0 / unsafe { softmax512(scores) };
         // Output tiles of 4 registers (64 values) held in registers across all keys, then
         // single registers for the rest.
         let mut c = 0;
@@ -207,24 +256,154 @@ mod x86 {
         out: &mut [f32],
     ) {
         let mut acc = [_mm512_setzero_ps(); R];
-        keys.each(|j, at| {
-            let vr = &v[at + c..at + c + 16 * R]; // this tile of value row j, bound-checked
-            let p = _mm512_set1_ps(scores[j]);
-            for (r, a) in acc.iter_mut().enumerate() {
-                // SAFETY: `16 r + 16 <= 16 R = vr.len()`.
-                *a = _mm512_fmadd_ps(p, unsafe { _mm512_loadu_ps(vr.as_ptr().add(16 * r)) }, *a);
+        let mut acc2 = [_mm512_setzero_ps(); R];
+        // Two keys a step into two accumulator sets (two independent FMA chains).
+        keys.each_pair(|j, at0, at1| {
+            let v0 = &v[at0 + c..at0 + c + 16 * R]; // tile of value row j, bound-checked
+            let p0 = _mm512_set1_ps(scores[j]);
+            match at1 {
+                Some(at1) => {
+                    let v1 = &v[at1 + c..at1 + c + 16 * R]; // tile of value row j + 1
+                    let p1 = _mm512_set1_ps(scores[j + 1]);
+                    for r in 0..R {
+                        // SAFETY: `16 r + 16 <= 16 R = v0.len() = v1.len()`.
+                        let (x0, x1) = unsafe {
+                            (
+                                _mm512_loadu_ps(v0.as_ptr().add(16 * r)),
+                                _mm512_loadu_ps(v1.as_ptr().add(16 * r)),
+                            )
+                        };
+                        acc[r] = _mm512_fmadd_ps(p0, x0, acc[r]);
+                        acc2[r] = _mm512_fmadd_ps(p1, x1, acc2[r]);
+                    }
+                }
+                None => {
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: `16 r + 16 <= 16 R = v0.len()`.
+                        let x0 = unsafe { _mm512_loadu_ps(v0.as_ptr().add(16 * r)) };
+                        *a = _mm512_fmadd_ps(p0, x0, *a);
+                    }
+                }
             }
         });
         let inv = _mm512_set1_ps(inv);
-        for (r, a) in acc.iter().enumerate() {
+        for r in 0..R {
+            let sum = _mm512_add_ps(acc[r], acc2[r]);
             // SAFETY: `16 r + 16 <= 16 R = out.len()` (asserted by the slice below).
             unsafe {
                 _mm512_storeu_ps(
                     out[16 * r..16 * r + 16].as_mut_ptr(),
-                    _mm512_mul_ps(*a, inv),
+                    _mm512_mul_ps(sum, inv),
                 )
             };
         }
+    }
+
+    /// The 16 dot products `q . K[at]` for the 16 key rows starting at `group[t]`, lane `t`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `q.len()` is a multiple of 16 and every `group[t] + q.len() <= k.len()`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn scores16(q: &[f32], k: &[f32], group: &[usize; 16]) -> __m512 {
+        let d = q.len();
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for c in (0..d).step_by(16) {
+            // SAFETY: `c + 16 <= d = q.len()`; key rows hold `d` values (contract).
+            let qc = unsafe { _mm512_loadu_ps(q.as_ptr().add(c)) };
+            for (a, &at) in acc.iter_mut().zip(group) {
+                // SAFETY: as above, for key row `at`.
+                *a = _mm512_fmadd_ps(qc, unsafe { _mm512_loadu_ps(k.as_ptr().add(at + c)) }, *a);
+            }
+        }
+        reduce16(&acc)
+    }
+
+    /// Lane `t` of the result is the sum of the 16 lanes of `v[t]` (a transposing reduction:
+    /// 15 shuffle-and-add steps for all 16 rows instead of 4 per row).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn reduce16(v: &[__m512; 16]) -> __m512 {
+        // Halves: x[p] chunks 0-1 hold v[2p]'s partials, chunks 2-3 v[2p + 1]'s.
+        let x: [__m512; 8] = std::array::from_fn(|p| {
+            let (a, b) = (v[2 * p], v[2 * p + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x44>(a, b),
+                _mm512_shuffle_f32x4::<0xEE>(a, b),
+            )
+        });
+        // Quarters: chunk c of y[p] holds 4 partials of v[4p + c].
+        let y: [__m512; 4] = std::array::from_fn(|p| {
+            let (a, b) = (x[2 * p], x[2 * p + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(a, b),
+                _mm512_shuffle_f32x4::<0xDD>(a, b),
+            )
+        });
+        // Eighths: in chunk c of z[p], lanes 0-1 are v[8p + c]'s, lanes 2-3 v[8p + 4 + c]'s.
+        let z: [__m512; 2] = std::array::from_fn(|p| {
+            let (a, b) = (y[2 * p], y[2 * p + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0x44>(a, b),
+                _mm512_shuffle_ps::<0xEE>(a, b),
+            )
+        });
+        // Lane 4c + i holds the sum of v[4i + c]; put it in lane 4i + c.
+        let r = _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(z[0], z[1]),
+            _mm512_shuffle_ps::<0xDD>(z[0], z[1]),
+        );
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_ps(idx, r)
+    }
+
+    /// `e^x` in every lane (Cephes' `expf`: a degree-7 polynomial on `x - n ln 2`, scaled by
+    /// `2^n`; within 2 ulp of the correctly rounded value), NaN kept, `x < -104` gives 0.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn exp512(x: __m512) -> __m512 {
+        // `vmaxps` returns its second operand when one is NaN, so a NaN `x` stays NaN.
+        let x = _mm512_max_ps(_mm512_set1_ps(-104.0), x);
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let y = _mm512_fmadd_ps(
+            p,
+            _mm512_mul_ps(r, r),
+            _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+        );
+        _mm512_scalef_ps(y, n)
+    }
+
+    /// [`super::softmax_unnormalized`] in 16 lanes with [`exp512`]: subtracts the max,
+    /// exponentiates in place, returns the sum.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn softmax512(scores: &mut [f32]) -> f32 {
+        let mut maxv = _mm512_set1_ps(f32::NEG_INFINITY);
+        for ch in scores.chunks(16) {
+            let m: __mmask16 = ((1u32 << ch.len()) - 1) as __mmask16;
+            // SAFETY: lanes beyond `ch.len()` are masked off.
+            let v = unsafe { _mm512_mask_loadu_ps(maxv, m, ch.as_ptr()) };
+            maxv = _mm512_max_ps(maxv, v);
+        }
+        let max = _mm512_set1_ps(_mm512_reduce_max_ps(maxv));
+        let mut sum = _mm512_setzero_ps();
+        for ch in scores.chunks_mut(16) {
+            let m: __mmask16 = ((1u32 << ch.len()) - 1) as __mmask16;
+            // SAFETY: lanes beyond `ch.len()` are masked off for the load and the store.
+            unsafe {
+                let e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, ch.as_ptr()), max));
+                _mm512_mask_storeu_ps(ch.as_mut_ptr(), m, e);
+                sum = _mm512_mask_add_ps(sum, m, sum, e);
+            }
+        }
+        _mm512_reduce_add_ps(sum)
     }
 
     /// Sum of the eight lanes.
@@ -349,14 +528,14 @@ mod tests {
         let mut rng = Rng::new(11);
         for &level in Level::available() {
             for d in [8usize, 12, 24, 64, 80] {
-                for len in [1usize, 5, 16, 37] {
+                for len in [1usize, 5, 16, 37, 100] {
                     let (bs, kvh, g) = (16usize, 3usize, 1usize);
                     let stride = kvh * d;
-                    let num_blocks = 6;
+                    let num_blocks = 9;
                     let k: Vec<f32> = (0..num_blocks * bs * stride).map(|_| rng.f32()).collect();
                     let v: Vec<f32> = (0..num_blocks * bs * stride).map(|_| rng.f32()).collect();
                     let q: Vec<f32> = (0..d).map(|_| 2.0 * rng.f32()).collect();
-                    let table = [4u32, 1, 5];
+                    let table = [4u32, 1, 5, 8, 0, 2, 7];
                     let keys = KeyRows {
                         table: &table,
                         block_size: bs,
