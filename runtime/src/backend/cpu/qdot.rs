@@ -74,7 +74,8 @@ impl Level {
     }
 }
 
-/// `out[r] = dequant(w) . xs[r]` for `r < N` (`N <= 4`) at the detected level; `w` is whole blocks
+/// `out[r] = dequant(w) . xs[r]` for `r < N` (`N <= 8`; over 4 only AVX-512 keeps the rows in
+/// registers) at the detected level; `w` is whole blocks
 /// of `ty`.
 ///
 /// # Panics

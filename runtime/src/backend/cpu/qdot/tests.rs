@@ -1,6 +1,6 @@
 //! Every kernel level against the scalar reference and against "dequantize to f32, then an f64
 //! dot", on random blocks (random codes and scales, never zeros), every block type, 1 to 4
-//! activation rows, and block counts that exercise every unroll remainder.
+//! and 8 activation rows, and block counts that exercise every unroll remainder.
 
 use half::f16;
 
@@ -98,6 +98,7 @@ fn every_level_matches_the_reference_for_every_type_and_row_count() {
                 check::<2>(level, ty, blocks, seed + 1);
                 check::<3>(level, ty, blocks, seed + 2);
                 check::<4>(level, ty, blocks, seed + 3);
+                check::<8>(level, ty, blocks, seed + 4);
             }
         }
     }
@@ -134,7 +135,7 @@ fn this_machine_detects_a_simd_level() {
 }
 
 /// The matrix entry point runs, at every level, the same per-row kernel as [`qdot_rows_at`]:
-/// bit-identical sums for every row of a ragged matrix, every type, 1 to 4 activation rows.
+/// bit-identical sums for every row of a ragged matrix, every type, 1 to 4 and 8 activation rows.
 #[test]
 fn matrix_rows_equal_the_row_kernel_at_every_level() {
     fn one<const N: usize>(level: Level, ty: QuantType, rows: usize, blocks: usize, seed: u64) {
@@ -171,6 +172,7 @@ fn matrix_rows_equal_the_row_kernel_at_every_level() {
                 one::<2>(level, ty, rows, blocks, seed + 1);
                 one::<3>(level, ty, rows, blocks, seed + 2);
                 one::<4>(level, ty, rows, blocks, seed + 3);
+                one::<8>(level, ty, rows, blocks, seed + 4);
             }
         }
     }
