@@ -1,12 +1,14 @@
 //! Causal paged attention on the CPU for a mixed batch of prefill chunks and decode tokens.
 //!
-//! Each (token, query head) pair is one independent task, so both a long prefill and a batch-1
-//! decode step (one token, `H` heads) spread over the threads. A task gathers its keys through the
-//! sequence's block table, computes all scores, then a numerically stable softmax (max subtracted,
-//! as `torch.softmax`) and the weighted sum of values. GQA: query head `h` reads kv head
-//! `h / (H / KVH)`.
+//! Each (token, kv head) pair is one independent task, so both a long prefill and a batch-1
+//! decode step (one token, `KVH` kv heads) spread over the threads; the task's query heads share
+//! the kv head's keys and values while they are in cache. A head walks its keys through the
+//! sequence's block table ([`super::attend`]: scores, a numerically stable softmax, the weighted
+//! sum of values, in SIMD). GQA: query head `h` reads kv head `h / (H / KVH)`.
 
-use super::dot::{WeightRow, dot_rows};
+use std::cell::RefCell;
+
+use super::attend::{KeyRows, attend};
 use super::pool::Pool;
 use crate::backend::{BackendError, HeadShape, KvLayer};
 
@@ -95,45 +97,36 @@ pub fn paged_attention(
     let width = heads.qkv_width();
     let kvw = heads.kv_width();
     let group = heads.n_heads / heads.n_kv_heads;
-    let bs = batch.block_size;
     let KvLayer {
         k: k_cache,
         v: v_cache,
     } = kv;
-    pool.rows_mut(out, d, 1, &|task, o| {
-        let mut scores: Vec<f32> = Vec::new();
-        let (i, h) = (task / heads.n_heads, task % heads.n_heads);
+    // One task per (token, kv head): its `group` query heads run one after another on the same
+    // thread, so the first pulls the kv head's keys and values into cache for the others.
+    pool.rows_mut(out, group * d, 1, &|task, o| {
+        let (i, g) = (task / heads.n_kv_heads, task % heads.n_kv_heads);
         let (s, pos) = rows[i];
-        let table = &batch.block_tables[s * batch.max_blocks_per_seq..];
-        let g = h / group;
-        let q = &qkv[i * width + h * d..i * width + (h + 1) * d];
-        let slot_offset = |j: usize| (table[j / bs] as usize * bs + j % bs) * kvw + g * d;
-        scores.clear();
-        let mut max = f32::NEG_INFINITY;
-        for j in 0..=pos {
-            let at = slot_offset(j);
-            let [dotp] = dot_rows(WeightRow::F32(&k_cache[at..at + d]), &[q]);
-            let sc = dotp * scale;
-            max = max.max(sc);
-            scores.push(sc);
-        }
-        let mut sum = 0f32;
-        for sc in scores.iter_mut() {
-            *sc = (*sc - max).exp();
-            sum += *sc;
-        }
-        o.fill(0.0);
-        for (j, p) in scores.iter().enumerate() {
-            let at = slot_offset(j);
-            for (a, v) in o.iter_mut().zip(&v_cache[at..at + d]) {
-                *a += p * v;
+        let keys = KeyRows {
+            table: &batch.block_tables[s * batch.max_blocks_per_seq..],
+            block_size: batch.block_size,
+            stride: kvw,
+            offset: g * d,
+            len: pos + 1,
+        };
+        SCORES.with(|scores| {
+            let scores = &mut scores.borrow_mut();
+            for (t, o) in o.chunks_exact_mut(d).enumerate() {
+                let h = g * group + t;
+                let q = &qkv[i * width + h * d..i * width + (h + 1) * d];
+                attend(q, k_cache, v_cache, keys, scale, scores, o);
             }
-        }
-        let inv = 1.0 / sum;
-        for a in o.iter_mut() {
-            *a *= inv;
-        }
+        });
     });
+}
+
+thread_local! {
+    /// Per-thread score row of the head being computed (`[context]`, reused across calls).
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]

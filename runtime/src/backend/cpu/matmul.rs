@@ -3,7 +3,8 @@
 //! Two paths, chosen by the number of activation rows `n`:
 //! - few rows (decode): a GEMV-style kernel reads each weight row once, widens it to f32 on the
 //!   fly (quantized blocks are dequantized in registers, [`super::qdot`]) and dots it with up to
-//!   four activation rows at a time ([`super::dot`]); threads split the weight rows. This path is
+//!   four activation rows at a time (eight for the AVX-512 kernels of the 32-value block types;
+//!   [`super::dot`]); threads split the weight rows. This path is
 //!   bound by weight memory traffic, so 16-bit weights run ~2x faster than f32 and 4-bit ones
 //!   faster still.
 //! - many rows (prefill; over 8 rows for f32 weights, 16 for quantized, 40 for 16-bit ones): f32
@@ -17,7 +18,7 @@ use std::cell::RefCell;
 use super::pool::Pool;
 
 use super::dot::{WeightRow, dot_rows};
-use super::qdot::decode_rows;
+use super::qdot::{Level, decode_rows, qdot_matrix};
 use crate::loader::tensor::QuantType;
 
 /// Activation row counts up to this use the GEMV kernel for f32 weights (`gemm` needs no
@@ -132,6 +133,10 @@ fn gemv(pool: &Pool, x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: us
     pool.run(m.div_ceil(chunk), &|c| {
         let r0 = c * chunk;
         let r1 = (r0 + chunk).min(m);
+        if let (Weights::Quant(ty, _), WeightRow::Quant(_, bytes)) = (w, w.rows(r0, r1, k)) {
+            quant_chunk(ty, bytes, k, &xrows, r0, m, out_ptr);
+            return;
+        }
         for j in r0..r1 {
             let wr = w.rows(j, j + 1, k);
             let store = |i: usize, sums: &[f32]| {
@@ -157,6 +162,69 @@ fn gemv(pool: &Pool, x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: us
             }
         }
     });
+}
+
+/// The quantized weight rows `r0 ..` of one GEMV chunk (`bytes`: whole rows of `k` values)
+/// against every activation row, eight at a time where the kernel keeps eight rows' accumulators
+/// in registers ([`wide_kernel`]), else four, through [`qdot_matrix`]; sums go to output columns
+/// `r0 + j`.
+fn quant_chunk(
+    ty: QuantType,
+    bytes: &[u8],
+    k: usize,
+    xrows: &[&[f32]],
+    r0: usize,
+    m: usize,
+    out_ptr: OutPtr,
+) {
+    let row_bytes = k / ty.block_elems() * ty.block_bytes();
+    let n = xrows.len();
+    let eight = wide_kernel(ty);
+    let mut i = 0;
+    while i < n {
+        let take = if eight && n - i >= 8 {
+            8
+        } else {
+            (n - i).min(4)
+        };
+        let store = |j: usize, sums: &[f32]| {
+            for (t, s) in sums.iter().enumerate() {
+                // SAFETY: `(i + t) * m + r0 + j < n * m <= out.len()`; column `r0 + j` belongs to
+                // this chunk only, so no other thread writes this element.
+                unsafe { *out_ptr.get().add((i + t) * m + r0 + j) = *s };
+            }
+        };
+        let x = &xrows[i..i + take];
+        match take {
+            8 => {
+                let x8: [&[f32]; 8] = std::array::from_fn(|t| x[t]);
+                qdot_matrix(ty, bytes, row_bytes, &x8, &mut |j, s| store(j, &s))
+            }
+            4 => qdot_matrix(
+                ty,
+                bytes,
+                row_bytes,
+                &[x[0], x[1], x[2], x[3]],
+                &mut |j, s| store(j, &s),
+            ),
+            3 => qdot_matrix(ty, bytes, row_bytes, &[x[0], x[1], x[2]], &mut |j, s| {
+                store(j, &s)
+            }),
+            2 => qdot_matrix(ty, bytes, row_bytes, &[x[0], x[1]], &mut |j, s| {
+                store(j, &s)
+            }),
+            _ => qdot_matrix(ty, bytes, row_bytes, &[x[0]], &mut |j, s| store(j, &s)),
+        }
+        i += take;
+    }
+}
+
+/// Whether the detected kernel for `ty` holds eight activation rows' accumulators in registers
+/// (AVX-512's 32 registers, the 32-value block types), so a weight block is rebuilt once per
+/// eight rows instead of four.
+fn wide_kernel(ty: QuantType) -> bool {
+    Level::detect() == Level::Avx512
+        && matches!(ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0)
 }
 
 thread_local! {
@@ -365,6 +433,8 @@ mod quant_tests {
                 (1, 3, 33),
                 (3, 2, 70),
                 (5, 1, 129),
+                (11, 2, 40),
+                (16, 3, 50),
                 (17, 3, 65),
                 (45, 2, 80),
             ] {

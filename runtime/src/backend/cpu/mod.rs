@@ -7,6 +7,7 @@
 //! returns [`BackendError::Shape`] on a mismatch, then runs a slice kernel from [`ops`],
 //! [`matmul`] or [`attention`].
 
+pub mod attend;
 pub mod attention;
 pub mod buffer;
 pub mod dot;

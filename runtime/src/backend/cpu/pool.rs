@@ -10,8 +10,8 @@
 //! an op is tens of microseconds, so waking parked threads per op (rayon's `install` +
 //! `par_iter`) costs a sizeable share of a token; spinning between the ops of a step keeps the
 //! hand-off to a cache line. Workers park after [`SPIN_ROUNDS`] idle polls, so an idle server
-//! uses no CPU. Runs from two threads at once are serialized; a run from inside a task runs
-//! inline on that thread.
+//! uses no CPU; a run makes the wake-up system call only when a worker is parked. Runs from two
+//! threads at once are serialized; a run from inside a task runs inline on that thread.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -41,6 +41,9 @@ struct Shared {
     stop: AtomicBool,
     /// Parked workers wait here for a new epoch.
     wake: Condvar,
+    /// Workers parked (or about to park) on `wake`; changed and read under `park`, so a run
+    /// wakes them (a system call) only when one is parked.
+    parked: AtomicUsize,
     /// Guards parking against a missed wake-up.
     park: Mutex<()>,
 }
@@ -103,6 +106,7 @@ impl Pool {
                 active: AtomicUsize::new(0),
                 stop: AtomicBool::new(false),
                 wake: Condvar::new(),
+                parked: AtomicUsize::new(0),
                 park: Mutex::new(()),
             }),
             workers: Vec::new(),
@@ -138,11 +142,14 @@ impl Pool {
         s.finished.store(0, Ordering::Relaxed);
         let epoch = s.epoch.load(Ordering::Relaxed) + 1;
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some((SendPtr(ptr), tasks, epoch));
-        {
+        let sleepers = {
             let _g = s.park.lock().unwrap_or_else(|e| e.into_inner());
             s.epoch.store(epoch, Ordering::Release);
+            s.parked.load(Ordering::Relaxed)
+        };
+        if sleepers > 0 {
+            s.wake.notify_all();
         }
-        s.wake.notify_all();
         run_tasks(s, f, tasks);
         wait_until(|| s.finished.load(Ordering::Acquire) >= tasks);
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -228,9 +235,12 @@ fn worker(s: &Shared) {
                 continue;
             }
             let mut g = s.park.lock().unwrap_or_else(|e| e.into_inner());
+            s.parked.fetch_add(1, Ordering::Relaxed);
             while s.epoch.load(Ordering::Acquire) == seen && !s.stop.load(Ordering::Relaxed) {
                 g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
             }
+            s.parked.fetch_sub(1, Ordering::Relaxed);
+            drop(g);
             spins = 0;
         };
         if s.stop.load(Ordering::Relaxed) {

@@ -74,7 +74,8 @@ impl Level {
     }
 }
 
-/// `out[r] = dequant(w) . xs[r]` for `r < N` (`N <= 4`) at the detected level; `w` is whole blocks
+/// `out[r] = dequant(w) . xs[r]` for `r < N` (`N <= 8`; over 4 only AVX-512 keeps the rows in
+/// registers) at the detected level; `w` is whole blocks
 /// of `ty`.
 ///
 /// # Panics
@@ -125,6 +126,61 @@ pub fn qdot_rows_at<const N: usize>(
             unsafe { super::qdot_neon::neon(ty, w, xs) }
         }
         _ => tiled(ty, w, xs),
+    }
+}
+
+/// `f(j, dequant(row j) . xs[r] for r < N)` for every row `j` of `w`, a matrix of whole rows of
+/// `row_bytes` bytes (whole blocks of `ty`), at the detected level: [`qdot_rows`] row after row,
+/// with the level chosen and the shapes checked once for the whole matrix.
+///
+/// # Panics
+/// As [`qdot_rows`], and when `w` is not whole rows.
+pub fn qdot_matrix<const N: usize>(
+    ty: QuantType,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]; N],
+    f: &mut impl FnMut(usize, [f32; N]),
+) {
+    qdot_matrix_at(Level::detect(), ty, w, row_bytes, xs, f)
+}
+
+/// [`qdot_matrix`] at a given level.
+///
+/// # Panics
+/// As [`qdot_matrix`], and when `level` is not in [`Level::available`].
+pub fn qdot_matrix_at<const N: usize>(
+    level: Level,
+    ty: QuantType,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]; N],
+    f: &mut impl FnMut(usize, [f32; N]),
+) {
+    if row_bytes == 0 || w.is_empty() {
+        return;
+    }
+    assert!(w.len().is_multiple_of(row_bytes), "qdot: not whole rows");
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 && matches!(ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) {
+        let bb = ty.block_bytes();
+        assert!(row_bytes.is_multiple_of(bb), "qdot: not whole blocks");
+        let k = row_bytes / bb * 32;
+        for x in xs {
+            assert!(x.len() >= k, "qdot: activation row shorter than weight row");
+        }
+        assert!(
+            Level::available().contains(&level),
+            "qdot: level {level:?} not supported by this CPU"
+        );
+        // SAFETY: the CPU has AVX-512F/BW/VL, AVX2, FMA and F16C (level available, asserted
+        // above); `w` is whole rows of whole blocks of `ty`; every `xs[r]` holds the `k` values a
+        // row reads.
+        unsafe { super::qdot_x86::avx512_rows(ty, w, row_bytes, xs, f) };
+        return;
+    }
+    for (j, row) in w.chunks_exact(row_bytes).enumerate() {
+        f(j, qdot_rows_at(level, ty, row, xs));
     }
 }
 

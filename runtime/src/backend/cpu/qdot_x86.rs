@@ -90,6 +90,7 @@ unsafe fn weights512(ty: QuantType, p: *const u8) -> (__m512, __m512) {
 /// The CPU has AVX-512F/BW/VL, AVX2, FMA and F16C; `ty` is Q4_0, Q4_1 or Q8_0; `w` is whole
 /// blocks of `ty`; every `xs[r]` holds at least `w.len() / block_bytes * 32` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
 pub unsafe fn avx512<const N: usize>(ty: QuantType, w: &[u8], xs: &[&[f32]; N]) -> [f32; N] {
     let bb = ty.block_bytes();
     let nb = w.len() / bb;
@@ -107,6 +108,25 @@ pub unsafe fn avx512<const N: usize>(ty: QuantType, w: &[u8], xs: &[&[f32]; N]) 
         }
     }
     std::array::from_fn(|r| _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])))
+}
+
+/// [`avx512`] over every row of `w` (rows of `row_bytes` bytes): `f(j, sums of row j)`.
+///
+/// # Safety
+/// As [`avx512`] for each row: the CPU features, `ty`, `w` whole rows of whole blocks, and every
+/// `xs[r]` holds at least a row's `row_bytes / block_bytes * 32` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn avx512_rows<const N: usize>(
+    ty: QuantType,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]; N],
+    f: &mut impl FnMut(usize, [f32; N]),
+) {
+    for (j, row) in w.chunks_exact(row_bytes).enumerate() {
+        // SAFETY: as the caller's contract, for this row.
+        f(j, unsafe { avx512(ty, row, xs) });
+    }
 }
 
 /// Decodes whole blocks into f32 with [`weights512`] (the same values as the reference decoder).

@@ -1,6 +1,6 @@
 //! Every kernel level against the scalar reference and against "dequantize to f32, then an f64
 //! dot", on random blocks (random codes and scales, never zeros), every block type, 1 to 4
-//! activation rows, and block counts that exercise every unroll remainder.
+//! and 8 activation rows, and block counts that exercise every unroll remainder.
 
 use half::f16;
 
@@ -98,6 +98,7 @@ fn every_level_matches_the_reference_for_every_type_and_row_count() {
                 check::<2>(level, ty, blocks, seed + 1);
                 check::<3>(level, ty, blocks, seed + 2);
                 check::<4>(level, ty, blocks, seed + 3);
+                check::<8>(level, ty, blocks, seed + 4);
             }
         }
     }
@@ -131,4 +132,48 @@ fn this_machine_detects_a_simd_level() {
     );
     assert_eq!(levels[0], Level::Scalar);
     assert_eq!(Level::detect(), *levels.last().unwrap_or(&Level::Scalar));
+}
+
+/// The matrix entry point runs, at every level, the same per-row kernel as [`qdot_rows_at`]:
+/// bit-identical sums for every row of a ragged matrix, every type, 1 to 4 and 8 activation rows.
+#[test]
+fn matrix_rows_equal_the_row_kernel_at_every_level() {
+    fn one<const N: usize>(level: Level, ty: QuantType, rows: usize, blocks: usize, seed: u64) {
+        let mut rng = Rng::new(seed);
+        let w = random_blocks(ty, rows * blocks, &mut rng);
+        let k = blocks * ty.block_elems();
+        let acts: Vec<Vec<f32>> = (0..N)
+            .map(|_| (0..k).map(|_| rng.f32()).collect())
+            .collect();
+        let xs: [&[f32]; N] = std::array::from_fn(|r| acts[r].as_slice());
+        let row_bytes = blocks * ty.block_bytes();
+        let mut seen = vec![false; rows];
+        super::qdot_matrix_at(level, ty, &w, row_bytes, &xs, &mut |j, got| {
+            let want = qdot_rows_at(level, ty, &w[j * row_bytes..(j + 1) * row_bytes], &xs);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{level:?} {ty:?} row {j}: {got:?} vs {want:?}"
+            );
+            seen[j] = true;
+        });
+        assert!(
+            seen.iter().all(|s| *s),
+            "{level:?} {ty:?}: a row was skipped"
+        );
+    }
+    for &level in Level::available() {
+        for ty in QuantType::ALL {
+            for (i, (rows, blocks)) in [(1usize, 1usize), (7, 3), (33, 18)].into_iter().enumerate()
+            {
+                let seed = 7 + i as u64 * 17 + ty.block_bytes() as u64;
+                one::<1>(level, ty, rows, blocks, seed);
+                one::<2>(level, ty, rows, blocks, seed + 1);
+                one::<3>(level, ty, rows, blocks, seed + 2);
+                one::<4>(level, ty, rows, blocks, seed + 3);
+                one::<8>(level, ty, rows, blocks, seed + 4);
+            }
+        }
+    }
 }
