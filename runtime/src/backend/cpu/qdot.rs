@@ -162,7 +162,9 @@ pub fn qdot_matrix_at<const N: usize>(
     }
     assert!(w.len().is_multiple_of(row_bytes), "qdot: not whole rows");
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 && matches!(ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) {
+    if matches!(level, Level::Avx512 | Level::Avx2)
+        && matches!(ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0)
+    {
         let bb = ty.block_bytes();
         assert!(row_bytes.is_multiple_of(bb), "qdot: not whole blocks");
         let k = row_bytes / bb * 32;
@@ -173,10 +175,16 @@ pub fn qdot_matrix_at<const N: usize>(
             Level::available().contains(&level),
             "qdot: level {level:?} not supported by this CPU"
         );
-        // SAFETY: the CPU has AVX-512F/BW/VL, AVX2, FMA and F16C (level available, asserted
-        // above); `w` is whole rows of whole blocks of `ty`; every `xs[r]` holds the `k` values a
-        // row reads.
-        unsafe { super::qdot_x86::avx512_rows(ty, w, row_bytes, xs, f) };
+        if level == Level::Avx512 {
+            // SAFETY: the CPU has AVX-512F/BW/VL, AVX2, FMA and F16C (level available, asserted
+            // above); `w` is whole rows of whole blocks of `ty`; every `xs[r]` holds the `k`
+            // values a row reads.
+            unsafe { super::qdot_x86::avx512_rows(ty, w, row_bytes, xs, f) };
+        } else {
+            // SAFETY: the CPU has AVX2, FMA and F16C (level available, asserted above); `w` is
+            // whole rows of whole blocks of `ty`; every `xs[r]` holds the `k` values a row reads.
+            unsafe { super::qdot_x86::avx2_rows(ty, w, row_bytes, xs, f) };
+        }
         return;
     }
     for (j, row) in w.chunks_exact(row_bytes).enumerate() {

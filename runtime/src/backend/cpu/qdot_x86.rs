@@ -6,8 +6,10 @@
 //! a half block per register and keeps two accumulators per row; for the 4-bit types it computes
 //! the block's 16 possible values once (`d * iota + m`) and looks each code up with `vpermps`
 //! (which reads the low 4 bits of each lane), saving the int-to-float conversions and half the
-//! scaling. AVX2 widens the codes to i32, converts and scales them, a quarter block per register,
-//! with four accumulators per row.
+//! scaling. AVX2 spreads the 4-bit codes into i32 lanes with two byte shuffles (Q8_0 widens its
+//! bytes), converts and scales them, a quarter block per register, with four accumulators per
+//! row; its kernels are specialized per block type at compile time and a whole matrix runs in
+//! one call (`avx2_rows`), so neither the type nor the shapes are checked per row.
 //!
 //! [`decode_block`]: crate::loader::gguf::quant::decode_block
 
@@ -148,71 +150,94 @@ pub unsafe fn decode512(ty: QuantType, w: &[u8], out: &mut [f32]) {
     }
 }
 
-/// AVX2 kernel: `out[r] = dequant(w) . xs[r]`.
+/// Block types of the AVX2 kernels' const parameter (a `match` on it compiles away).
+const T_Q4_0: u8 = 0;
+const T_Q4_1: u8 = 1;
+const T_Q8_0: u8 = 2;
+
+/// The 32 weights of one block of type `T` as four groups of 8 (elements 0..8, 8..16, 16..24,
+/// 24..32), rebuilt with the reference's operations (a multiply, then an add).
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `ty` is Q4_0, Q4_1 or Q8_0; `w` is whole blocks of `ty`;
-/// every `xs[r]` holds at least `w.len() / block_bytes * 32` values.
+/// The CPU has AVX2, FMA and F16C; `p` points at one whole block of `T` (18, 20 or 34 bytes).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn avx2<const N: usize>(ty: QuantType, w: &[u8], xs: &[&[f32]; N]) -> [f32; N] {
-    let bb = ty.block_bytes();
+#[inline]
+unsafe fn weights256<const T: u8>(p: *const u8) -> [__m256; 4] {
+    // SAFETY: every read stays inside the block at `p` (caller contract).
+    unsafe {
+        if T == T_Q8_0 {
+            let d = _mm256_set1_ps(f16_at(p));
+            let a = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let c = _mm_loadu_si128(p.add(18) as *const __m128i);
+            let g = [
+                _mm256_cvtepi8_epi32(a),
+                _mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)),
+                _mm256_cvtepi8_epi32(c),
+                _mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)),
+            ];
+            return std::array::from_fn(|i| _mm256_mul_ps(_mm256_cvtepi32_ps(g[i]), d));
+        }
+        // The 16 code bytes in both halves; one byte shuffle puts bytes 0..8 (8..16) into the
+        // low byte of each i32 lane, whose low nibble is element j and high nibble element
+        // j + 16.
+        let off = if T == T_Q4_0 { 2 } else { 4 };
+        let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(off) as *const __m128i));
+        let z = -1i8;
+        let first = _mm256_setr_epi8(
+            0, z, z, z, 1, z, z, z, 2, z, z, z, 3, z, z, z, 4, z, z, z, 5, z, z, z, 6, z, z, z, 7,
+            z, z, z,
+        );
+        let second = _mm256_setr_epi8(
+            8, z, z, z, 9, z, z, z, 10, z, z, z, 11, z, z, z, 12, z, z, z, 13, z, z, z, 14, z, z,
+            z, 15, z, z, z,
+        );
+        let (a, c) = (
+            _mm256_shuffle_epi8(q, first),
+            _mm256_shuffle_epi8(q, second),
+        );
+        let nib = _mm256_set1_epi32(0x0f);
+        let g = [
+            _mm256_and_si256(a, nib),
+            _mm256_and_si256(c, nib),
+            _mm256_srli_epi32(a, 4),
+            _mm256_srli_epi32(c, 4),
+        ];
+        if T == T_Q4_0 {
+            let d = _mm256_set1_ps(f16_at(p));
+            let eight = _mm256_set1_epi32(8);
+            std::array::from_fn(|i| {
+                _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(g[i], eight)))
+            })
+        } else {
+            // d and m are adjacent f16s: one load, one conversion.
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)));
+            let d = _mm256_broadcastss_ps(dm);
+            let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+            std::array::from_fn(|i| _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(g[i])), m))
+        }
+    }
+}
+
+/// The AVX2 kernel for blocks of type `T`: `out[r] = dequant(w) . xs[r]`, four accumulators of
+/// 8 lanes per row (so a row's sums are the same whatever `N`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `w` is whole blocks of `T`; every `xs[r]` holds at least
+/// `32` values per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot256<const T: u8, const N: usize>(w: &[u8], xs: &[&[f32]; N]) -> [f32; N] {
+    let bb = match T {
+        T_Q4_0 => 18,
+        T_Q4_1 => 20,
+        _ => 34,
+    };
     let nb = w.len() / bb;
-    let nib = _mm_set1_epi8(0x0f);
     let mut acc = [[_mm256_setzero_ps(); 4]; N];
     for b in 0..nb {
-        // SAFETY: block `b < nb` lies inside `w` (18, 20 or 34 bytes read from its start);
-        // `xs[r]` holds `32 * nb` values (contract).
+        // SAFETY: block `b < nb` lies inside `w`; `xs[r]` holds `32 * nb` values (contract).
         unsafe {
-            let p = w.as_ptr().add(b * bb);
-            // Four groups of 8 codes as i32: elements 0..8, 8..16, 16..24, 24..32.
-            let (g, d, m): ([__m256i; 4], f32, f32) = match ty {
-                QuantType::Q4_0 | QuantType::Q4_1 => {
-                    let off = if ty == QuantType::Q4_0 { 2 } else { 4 };
-                    let q = _mm_loadu_si128(p.add(off) as *const __m128i);
-                    let lo = _mm_and_si128(q, nib);
-                    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), nib);
-                    let mut g = [
-                        _mm256_cvtepu8_epi32(lo),
-                        _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)),
-                        _mm256_cvtepu8_epi32(hi),
-                        _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)),
-                    ];
-                    let m = if ty == QuantType::Q4_0 {
-                        let eight = _mm256_set1_epi32(8);
-                        for v in &mut g {
-                            *v = _mm256_sub_epi32(*v, eight);
-                        }
-                        0.0
-                    } else {
-                        f16_at(p.add(2))
-                    };
-                    (g, f16_at(p), m)
-                }
-                _ => {
-                    let a = _mm_loadu_si128(p.add(2) as *const __m128i);
-                    let c = _mm_loadu_si128(p.add(18) as *const __m128i);
-                    (
-                        [
-                            _mm256_cvtepi8_epi32(a),
-                            _mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)),
-                            _mm256_cvtepi8_epi32(c),
-                            _mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)),
-                        ],
-                        f16_at(p),
-                        0.0,
-                    )
-                }
-            };
-            let dv = _mm256_set1_ps(d);
-            let mv = _mm256_set1_ps(m);
-            let wv: [__m256; 4] = std::array::from_fn(|i| {
-                let s = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(g[i]));
-                if ty == QuantType::Q4_1 {
-                    _mm256_add_ps(s, mv)
-                } else {
-                    s
-                }
-            });
+            let wv = weights256::<T>(w.as_ptr().add(b * bb));
             for r in 0..N {
                 let xp = xs[r].as_ptr().add(b * 32);
                 for i in 0..4 {
@@ -228,4 +253,83 @@ pub unsafe fn avx2<const N: usize>(ty: QuantType, w: &[u8], xs: &[&[f32]; N]) ->
             _mm256_add_ps(a[2], a[3]),
         ))
     })
+}
+
+/// [`dot256`] as a call of its own: over two rows its accumulators fill the 16 registers, and
+/// inlined into a loop over weight rows it spills more than a call does (measured by
+/// `qdot::tests::kernel_speed`).
+///
+/// # Safety
+/// As [`dot256`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(never)]
+unsafe fn dot256_call<const T: u8, const N: usize>(w: &[u8], xs: &[&[f32]; N]) -> [f32; N] {
+    // SAFETY: the caller's contract.
+    unsafe { dot256::<T, N>(w, xs) }
+}
+
+/// AVX2 kernel: `out[r] = dequant(w) . xs[r]`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `ty` is Q4_0, Q4_1 or Q8_0; `w` is whole blocks of `ty`;
+/// every `xs[r]` holds at least `w.len() / block_bytes * 32` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn avx2<const N: usize>(ty: QuantType, w: &[u8], xs: &[&[f32]; N]) -> [f32; N] {
+    // SAFETY: the caller's contract, with the type it names.
+    unsafe {
+        match ty {
+            QuantType::Q4_0 => dot256_call::<T_Q4_0, N>(w, xs),
+            QuantType::Q4_1 => dot256_call::<T_Q4_1, N>(w, xs),
+            _ => dot256_call::<T_Q8_0, N>(w, xs),
+        }
+    }
+}
+
+/// The rows of `w` (of `row_bytes` bytes) through [`dot256`] of type `T`.
+///
+/// # Safety
+/// As [`avx2_rows`], with `T` the block type.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows256<const T: u8, const N: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]; N],
+    f: &mut impl FnMut(usize, [f32; N]),
+) {
+    for (j, row) in w.chunks_exact(row_bytes).enumerate() {
+        // SAFETY: as the caller's contract, for this row.
+        let sums = unsafe {
+            if N <= 2 {
+                dot256::<T, N>(row, xs)
+            } else {
+                dot256_call::<T, N>(row, xs)
+            }
+        };
+        f(j, sums);
+    }
+}
+
+/// [`avx2`] over every row of `w` (rows of `row_bytes` bytes): `f(j, sums of row j)`, the type
+/// dispatched once for the whole matrix.
+///
+/// # Safety
+/// As [`avx2`] for each row: the CPU features, `ty`, `w` whole rows of whole blocks, and every
+/// `xs[r]` holds at least a row's `row_bytes / block_bytes * 32` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn avx2_rows<const N: usize>(
+    ty: QuantType,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]; N],
+    f: &mut impl FnMut(usize, [f32; N]),
+) {
+    // SAFETY: the caller's contract, with the type it names.
+    unsafe {
+        match ty {
+            QuantType::Q4_0 => rows256::<T_Q4_0, N>(w, row_bytes, xs, f),
+            QuantType::Q4_1 => rows256::<T_Q4_1, N>(w, row_bytes, xs, f),
+            _ => rows256::<T_Q8_0, N>(w, row_bytes, xs, f),
+        }
+    }
 }

@@ -177,3 +177,58 @@ fn matrix_rows_equal_the_row_kernel_at_every_level() {
         }
     }
 }
+
+/// Single-thread kernel speed, nanoseconds per weight block, at the detected level and the
+/// scalar reference: a cache-resident row (32 KiB, compute-bound) and a 64 MiB matrix read once
+/// per pass (memory-bound), one and four activation rows. A benchmark command, not a check:
+/// `cargo test --release -p sov --lib backend::cpu::qdot::tests::kernel_speed -- --ignored --nocapture`
+#[test]
+#[ignore = "benchmark: prints ns per block"]
+fn kernel_speed() {
+    use std::time::Instant;
+    fn time<const N: usize>(
+        level: Level,
+        ty: QuantType,
+        w: &[u8],
+        row: usize,
+        xs: &[&[f32]; N],
+    ) -> f64 {
+        let blocks = w.len() / ty.block_bytes();
+        let reps = (64 << 20) / w.len().min(64 << 20) + 1;
+        let mut best = f64::MAX;
+        let mut sink = 0f32;
+        for _ in 0..7 {
+            let t = Instant::now();
+            for _ in 0..reps {
+                super::qdot_matrix_at(level, ty, w, row, xs, &mut |_, s| sink += s[0]);
+            }
+            best = best.min(t.elapsed().as_secs_f64() * 1e9 / (reps * blocks) as f64);
+        }
+        std::hint::black_box(sink);
+        best
+    }
+    for ty in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q4_0] {
+        let mut rng = Rng::new(7);
+        let row_blocks = 576 / 32;
+        let row = row_blocks * ty.block_bytes();
+        let k = row_blocks * 32;
+        let x: Vec<Vec<f32>> = (0..4)
+            .map(|_| (0..k).map(|_| rng.f32()).collect())
+            .collect();
+        let x1: [&[f32]; 1] = [&x[0]];
+        let x4: [&[f32]; 4] = std::array::from_fn(|i| x[i].as_slice());
+        for (what, bytes) in [("L1 32 KiB", 32 << 10), ("DRAM 64 MiB", 64 << 20)] {
+            let w = random_blocks(ty, bytes / row * row_blocks, &mut rng);
+            for &level in Level::available() {
+                if level == Level::Scalar && bytes > 1 << 20 {
+                    continue;
+                }
+                println!(
+                    "{ty:?} {what} {level:?}: N=1 {:.2} ns/block, N=4 {:.2} ns/block",
+                    time(level, ty, &w, row, &x1),
+                    time(level, ty, &w, row, &x4)
+                );
+            }
+        }
+    }
+}
