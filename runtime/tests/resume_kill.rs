@@ -14,13 +14,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::sov_process::{sov, spawn_generate};
+use common::sov_process::{Generated, parse_generated, sov, spawn_generate};
 
 const TRIALS_PER_MODE: usize = 10;
 const PROMPTS: [&str; 4] = ["hello", "the quick brown fox", "abc", "resume me exactly"];
 
 /// Request id -> (tokens, text, finish reason).
-type Outputs = BTreeMap<u64, (Vec<u64>, String, String)>;
+type Outputs = BTreeMap<u64, Generated>;
 
 struct Mode {
     name: &'static str,
@@ -103,31 +103,6 @@ fn generate_args(env: &Env, mode: &Mode) -> Vec<String> {
     a
 }
 
-fn parse(stdout: &str) -> Outputs {
-    stdout
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let v: serde_json::Value =
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
-            let tokens = v["tokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_u64().unwrap())
-                .collect();
-            (
-                v["request_id"].as_u64().unwrap(),
-                (
-                    tokens,
-                    v["text"].as_str().unwrap().to_string(),
-                    v["finish_reason"].as_str().unwrap().to_string(),
-                ),
-            )
-        })
-        .collect()
-}
-
 /// The uninterrupted run and how long it took.
 fn reference(env: &Env, mode: &Mode) -> (Outputs, Duration) {
     let home = env.state(&format!("ref-{}", mode.name));
@@ -144,7 +119,7 @@ fn reference(env: &Env, mode: &Mode) -> (Outputs, Duration) {
         "reference run failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let outputs = parse(&String::from_utf8_lossy(&out.stdout));
+    let outputs = parse_generated(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(outputs.len(), PROMPTS.len());
     (outputs, took)
 }
@@ -248,7 +223,7 @@ fn trial(
     if err.contains("recovered from an interrupted checkpoint") {
         tally.torn_recovered += 1;
     }
-    let got = parse(&String::from_utf8_lossy(&out.stdout));
+    let got = parse_generated(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(
         got.keys().collect::<Vec<_>>(),
         want.keys().collect::<Vec<_>>(),

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::sov_process::sov;
+use common::sov_process::{parse_generated, sov};
 
 const PROMPTS: [&str; 6] = [
     "hello",
@@ -30,9 +30,6 @@ const PROMPTS: [&str; 6] = [
 /// Debug lines of the engine's swap module (`swap_out: sequence N ...`, `swap_in: ...`).
 const LOG: &str = "warn,sov::engine::swap=debug";
 const SPILL_FILE: &str = "kv-swap.spill";
-
-/// Request id -> (tokens, text).
-type Outputs = BTreeMap<u64, (Vec<u64>, String)>;
 
 struct Mode {
     name: &'static str,
@@ -79,27 +76,6 @@ fn with_prompts(cmd: &mut Command) -> &mut Command {
         cmd.args(["--prompt", p]);
     }
     cmd
-}
-
-fn parse(stdout: &[u8]) -> Outputs {
-    String::from_utf8_lossy(stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let v: serde_json::Value =
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
-            let tokens = v["tokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_u64().unwrap())
-                .collect();
-            (
-                v["request_id"].as_u64().unwrap(),
-                (tokens, v["text"].as_str().unwrap().to_string()),
-            )
-        })
-        .collect()
 }
 
 /// Sequences swapped out and not back, after the swap log lines in `lines`.
@@ -262,7 +238,7 @@ fn sigkill_while_sequences_are_swapped_out_then_resume_gives_the_uninterrupted_o
             !err.contains("swap_out"),
             "the reference run swapped: {err}"
         );
-        let want = parse(&out.stdout);
+        let want = parse_generated(&String::from_utf8_lossy(&out.stdout));
         assert_eq!(want.len(), PROMPTS.len());
 
         for (name, kv, nth) in setups {
@@ -285,7 +261,7 @@ fn sigkill_while_sequences_are_swapped_out_then_resume_gives_the_uninterrupted_o
                 .unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "{trial}: resume failed: {err}");
-            let got = parse(&out.stdout);
+            let got = parse_generated(&String::from_utf8_lossy(&out.stdout));
             assert_eq!(
                 got.keys().collect::<Vec<_>>(),
                 want.keys().collect::<Vec<_>>(),

@@ -38,3 +38,47 @@ pub fn spawn_generate(cmd: &mut Command, stdout: Stdio) -> (Child, PathBuf) {
     let _ = child.wait();
     panic!("sov generate never printed its run directory");
 }
+
+/// One request's result from `sov generate --json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generated {
+    /// Generated token ids.
+    pub tokens: Vec<u64>,
+    /// Their text.
+    pub text: String,
+    /// Why it stopped (`stop`, `length`, ...).
+    pub finish_reason: String,
+}
+
+/// The results of `sov generate --json` (one JSON object a line) by request id.
+///
+/// # Panics
+/// On a line that is not such an object (a test failure with the line shown).
+pub fn parse_generated(stdout: &str) -> std::collections::BTreeMap<u64, Generated> {
+    stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+            let field = |k: &str| {
+                v[k].as_str()
+                    .unwrap_or_else(|| panic!("no {k} in {l}"))
+                    .to_string()
+            };
+            let tokens = v["tokens"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no tokens in {l}"))
+                .iter()
+                .map(|t| t.as_u64().expect("token id"))
+                .collect();
+            let id = v["request_id"].as_u64().expect("request_id");
+            let g = Generated {
+                tokens,
+                text: field("text"),
+                finish_reason: field("finish_reason"),
+            };
+            (id, g)
+        })
+        .collect()
+}
