@@ -6,7 +6,10 @@
 //! the state directory above them) are created private to their owner (0700), and an existing one
 //! that others can read is reported. A process using a run directory holds its [`RunLock`] (an
 //! advisory lock on `<run>/lock`), so a second engine cannot resume the same run at the same time
-//! and `sov runs prune` never deletes a run in use.
+//! and `sov runs prune` never deletes a run in use. A run directory that a process created for
+//! itself and that ends holding nothing to resume or audit (checkpoints off: only the slot file
+//! and the lock) is removed when that process releases it ([`RunLock::discard_when_released`]),
+//! so benchmarks and `--checkpoint off` runs leave nothing behind.
 
 use std::fs::{DirBuilder, File, OpenOptions, TryLockError};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -101,7 +104,13 @@ pub fn lock_path(run_dir: &Path) -> PathBuf {
 pub struct RunLock {
     _file: File,
     dir: PathBuf,
+    /// Remove the directory on release if it holds only what the engine's start put there.
+    discard: bool,
 }
+
+/// The files an engine without checkpoints leaves in its run directory: the slot file and the
+/// lock. A directory holding anything else is never removed on release.
+const SCRATCH_FILES: [&str; 2] = ["slots", "lock"];
 
 impl RunLock {
     /// Takes the lock of `run_dir`, failing at once if another process holds it.
@@ -118,6 +127,7 @@ impl RunLock {
             Ok(()) => Ok(Self {
                 _file: file,
                 dir: run_dir.to_path_buf(),
+                discard: false,
             }),
             Err(TryLockError::WouldBlock) => Err(EngineError::SlotFile {
                 path: run_dir.display().to_string(),
@@ -138,6 +148,53 @@ impl RunLock {
     /// The locked run directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// On release, removes the run directory if it then holds only the slot file and the lock
+    /// (nothing was journaled or checkpointed), and `<state>/current-run` if it names it. For a
+    /// directory this process created for itself; one the user named is never removed.
+    pub fn discard_when_released(&mut self) {
+        self.discard = true;
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        if self.discard {
+            remove_scratch_run_dir(&self.dir);
+        }
+    }
+}
+
+/// Removes `dir` if it holds only [`SCRATCH_FILES`], and the `current-run` pointer two levels up
+/// if it names `dir`; anything else (a journal, a checkpoint, a file the user put there) keeps the
+/// directory whole. Failures are logged, never raised: a leftover directory is harmless.
+pub fn remove_scratch_run_dir(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let names: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    if names.iter().any(|n| !SCRATCH_FILES.iter().any(|s| n == *s)) {
+        tracing::debug!(
+            "keeping run directory {}: it holds more than its slots",
+            dir.display()
+        );
+        return;
+    }
+    for name in SCRATCH_FILES {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    if let Err(e) = std::fs::remove_dir(dir) {
+        tracing::debug!("run directory {} not removed: {e}", dir.display());
+        return;
+    }
+    if let Some(state) = dir.parent().and_then(Path::parent) {
+        let pointer = current_run_pointer(state);
+        if std::fs::read_to_string(&pointer).is_ok_and(|t| Path::new(t.trim()) == dir) {
+            let _ = std::fs::remove_file(&pointer);
+        }
     }
 }
 
@@ -161,6 +218,38 @@ mod tests {
         drop(lock);
         assert!(!RunLock::is_held(&dir));
         RunLock::acquire(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_discarded_run_directory_goes_only_when_it_holds_nothing_but_its_slots() {
+        let state = tempfile::tempdir().unwrap();
+        let empty = create_run_dir(state.path()).unwrap();
+        std::fs::write(slot_path(&empty), [0u8; 128]).unwrap();
+        let mut lock = RunLock::acquire(&empty).unwrap();
+        lock.discard_when_released();
+        drop(lock);
+        assert!(!empty.exists(), "a run with nothing journaled is removed");
+        assert!(!current_run_pointer(state.path()).exists());
+
+        let kept = create_run_dir(state.path()).unwrap();
+        std::fs::create_dir(checkpoint_dir(&kept)).unwrap();
+        std::fs::write(checkpoint_dir(&kept).join("journal.log"), b"x").unwrap();
+        let mut lock = RunLock::acquire(&kept).unwrap();
+        lock.discard_when_released();
+        drop(lock);
+        assert!(checkpoint_dir(&kept).join("journal.log").exists());
+        assert!(
+            lock_path(&kept).exists(),
+            "nothing of a run with a journal is removed"
+        );
+        assert_eq!(current_run_dir(state.path()).unwrap(), kept);
+
+        let plain = create_run_dir(state.path()).unwrap();
+        drop(RunLock::acquire(&plain).unwrap());
+        assert!(
+            lock_path(&plain).exists(),
+            "without discard the directory stays"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use anyhow::Context;
 
 use crate::app::SovDirs;
 use crate::app::battery::{BatteryWatcher, POWER_SUPPLY_DIR};
-use crate::app::run_dir::create_run_dir;
+use crate::app::run_dir::{create_run_dir, remove_scratch_run_dir};
 use crate::app::start::{
     CheckpointOptions, Device, EngineOptions, ModelParts, Started, default_kv_mode, start_engine,
 };
@@ -315,6 +315,8 @@ impl ModelArgs {
         t0: Instant,
     ) -> anyhow::Result<Started> {
         let trace = extras.trace;
+        let created_run_dir =
+            extras.resume.is_none() && self.run_dir.is_none() && !extras.ephemeral;
         let run_dir = match extras.resume.as_ref().or(self.run_dir.as_ref()) {
             None if extras.ephemeral => None,
             Some(d) if extras.resume.is_some() => {
@@ -399,10 +401,24 @@ impl ModelArgs {
             opts.witnesses.is_none() || opts.checkpoints.is_some(),
             "--witness needs checkpoints (drop --checkpoint off)"
         );
-        let mut started = match self.machine {
-            MachineChoice::Seed => start_engine::<seed::Scheduler>(parts, &opts)?,
-            MachineChoice::Laptop => start_engine::<laptop::Scheduler>(parts, &opts)?,
+        let started = match self.machine {
+            MachineChoice::Seed => start_engine::<seed::Scheduler>(parts, &opts),
+            MachineChoice::Laptop => start_engine::<laptop::Scheduler>(parts, &opts),
         };
+        let mut started = match (started, &run_dir) {
+            (Ok(s), _) => s,
+            (Err(e), Some(dir)) if created_run_dir => {
+                remove_scratch_run_dir(dir);
+                return Err(e.into());
+            }
+            (Err(e), _) => return Err(e.into()),
+        };
+        if created_run_dir && opts.checkpoints.is_none() {
+            // Nothing will be journaled: the directory only serves `sov slots` while this runs.
+            if let Some(lock) = started.run_lock.as_mut() {
+                lock.discard_when_released();
+            }
+        }
         let (power_root, every) = match &self.power_supply_dir {
             Some(dir) => (dir.clone(), Duration::from_millis(50)),
             None => (PathBuf::from(POWER_SUPPLY_DIR), Duration::from_secs(30)),
