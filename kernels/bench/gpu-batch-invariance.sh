@@ -10,14 +10,15 @@
 # --max-prefill-tokens 128 inside the decode steps of the four, so they join the batch while the
 # four are decoding (--max-batch = the batch size). The runs of one sampling start at once (about
 # 100 GB of GPU memory for the 8B shape: KV cache sized by batch). MODEL (default
-# random:llama3-8b) may be a GGUF; DEVICE (default cuda) =cpu checks the script itself.
+# random:llama3-8b) may be a GGUF; DEVICE (default cuda) =cpu checks the script itself; EXTRA adds
+# options to every run of both kinds (e.g. --mixed-prefill: the prompts' chunks inside decode steps).
 # Run from the repository root on the GPU machine after kernels/build-gpu.sh (SOV=path overrides).
 S=${SOV:-.gpu/sov}
 MODEL=${MODEL:-random:llama3-8b}
 FOUR=(); for i in 1 2 3 4; do FOUR+=(--prompt "request number $i of four"); done
 if [ -n "${MIDRUN:-}" ]; then
   T=${T:-/tmp/sov-midrun}; rm -rf $T; mkdir -p $T
-  M="--model $MODEL --device ${DEVICE:-cuda} --checkpoint off --max-tokens ${N:-256} --ignore-eos --json"
+  M="--model $MODEL --device ${DEVICE:-cuda} --checkpoint off --max-tokens ${N:-256} --ignore-eos --json ${EXTRA:-}"
   long() { printf 'neighbour %s ' "$1"; head -c $((100 + ($1 * 37) % 300)) /dev/zero | tr '\0' "$(printf \\$(printf '%03o' $((97 + $1 % 26))))"; }
   SAMPLES=${SAMPLES:-greedy seeded}
   for mode in ${MODES:-deterministic}; do
@@ -49,7 +50,7 @@ PY
   rm -rf $T
   exit 0
 fi
-M="--model $MODEL --device cuda --kv-memory-mb 24000 --checkpoint off --max-tokens ${N:-256} --ignore-eos --json"
+M="--model $MODEL --device cuda --kv-memory-mb 24000 --checkpoint off --max-tokens ${N:-256} --ignore-eos --json ${EXTRA:-}"
 MANY=(); for i in $(seq 1 60); do MANY+=(--prompt "neighbour $i $(printf '%*s' "$i" '' | tr ' ' x)"); done
 for mode in ${MODES:-default deterministic}; do
   F=(); [ "$mode" = deterministic ] && F=(--deterministic)
