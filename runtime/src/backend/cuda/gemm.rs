@@ -30,6 +30,7 @@ use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
+use super::gemm_pinned::PinnedGemm;
 use super::ops::to_i32;
 use super::pdl::arg;
 use crate::backend::{BackendError, DType, SwiGluShape, check_buffer};
@@ -40,6 +41,29 @@ const GEMV_MAX_N: usize = 4;
 const GEMV_WARPS: usize = 8;
 /// CTAs per SM the one-row GEMV kernels are compiled for (`ROW_MIN_BLOCKS` in `gemv.cu`).
 const GEMV_CTAS_PER_SM: usize = 8;
+
+/// Most rows deterministic mode gives the small-row kernel (`det_mma_*` in `gemv.cu`); more go to
+/// the pinned cuBLASLt algorithm. Its bits equal cuBLASLt's, so the crossover may sit anywhere.
+const DET_SMALL_MAX_ROWS: usize = 16;
+/// Warps (8 weight rows each) per CTA of `det_mma_*`.
+const DET_WARPS_PER_CTA: usize = 2;
+/// Rows of the probe product that decides a weight shape's small-row route.
+const DET_PROBE_ROWS: usize = 16;
+
+/// Element `i` of the probe input as bf16 bits: random sign and magnitude (0.5..1.5) * 2^(-4..3),
+/// from a fixed hash of `i` (the same in every process).
+fn probe_bf16(i: u64) -> u16 {
+    let mut z = i
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(0x1234_5678);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    let mantissa = (z & 0x7f) as u16; // 7 bits
+    let exponent = (127 - 4 + ((z >> 7) & 7)) as u16; // 2^-4 .. 2^3
+    let sign = ((z >> 10) & 1) as u16;
+    (sign << 15) | (exponent << 7) | mantissa
+}
 
 /// Sizes of a product `out[n, m] = x[n, k] @ w[m, k]^T` (for the SwiGLU GEMV, `m` is the output
 /// width `f`: the weight has `2 * f` rows).
@@ -312,6 +336,138 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Whether deterministic mode's product of `dims.n` rows goes to `det_mma_*` (`gemv.cu`)
+    /// instead of the pinned cuBLASLt algorithm: at most [`DET_SMALL_MAX_ROWS`] rows, `k % 16 == 0`,
+    /// 8-byte aligned operands, and the weight shape's probe passed (decided on its first use
+    /// outside a stream capture, once per process; see [`Self::det_small_probe`]). During a capture
+    /// an undecided shape takes cuBLASLt, which gives the same bits where the probe will pass.
+    fn det_small_applies(
+        &self,
+        pinned: &PinnedGemm,
+        x: u64,
+        w: u64,
+        dims: ProductDims,
+    ) -> Result<bool, BackendError> {
+        let ProductDims { n, k, m } = dims;
+        if n > DET_SMALL_MAX_ROWS || !k.is_multiple_of(16) || x % 8 != 0 || w % 8 != 0 {
+            return Ok(false);
+        }
+        if let Some(on) = pinned.small_route(m, k)? {
+            return Ok(on);
+        }
+        if self.stream_capturing()? {
+            return Ok(false);
+        }
+        let on = self.det_small_probe(pinned, w, m, k)?;
+        pinned.set_small_route(m, k, on)?;
+        Ok(on)
+    }
+
+    /// Whether this backend's stream is being captured into a graph.
+    fn stream_capturing(&self) -> Result<bool, BackendError> {
+        let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the stream is this backend's, alive; `status` is a valid out-parameter.
+        unsafe { cudarc::driver::sys::cuStreamIsCapturing(self.stream.cu_stream(), &mut status) }
+            .result()
+            .map_err(driver_err)?;
+        Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// The probe of weight shape `(m, k)`: [`DET_PROBE_ROWS`] fixed rows of x (random signs and
+    /// magnitudes 2^-4..2^4, the same in every process) times the weight at `w`, through the pinned
+    /// cuBLASLt algorithm and through `det_mma_*`; true if every bit agrees. A pinned algorithm that
+    /// splits K, or a cuBLAS version whose kernels sum in another order, fails it: that shape then
+    /// keeps cuBLASLt for every row count (with a warning), today's behaviour.
+    fn det_small_probe(
+        &self,
+        pinned: &PinnedGemm,
+        w: u64,
+        m: usize,
+        k: usize,
+    ) -> Result<bool, BackendError> {
+        let split = pinned.pinned_split_k(m, k)?;
+        if split != Some(1) {
+            tracing::warn!(
+                "deterministic mode: the pinned cuBLASLt algorithm of {m}x{k} splits K ({split:?}); \
+                 its products keep cuBLASLt at every row count"
+            );
+            return Ok(false);
+        }
+        let rows = DET_PROBE_ROWS;
+        let xs: Vec<u16> = (0..rows * k).map(|i| probe_bf16(i as u64)).collect(); // [rows, k]
+        let x = self.upload_bytes(DType::BF16, bytemuck::cast_slice(&xs))?;
+        let want = self.alloc_zeroed(DType::F32, rows * m)?; // [rows, m]
+        let got = self.alloc_zeroed(DType::F32, rows * m)?; // [rows, m]
+        let dims = ProductDims { n: rows, k, m };
+        // SAFETY: x holds rows*k bf16, both outputs rows*m f32, w is the caller's m*k weight; all
+        // live until the downloads below, which wait for the stream.
+        unsafe {
+            pinned.matmul(
+                self.stream.cu_stream() as _,
+                x.ptr(),
+                w,
+                want.ptr(),
+                (rows, k, m),
+                0.0,
+            )?;
+            self.launch_det_small(x.ptr(), w, got.ptr(), dims)?;
+        }
+        let mut a = vec![0u8; rows * m * 4];
+        let mut b = vec![0u8; rows * m * 4];
+        self.download_raw(&want, 0, &mut a)?;
+        self.download_raw(&got, 0, &mut b)?;
+        let differ = a
+            .chunks_exact(4)
+            .zip(b.chunks_exact(4))
+            .filter(|(p, q)| p != q)
+            .count();
+        if differ > 0 {
+            tracing::warn!(
+                "deterministic mode: the small-row kernel differs from the pinned cuBLASLt \
+                 algorithm of {m}x{k} at {differ} of {} elements; its products keep cuBLASLt",
+                rows * m
+            );
+        }
+        Ok(differ == 0)
+    }
+
+    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T` with `det_mma_16/32/64` (`gemv.cu`).
+    ///
+    /// # Safety
+    /// `x`, `w`, `out` must be device addresses of `n*k` bf16, `m*k` bf16 and `n*m` f32 elements,
+    /// live until the kernel has run; `n <= 64`, `k % 16 == 0`, x and w 8-byte aligned.
+    unsafe fn launch_det_small(
+        &self,
+        x: u64,
+        w: u64,
+        out: u64,
+        dims: ProductDims,
+    ) -> Result<(), BackendError> {
+        let ProductDims { n, k, m } = dims;
+        let name = match n {
+            0..=16 => "det_mma_16",
+            17..=32 => "det_mma_32",
+            _ => "det_mma_64",
+        };
+        let f = self.modules.function(KernelId::Gemv, None, name)?;
+        let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
+        let warps = m.div_ceil(8);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_i32(warps.div_ceil(DET_WARPS_PER_CTA), "grid")? as u32,
+                1,
+                1,
+            ),
+            block_dim: (32 * DET_WARPS_PER_CTA as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut params = [arg(&out), arg(&x), arg(&w), arg(&ni), arg(&ki), arg(&mi)];
+        // SAFETY: the parameters are det_mma's (out, x, w, n, k, m) in order, alive for the call;
+        // the sizes are the caller's contract; before its wait for the prerequisites the kernel
+        // reads only w, which no kernel writes.
+        unsafe { self.launch_overlapping(&f, cfg, &mut params) }
+    }
+
     /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` at raw device addresses.
     fn gemm_bf16_f32(
         &self,
@@ -322,11 +478,16 @@ impl CudaBackend {
         beta: f32,
     ) -> Result<(), BackendError> {
         let ProductDims { n, k, m } = dims;
-        let dims = |v: usize| {
+        let to_dim = |v: usize| {
             i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("matmul dimension {v}")))
         };
-        let (mi, ni, ki) = (dims(m)?, dims(n)?, dims(k)?);
+        let (mi, ni, ki) = (to_dim(m)?, to_dim(n)?, to_dim(k)?);
         if let Some(pinned) = &self.pinned {
+            if beta == 0.0 && self.det_small_applies(pinned, x, w, dims)? {
+                // SAFETY: the caller's contract (as below); det_small_applies checked k % 16 and
+                // the 8-byte alignment of x and w.
+                return unsafe { self.launch_det_small(x, w, out, dims) };
+            }
             // SAFETY: as below; the pinned product runs on this backend's stream.
             return unsafe {
                 pinned.matmul(self.stream.cu_stream() as _, x, w, out, (n, k, m), beta)

@@ -38,6 +38,31 @@ pub(super) struct PinnedGemm {
     /// The heuristic's rows for choosing an algorithm.
     pick_rows: usize,
     algos: Mutex<HashMap<(usize, usize), sys::cublasLtMatmulAlgo_t>>,
+    /// Per weight shape `(m, k)`: whether products of few rows go to `det_mma_*` in `gemv.cu`
+    /// (its bits equalled the pinned algorithm's on the probe product; see [`super::gemm`]).
+    small: Mutex<HashMap<(usize, usize), bool>>,
+}
+
+/// Heuristic candidates read for a weight shape; the pinned one is the first whose K is not split
+/// (see [`PinnedGemm::algo`]), or the first if none is.
+const CANDIDATES: usize = 8;
+
+/// The split-K factor of `algo` (1: each output element one accumulation chain over K).
+fn split_k(algo: &sys::cublasLtMatmulAlgo_t) -> Option<u32> {
+    let mut v: u32 = 0;
+    let mut written = 0usize;
+    // SAFETY: `algo` is a valid algorithm from the heuristic; the buffer is a u32, the attribute's
+    // type (uint32_t), of the size given.
+    let s = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            (&mut v) as *mut u32 as *mut c_void,
+            size_of::<u32>(),
+            &mut written,
+        )
+    };
+    (s == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(v)
 }
 
 // SAFETY: the handle is used only under the backend's stream order (one op at a time through
@@ -129,7 +154,32 @@ impl PinnedGemm {
             workspace,
             pick_rows: pick_rows.max(1),
             algos: Mutex::new(HashMap::new()),
+            small: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Whether weight shape `(m, k)` routes few rows to the small-row kernel: `None` until
+    /// decided ([`Self::set_small_route`]).
+    pub(super) fn small_route(&self, m: usize, k: usize) -> Result<Option<bool>, BackendError> {
+        let small = self
+            .small
+            .lock()
+            .map_err(|_| BackendError::Device("small-row route cache poisoned".into()))?;
+        Ok(small.get(&(m, k)).copied())
+    }
+
+    /// Records the small-row route of weight shape `(m, k)` (decided once per process).
+    pub(super) fn set_small_route(&self, m: usize, k: usize, on: bool) -> Result<(), BackendError> {
+        self.small
+            .lock()
+            .map_err(|_| BackendError::Device("small-row route cache poisoned".into()))?
+            .insert((m, k), on);
+        Ok(())
+    }
+
+    /// The split-K factor of weight shape `(m, k)`'s pinned algorithm (choosing it if needed).
+    pub(super) fn pinned_split_k(&self, m: usize, k: usize) -> Result<Option<u32>, BackendError> {
+        Ok(split_k(&self.algo(m, k)?))
     }
 
     /// The pinned algorithm of weight shape `(m, k)`, chosen on first use.
@@ -166,15 +216,43 @@ impl PinnedGemm {
                     size_of::<u32>(),
                 )
             });
+            // SAFETY (zeroed): the heuristic result is a plain C struct; all-zero is a valid value
+            // that the heuristic overwrites for the `count` entries it returns.
+            let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
+                std::mem::zeroed();
+            let mut count: i32 = 0;
             let found = set.and_then(|_| {
-                lt::get_matmul_algo_heuristic(self.handle, p.desc, p.a, p.b, p.c, p.c, pref)
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    p.desc,
+                    p.a,
+                    p.b,
+                    p.c,
+                    p.c,
+                    pref,
+                    CANDIDATES as i32,
+                    results.as_mut_ptr(),
+                    &mut count,
+                )
+                .result()
             });
             let _ = lt::destroy_matmul_pref(pref);
-            found
+            found.and_then(|_| {
+                let got = &results[..(count.max(0) as usize).min(CANDIDATES)];
+                // The first candidate that does not split K: each output element is then one
+                // chain of k16 tensor-core steps, the order the small-row kernel follows.
+                got.iter()
+                    .find(|r| split_k(&r.algo) == Some(1))
+                    .or(got.first())
+                    .map(|r| r.algo)
+                    .ok_or(lt::CublasError(
+                        sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+                    ))
+            })
         }
         .map_err(|e| lt_err(&format!("no algorithm for {m}x{k}"), e))?;
-        algos.insert((m, k), found.algo);
-        Ok(found.algo)
+        algos.insert((m, k), found);
+        Ok(found)
     }
 
     /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` on `stream` with the
