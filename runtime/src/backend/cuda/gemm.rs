@@ -349,7 +349,11 @@ impl CudaBackend {
         dims: ProductDims,
     ) -> Result<bool, BackendError> {
         let ProductDims { n, k, m } = dims;
-        if n > DET_SMALL_MAX_ROWS || !k.is_multiple_of(16) || x % 8 != 0 || w % 8 != 0 {
+        if n > DET_SMALL_MAX_ROWS
+            || !k.is_multiple_of(16)
+            || !x.is_multiple_of(8)
+            || !w.is_multiple_of(8)
+        {
             return Ok(false);
         }
         if let Some(on) = pinned.small_route(m, k)? {
