@@ -99,18 +99,19 @@ fn products_are_batch_invariant() {
         let small = b
             .pinned
             .as_ref()
-            .map(|p| p.small_route(m, k))
+            .map(|p| p.chain_ok(m, k))
             .transpose()
             .unwrap()
             .flatten();
         println!(
             "deterministic products {k}x{m}: 1..=256, {LONG:?} and 2048 rows equal bit for bit (rel \
-             err {e:.2e}); small-row kernel {}; default mode differs from them at {fast_differs} \
+             err {e:.2e}); reference chain {}; default mode differs from them at {fast_differs} \
              of 14 row counts",
             match small {
-                Some(true) => "used (its probe equalled cuBLASLt)",
-                Some(false) => "not used (probe differed, K split or refused)",
-                None => "not applicable (k % 16 != 0 or unaligned)",
+                Some(true) =>
+                    "equal to the pinned algorithm on the probe (per-row-count algorithms on)",
+                Some(false) => "differs from the pinned algorithm (pinned algorithm only)",
+                None => "not applicable (k % 16 != 0; pinned algorithm only)",
             }
         );
     }

@@ -30,7 +30,7 @@ use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
-use super::gemm_pinned::PinnedGemm;
+use super::gemm_pinned::{MAX_LAUNCH_ROWS, PinnedGemm};
 use super::ops::to_i32;
 use super::pdl::arg;
 use crate::backend::{BackendError, DType, SwiGluShape, check_buffer};
@@ -42,12 +42,9 @@ const GEMV_WARPS: usize = 8;
 /// CTAs per SM the one-row GEMV kernels are compiled for (`ROW_MIN_BLOCKS` in `gemv.cu`).
 const GEMV_CTAS_PER_SM: usize = 8;
 
-/// Most rows deterministic mode gives the small-row kernel (`det_mma_*` in `gemv.cu`); more go to
-/// the pinned cuBLASLt algorithm. Its bits equal cuBLASLt's, so the crossover may sit anywhere.
-const DET_SMALL_MAX_ROWS: usize = 16;
 /// Warps (8 weight rows each) per CTA of `det_mma_*`.
 const DET_WARPS_PER_CTA: usize = 2;
-/// Rows of the probe product that decides a weight shape's small-row route.
+/// Rows of the probe product that decides a weight shape's reference-chain verdict.
 const DET_PROBE_ROWS: usize = 16;
 
 /// Element `i` of the probe input as bf16 bits: random sign and magnitude (0.5..1.5) * 2^(-4..3),
@@ -336,35 +333,48 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Whether deterministic mode's product of `dims.n` rows goes to `det_mma_*` (`gemv.cu`)
-    /// instead of the pinned cuBLASLt algorithm: at most [`DET_SMALL_MAX_ROWS`] rows, `k % 16 == 0`,
-    /// 8-byte aligned operands, and the weight shape's probe passed (decided on its first use
-    /// outside a stream capture, once per process; see [`Self::det_small_probe`]). During a capture
-    /// an undecided shape takes cuBLASLt, which gives the same bits where the probe will pass.
-    fn det_small_applies(
+    /// Deterministic mode's algorithm for a product of `dims.n` rows: the heuristic's first
+    /// candidate for that many rows (at most a launch's) that does not split K, where both it and
+    /// the weight shape's pinned algorithm gave the bits of the reference chain (`det_mma_16` in
+    /// `gemv.cu`: one m16n8k16 chain over K per element) on the probe product; else None, the
+    /// pinned algorithm. Every algorithm used then gives the same bits, so a row's result does not
+    /// depend on the row count that chose it. Each verdict is reached once per process, outside a
+    /// stream capture; during one, an undecided case takes the pinned algorithm (the same bits
+    /// where the verdict will be yes).
+    fn det_algo(
         &self,
         pinned: &PinnedGemm,
-        x: u64,
         w: u64,
         dims: ProductDims,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Option<cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>, BackendError> {
         let ProductDims { n, k, m } = dims;
-        if n > DET_SMALL_MAX_ROWS
-            || !k.is_multiple_of(16)
-            || !x.is_multiple_of(8)
-            || !w.is_multiple_of(8)
-        {
-            return Ok(false);
+        if !k.is_multiple_of(16) || !w.is_multiple_of(8) {
+            return Ok(None);
         }
-        if let Some(on) = pinned.small_route(m, k)? {
-            return Ok(on);
+        let shape_ok = match pinned.chain_ok(m, k)? {
+            Some(v) => v,
+            None if self.stream_capturing()? => return Ok(None),
+            None => {
+                let v = self.det_chain_probe(pinned, w, m, k, None)?;
+                pinned.set_chain_ok(m, k, v)?;
+                v
+            }
+        };
+        if !shape_ok {
+            return Ok(None);
         }
-        if self.stream_capturing()? {
-            return Ok(false);
+        let Some(cand) = pinned.candidate(m, k, n.min(MAX_LAUNCH_ROWS))? else {
+            return Ok(None);
+        };
+        match pinned.verified(m, k, &cand)? {
+            Some(ok) => Ok(ok.then_some(cand)),
+            None if self.stream_capturing()? => Ok(None),
+            None => {
+                let ok = self.det_chain_probe(pinned, w, m, k, Some(cand))?;
+                pinned.set_verified(m, k, &cand, ok)?;
+                Ok(ok.then_some(cand))
+            }
         }
-        let on = self.det_small_probe(pinned, w, m, k)?;
-        pinned.set_small_route(m, k, on)?;
-        Ok(on)
     }
 
     /// Whether this backend's stream is being captured into a graph.
@@ -382,15 +392,16 @@ impl CudaBackend {
     /// cuBLASLt algorithm and through `det_mma_*`; true if every bit agrees. A pinned algorithm that
     /// splits K, or a cuBLAS version whose kernels sum in another order, fails it: that shape then
     /// keeps cuBLASLt for every row count (with a warning), today's behaviour.
-    fn det_small_probe(
+    fn det_chain_probe(
         &self,
         pinned: &PinnedGemm,
         w: u64,
         m: usize,
         k: usize,
+        algo: Option<cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
     ) -> Result<bool, BackendError> {
         let split = pinned.pinned_split_k(m, k)?;
-        if split != Some(1) {
+        if algo.is_none() && split != Some(1) {
             tracing::warn!(
                 "deterministic mode: the pinned cuBLASLt algorithm of {m}x{k} splits K ({split:?}); \
                  its products keep cuBLASLt at every row count"
@@ -405,7 +416,7 @@ impl CudaBackend {
         let dims = ProductDims { n: rows, k, m };
         // SAFETY: x holds rows*k bf16, both outputs rows*m f32, w is the caller's m*k weight; all
         // live until the downloads below, which wait for the stream.
-        unsafe {
+        let ran = unsafe {
             pinned.matmul(
                 self.stream.cu_stream() as _,
                 x.ptr(),
@@ -413,9 +424,21 @@ impl CudaBackend {
                 want.ptr(),
                 (rows, k, m),
                 0.0,
-            )?;
-            self.launch_det_small(x.ptr(), w, got.ptr(), dims)?;
+                algo,
+            )
+        };
+        match ran {
+            Ok(()) => {}
+            // A candidate that refuses the probe's row count is simply not used.
+            Err(e) if algo.is_some() => {
+                tracing::warn!("deterministic mode: candidate algorithm for {m}x{k} refused: {e}");
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
         }
+        // SAFETY: as above; det_mma_16 takes 16 rows, k % 16 == 0 and w % 8 == 0 were checked by
+        // the caller, x is a fresh (aligned) allocation.
+        unsafe { self.launch_det_small(x.ptr(), w, got.ptr(), dims)? };
         let mut a = vec![0u8; rows * m * 4];
         let mut b = vec![0u8; rows * m * 4];
         self.download_raw(&want, 0, &mut a)?;
@@ -487,14 +510,18 @@ impl CudaBackend {
         };
         let (mi, ni, ki) = (to_dim(m)?, to_dim(n)?, to_dim(k)?);
         if let Some(pinned) = &self.pinned {
-            if beta == 0.0 && self.det_small_applies(pinned, x, w, dims)? {
-                // SAFETY: the caller's contract (as below); det_small_applies checked k % 16 and
-                // the 8-byte alignment of x and w.
-                return unsafe { self.launch_det_small(x, w, out, dims) };
-            }
-            // SAFETY: as below; the pinned product runs on this backend's stream.
+            let algo = self.det_algo(pinned, w, dims)?;
+            // SAFETY: as below; the product runs on this backend's stream.
             return unsafe {
-                pinned.matmul(self.stream.cu_stream() as _, x, w, out, (n, k, m), beta)
+                pinned.matmul(
+                    self.stream.cu_stream() as _,
+                    x,
+                    w,
+                    out,
+                    (n, k, m),
+                    beta,
+                    algo,
+                )
             };
         }
         let alpha = 1.0f32;
