@@ -44,8 +44,11 @@ pub(super) struct PinnedGemm {
     /// Per `(m, k, rows)`: the heuristic's first candidate for `rows` rows that does not split K.
     per_rows: Mutex<HashMap<(usize, usize, usize), Option<sys::cublasLtMatmulAlgo_t>>>,
     /// Per `(m, k, algorithm bytes)`: whether that algorithm's bits equalled the reference chain.
-    verified: Mutex<HashMap<(usize, usize, [u64; 8]), bool>>,
+    verified: Mutex<HashMap<AlgoKey, bool>>,
 }
+
+/// A weight shape `(m, k)` and an algorithm's opaque bytes.
+type AlgoKey = (usize, usize, [u64; 8]);
 
 /// Heuristic candidates read for a weight shape; the pinned one is the first whose K is not split
 /// (see [`PinnedGemm::algo`]), or the first if none is.
