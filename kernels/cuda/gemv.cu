@@ -159,17 +159,19 @@ gemv_swiglu_1(float* __restrict__ out, const float* __restrict__ x, const bf16_t
 }
 
 // ---------------------------------------------------------------------------------------------
-// Deterministic mode's small-row product (det_mma_16 / _32 / _64: up to 16, 32, 64 rows of x):
+// Deterministic mode's reference order (det_mma_16 / _32 / _64: up to 16, 32, 64 rows of x):
 // out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16), each output element one accumulator chain of
-// tensor-core steps mma.sync m16n8k16 over k ascending in k16 steps, nothing split -- the order in
-// which the pinned cuBLASLt algorithm (split-K 1) sums it, so the bits equal cuBLASLt's and a row's
-// result does not depend on which of the two ran it (kernels/README.md, "Deterministic mode";
-// checked at startup on a probe product by the host, gemm_pinned.rs).
+// tensor-core steps mma.sync m16n8k16 over k ascending in k16 steps, nothing split. On the H200
+// (cuBLASLt 13.1) every cuBLASLt algorithm that does not split K gives exactly these bits
+// (kernels/bench/logs/det-probe-2026-12-03T0457.log), so the host checks each algorithm it means to
+// use against det_mma_16 on a probe product (gemm.rs, det_algo) and then may pick any of them per
+// row count. Too slow to serve products itself (60-80 us for Llama-3-8B's qkv at 1-16 rows against
+// cuBLASLt's 17-28 us: one chain per 8 weight rows leaves 4-6 warps an SM, each waiting on its loads).
 //
 // Design: a warp owns 8 weight rows (the B operand, n8) and NT tiles of 16 rows of x (the A
 // operand). Inside one k16 step the slots of the fragment are permuted (lane t of a quad holds
-// k0+4t..k0+4t+3, the same permutation for x and w), which leaves the step's sum unchanged and
-// lets a lane load its part of a weight row with one 8-byte load: a quad reads one 32-byte sector.
+// k0+4t..k0+4t+3, the same permutation for x and w), which leaves the step's sum unchanged (checked:
+// 0 differing elements) and lets a lane load its part of a weight row with one 8-byte load.
 // DET_G steps per round; the next round's weights are loaded before this round's mma, so two rounds
 // are in flight. Weights with the streaming hint (read once); x through L1 (every warp of the SM
 // reads the same rows). Requires k % 16 == 0 and 8-byte aligned x and w. Grid: ceil(m / 8) warps,

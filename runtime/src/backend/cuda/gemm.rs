@@ -17,8 +17,11 @@
 //! cuBLAS-with-cast at one row on every Llama-3-8B decode shape: qkv 14.5 vs 20.6 us, o 9.7 vs
 //! 20.7, gate_up 58.7 vs 65.2, down 29.4 vs 36.8, lm head 242.9 vs 265.2.
 //! In deterministic mode ([`super::CudaTuning::deterministic`]) there is no GEMV: every product,
-//! of any row count, takes bf16 inputs and runs the pinned cuBLASLt algorithm of its weight shape
-//! ([`super::gemm_pinned`]), so a row's result does not depend on the rows beside it.
+//! of any row count, takes bf16 inputs and runs through cuBLASLt ([`super::gemm_pinned`]) with an
+//! algorithm that does not split K: the heuristic's first such one for its row count, where that
+//! one and the weight shape's pinned algorithm both gave the bits of the reference chain
+//! (`det_mma_16` in `gemv.cu`) on a probe product, else the pinned one. Every algorithm used gives
+//! the same bits, so a row's result does not depend on the rows beside it.
 //! A weight stored in FP8 (`--quantization fp8`, [`crate::backend::DType::F8E4M3`]) goes to the
 //! FP8 W8A8 path instead ([`super::fp8`]), at any row count.
 

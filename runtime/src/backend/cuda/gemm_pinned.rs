@@ -7,7 +7,12 @@
 //! then used for every row count. A fixed algorithm fixes the tile, the K split and the order in
 //! which each output element's K chunks are accumulated; the row count only decides how many
 //! column tiles run, so an output row does not depend on how many rows share the launch
-//! (`deterministic_tests.rs` checks it bit for bit for 1..=256 rows). bf16 operands, f32
+//! (`deterministic_tests.rs` checks it bit for bit for 1..=256 rows and more up to 2048).
+//! The pinned algorithm is the first candidate that does not split K: on the H200 every such
+//! cuBLASLt algorithm gave the bits of one chain of m16n8k16 steps over K
+//! (kernels/bench/logs/det-probe-2026-12-03T0457.log), so [`PinnedGemm::candidate`] may offer
+//! the fastest one for each row count, which the caller (`gemm.rs`) uses once a probe product
+//! shows its bits equal the reference chain's. bf16 operands, f32
 //! accumulation and f32 output, in the layout of [`super::gemm`]: cuBLAS's
 //! `C[m, n] = op(W)[m, k] · X[k, n]` with `W` transposed.
 
