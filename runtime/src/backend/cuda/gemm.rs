@@ -391,10 +391,11 @@ impl CudaBackend {
     }
 
     /// The probe of weight shape `(m, k)`: [`DET_PROBE_ROWS`] fixed rows of x (random signs and
-    /// magnitudes 2^-4..2^4, the same in every process) times the weight at `w`, through the pinned
-    /// cuBLASLt algorithm and through `det_mma_*`; true if every bit agrees. A pinned algorithm that
-    /// splits K, or a cuBLAS version whose kernels sum in another order, fails it: that shape then
-    /// keeps cuBLASLt for every row count (with a warning), today's behaviour.
+    /// magnitudes 2^-4..2^4, the same in every process) times the weight at `w`, through `algo`
+    /// (None: the pinned algorithm) and through `det_mma_16`, the reference chain; true if every
+    /// bit agrees. A pinned algorithm that splits K, or a cuBLAS version whose kernels sum in
+    /// another order, fails it (with a warning): the shape, or that candidate, then keeps the
+    /// pinned algorithm for every row count.
     fn det_chain_probe(
         &self,
         pinned: &PinnedGemm,
