@@ -157,3 +157,111 @@ gemv_swiglu_1(float* __restrict__ out, const float* __restrict__ x, const bf16_t
               int k, int f, int split) {
     gemv_rows<1, true>(out, x, w, n, k, f, split);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic mode's reference order (det_mma_16 / _32 / _64: up to 16, 32, 64 rows of x):
+// out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16), each output element one accumulator chain of
+// tensor-core steps mma.sync m16n8k16 over k ascending in k16 steps, nothing split. On the H200
+// (cuBLASLt 13.1) every cuBLASLt algorithm that does not split K gives exactly these bits
+// (kernels/bench/logs/det-probe-2026-12-03T0457.log), so the host checks each algorithm it means to
+// use against det_mma_16 on a probe product (gemm.rs, det_algo) and then may pick any of them per
+// row count. Too slow to serve products itself (60-80 us for Llama-3-8B's qkv at 1-16 rows against
+// cuBLASLt's 17-28 us: one chain per 8 weight rows leaves 4-6 warps an SM, each waiting on its loads).
+//
+// Design: a warp owns 8 weight rows (the B operand, n8) and NT tiles of 16 rows of x (the A
+// operand). Inside one k16 step the slots of the fragment are permuted (lane t of a quad holds
+// k0+4t..k0+4t+3, the same permutation for x and w), which leaves the step's sum unchanged (checked:
+// 0 differing elements) and lets a lane load its part of a weight row with one 8-byte load.
+// DET_G steps per round; the next round's weights are loaded before this round's mma, so two rounds
+// are in flight. Weights with the streaming hint (read once); x through L1 (every warp of the SM
+// reads the same rows). Requires k % 16 == 0 and 8-byte aligned x and w. Grid: ceil(m / 8) warps,
+// any number of warps per CTA. Programmatic dependent launch as the GEMVs above.
+#ifndef DET_G
+#define DET_G 16
+#endif
+
+__device__ __forceinline__ uint2 ld_stream8(const uint2* p) {
+    uint2 v;
+    asm volatile("ld.global.cs.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800  // (the host routes nothing here below sm_80)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+template <int NT>
+__device__ __forceinline__ void det_mma_rows(float* __restrict__ out, const bf16_t* __restrict__ x,
+                                             const bf16_t* __restrict__ w, int n, int k, int m) {
+    const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    if (warp * 8 >= m) {
+        wait_for_prerequisites();
+        allow_dependents_early();
+        return;
+    }
+    const int wrow = min(warp * 8 + g, m - 1);  // rows past m load row m - 1 and store nothing
+    const uint2* wp = (const uint2*)(w + (size_t)wrow * k) + t;  // k16 step j at wp[4 * j]
+    const int steps = k / 16;
+    uint2 cur[DET_G], nxt[DET_G];
+#pragma unroll
+    for (int u = 0; u < DET_G; u++) cur[u] = u < steps ? ld_stream8(wp + 4 * u) : make_uint2(0, 0);
+    wait_for_prerequisites();  // x and out only from here on
+    const uint2* xp[NT][2];    // rows 16i + g and 16i + g + 8 of x (null: past n, zeros)
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 16 * i + g + 8 * h;
+            xp[i][h] = r < n ? (const uint2*)(x + (size_t)r * k) + t : nullptr;
+        }
+    float d[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.f;
+    for (int j0 = 0; j0 < steps; j0 += DET_G) {
+#pragma unroll
+        for (int u = 0; u < DET_G; u++)
+            nxt[u] = j0 + DET_G + u < steps ? ld_stream8(wp + 4 * (j0 + DET_G + u)) : make_uint2(0, 0);
+#pragma unroll
+        for (int u = 0; u < DET_G; u++) {
+            if (j0 + u >= steps) break;
+#pragma unroll
+            for (int i = 0; i < NT; i++) {
+                const uint2 xa = xp[i][0] ? xp[i][0][4 * (j0 + u)] : make_uint2(0, 0);
+                const uint2 xb = xp[i][1] ? xp[i][1][4 * (j0 + u)] : make_uint2(0, 0);
+                // Slots (2t, 2t+1) hold k0+4t, +1 and slots (8+2t, 9+2t) hold k0+4t+2, +3.
+                mma_bf16_16816(d[i], xa.x, xb.x, xa.y, xb.y, cur[u].x, cur[u].y);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DET_G; u++) cur[u] = nxt[u];
+    }
+    allow_dependents_early();
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            // Accumulator q: row 16i + g (+8 for q >= 2) of x, weight row 8 * warp + 2t + (q & 1).
+            const int xr = 16 * i + g + (q >= 2 ? 8 : 0), wr = warp * 8 + 2 * t + (q & 1);
+            if (xr < n && wr < m) out[(size_t)xr * m + wr] = d[i][q];
+        }
+}
+
+extern "C" __global__ void det_mma_16(float* __restrict__ out, const bf16_t* __restrict__ x,
+                                      const bf16_t* __restrict__ w, int n, int k, int m) {
+    det_mma_rows<1>(out, x, w, n, k, m);
+}
+extern "C" __global__ void det_mma_32(float* __restrict__ out, const bf16_t* __restrict__ x,
+                                      const bf16_t* __restrict__ w, int n, int k, int m) {
+    det_mma_rows<2>(out, x, w, n, k, m);
+}
+extern "C" __global__ void det_mma_64(float* __restrict__ out, const bf16_t* __restrict__ x,
+                                      const bf16_t* __restrict__ w, int n, int k, int m) {
+    det_mma_rows<4>(out, x, w, n, k, m);
+}

@@ -80,7 +80,8 @@ pub enum KernelId {
     RopeKv,
     /// On-device argmax and temperature / top-k / top-p sampling.
     Sampling,
-    /// Matrix-vector products for a few rows (decode at batch 1-4), bound by the weight stream.
+    /// Matrix-vector products for a few rows (decode at batch 1-4), bound by the weight stream;
+    /// and deterministic mode's small-row product on tensor cores (`det_mma_*`).
     Gemv,
     /// FP8 (e4m3) W8A8: per-row quantization, the small-M product on tensor cores, a scalar
     /// product for any shape, and the rescale of an unscaled product (sm_89 and newer).
@@ -230,7 +231,15 @@ impl KernelId {
                 "rope_kv_write_f32",
             ],
             KernelId::Sampling => &["argmax_rows", "sample_tokens"],
-            KernelId::Gemv => &["gemv_bf16", "gemv_bf16_1", "gemv_swiglu", "gemv_swiglu_1"],
+            KernelId::Gemv => &[
+                "gemv_bf16",
+                "gemv_bf16_1",
+                "gemv_swiglu",
+                "gemv_swiglu_1",
+                "det_mma_16",
+                "det_mma_32",
+                "det_mma_64",
+            ],
             KernelId::Fp8 => &[
                 "quantize_rows_f32",
                 "quantize_rows_bf16",

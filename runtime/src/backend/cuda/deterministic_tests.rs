@@ -1,5 +1,6 @@
 //! GPU checks of the deterministic (batch-invariant) mode, bit for bit: a product's rows alone
-//! equal the same rows inside products of 1..=256 rows (odd counts included); a decode row's
+//! equal the same rows inside a product of 1024 rows, at every count 1..=256 and some up to 1024
+//! (so across the small-row kernel's crossover to cuBLASLt); a decode row's
 //! attention alone equals it beside other sequences; and a prefill -- over a cached prefix, with
 //! another sequence in the same launch -- writes exactly the K/V and attention outputs that decode
 //! steps of the same tokens write. Products are also held to the CPU reference (bf16 bounds).
@@ -30,7 +31,10 @@ fn products_are_batch_invariant() {
     let Some(fast) = device_with(|_| {}) else {
         return;
     };
-    const N: usize = 256;
+    // Rows of the reference product; every count 1..=256 (the small-row kernel's range and the
+    // crossover to cuBLASLt included) and a spread of longer ones up to N.
+    const N: usize = 1024;
+    const LONG: [usize; 9] = [257, 300, 383, 511, 512, 513, 777, 1000, 1024];
     // Llama-3-8B's qkv, o and down shapes, SmolLM2's gate/up, and an odd one.
     for (k, m) in [
         (4096, 6144),
@@ -51,8 +55,8 @@ fn products_are_batch_invariant() {
         let e = cpu::rel_err(&full[..8 * m], &expect);
         assert!(e <= 1e-2, "{k}x{m}: relative error {e} against the CPU");
         let mut rng = StdRng::seed_from_u64(seed + 2);
-        let mut fast_differs = 0;
-        for rows in 1..=N {
+        let (mut fast_differs, mut fast_counts) = (0, 0);
+        for rows in (1..=256).chain(LONG) {
             // `rows` consecutive rows from a random offset, as bf16 inputs (what the model's
             // producers write in this mode).
             let off = rng.gen_range(0..=N - rows);
@@ -71,11 +75,12 @@ fn products_are_batch_invariant() {
                     want[i]
                 );
             }
-            if rows.is_power_of_two() || rows % 37 == 0 {
+            if rows <= 256 && (rows.is_power_of_two() || rows % 37 == 0) {
                 let xf = fast.upload_f32(xs).unwrap();
                 let mut of = fast.alloc(DType::F32, rows * m).unwrap();
                 fast.matmul(&xf, &wb, &mut of, rows, k, m).unwrap();
                 fast_differs += usize::from(f32s(&fast, &of, rows * m) != got);
+                fast_counts += 1;
             }
         }
         // A prefill-sized product (2048 rows, 256 of them the rows above) gives the same rows.
@@ -92,9 +97,23 @@ fn products_are_batch_invariant() {
                 .all(|(a, c)| a.to_bits() == c.to_bits()),
             "{k}x{m}: rows of a 2048-row product differ from the same rows in {N}"
         );
+        let small = b
+            .pinned
+            .as_ref()
+            .map(|p| p.chain_ok(m, k))
+            .transpose()
+            .unwrap()
+            .flatten();
         println!(
-            "deterministic products {k}x{m}: 1..={N} and 2048 rows equal bit for bit (rel err {e:.2e}); \
-             default mode differs from them at {fast_differs} of 14 row counts"
+            "deterministic products {k}x{m}: 1..=256, {LONG:?} and 2048 rows equal bit for bit (rel \
+             err {e:.2e}); reference chain {}; default mode differs from them at {fast_differs} \
+             of {fast_counts} row counts",
+            match small {
+                Some(true) =>
+                    "equal to the pinned algorithm on the probe (per-row-count algorithms on)",
+                Some(false) => "differs from the pinned algorithm (pinned algorithm only)",
+                None => "not applicable (k % 16 != 0; pinned algorithm only)",
+            }
         );
     }
 }

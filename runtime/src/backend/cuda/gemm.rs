@@ -17,8 +17,11 @@
 //! cuBLAS-with-cast at one row on every Llama-3-8B decode shape: qkv 14.5 vs 20.6 us, o 9.7 vs
 //! 20.7, gate_up 58.7 vs 65.2, down 29.4 vs 36.8, lm head 242.9 vs 265.2.
 //! In deterministic mode ([`super::CudaTuning::deterministic`]) there is no GEMV: every product,
-//! of any row count, takes bf16 inputs and runs the pinned cuBLASLt algorithm of its weight shape
-//! ([`super::gemm_pinned`]), so a row's result does not depend on the rows beside it.
+//! of any row count, takes bf16 inputs and runs through cuBLASLt ([`super::gemm_pinned`]) with an
+//! algorithm that does not split K: the heuristic's first such one for its row count, where that
+//! one and the weight shape's pinned algorithm both gave the bits of the reference chain
+//! (`det_mma_16` in `gemv.cu`) on a probe product, else the pinned one. Every algorithm used gives
+//! the same bits, so a row's result does not depend on the rows beside it.
 //! A weight stored in FP8 (`--quantization fp8`, [`crate::backend::DType::F8E4M3`]) goes to the
 //! FP8 W8A8 path instead ([`super::fp8`]), at any row count.
 
@@ -30,6 +33,7 @@ use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
+use super::gemm_pinned::{MAX_LAUNCH_ROWS, PinnedGemm};
 use super::ops::to_i32;
 use super::pdl::arg;
 use crate::backend::{BackendError, DType, SwiGluShape, check_buffer};
@@ -40,6 +44,26 @@ const GEMV_MAX_N: usize = 4;
 const GEMV_WARPS: usize = 8;
 /// CTAs per SM the one-row GEMV kernels are compiled for (`ROW_MIN_BLOCKS` in `gemv.cu`).
 const GEMV_CTAS_PER_SM: usize = 8;
+
+/// Warps (8 weight rows each) per CTA of `det_mma_*`.
+const DET_WARPS_PER_CTA: usize = 2;
+/// Rows of the probe product that decides a weight shape's reference-chain verdict.
+const DET_PROBE_ROWS: usize = 16;
+
+/// Element `i` of the probe input as bf16 bits: random sign and magnitude (0.5..1.5) * 2^(-4..3),
+/// from a fixed hash of `i` (the same in every process).
+fn probe_bf16(i: u64) -> u16 {
+    let mut z = i
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(0x1234_5678);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    let mantissa = (z & 0x7f) as u16; // 7 bits
+    let exponent = (127 - 4 + ((z >> 7) & 7)) as u16; // 2^-4 .. 2^3
+    let sign = ((z >> 10) & 1) as u16;
+    (sign << 15) | (exponent << 7) | mantissa
+}
 
 /// Sizes of a product `out[n, m] = x[n, k] @ w[m, k]^T` (for the SwiGLU GEMV, `m` is the output
 /// width `f`: the weight has `2 * f` rows).
@@ -312,6 +336,169 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Deterministic mode's algorithm for a product of `dims.n` rows: the heuristic's first
+    /// candidate for that many rows (at most a launch's) that does not split K, where both it and
+    /// the weight shape's pinned algorithm gave the bits of the reference chain (`det_mma_16` in
+    /// `gemv.cu`: one m16n8k16 chain over K per element) on the probe product; else None, the
+    /// pinned algorithm. Every algorithm used then gives the same bits, so a row's result does not
+    /// depend on the row count that chose it. Each verdict is reached once per process, outside a
+    /// stream capture; during one, an undecided case takes the pinned algorithm (the same bits
+    /// where the verdict will be yes).
+    fn det_algo(
+        &self,
+        pinned: &PinnedGemm,
+        w: u64,
+        dims: ProductDims,
+    ) -> Result<Option<cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>, BackendError> {
+        let ProductDims { n, k, m } = dims;
+        if !k.is_multiple_of(16) || !w.is_multiple_of(8) {
+            return Ok(None);
+        }
+        let shape_ok = match pinned.chain_ok(m, k)? {
+            Some(v) => v,
+            None if self.stream_capturing()? => return Ok(None),
+            None => {
+                let v = self.det_chain_probe(pinned, w, m, k, None)?;
+                pinned.set_chain_ok(m, k, v)?;
+                v
+            }
+        };
+        if !shape_ok {
+            return Ok(None);
+        }
+        let Some(cand) = pinned.candidate(m, k, n.min(MAX_LAUNCH_ROWS))? else {
+            return Ok(None);
+        };
+        match pinned.verified(m, k, &cand)? {
+            Some(ok) => Ok(ok.then_some(cand)),
+            None if self.stream_capturing()? => Ok(None),
+            None => {
+                let ok = self.det_chain_probe(pinned, w, m, k, Some(cand))?;
+                pinned.set_verified(m, k, &cand, ok)?;
+                Ok(ok.then_some(cand))
+            }
+        }
+    }
+
+    /// Whether this backend's stream is being captured into a graph.
+    fn stream_capturing(&self) -> Result<bool, BackendError> {
+        let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the stream is this backend's, alive; `status` is a valid out-parameter.
+        unsafe { cudarc::driver::sys::cuStreamIsCapturing(self.stream.cu_stream(), &mut status) }
+            .result()
+            .map_err(driver_err)?;
+        Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// The probe of weight shape `(m, k)`: [`DET_PROBE_ROWS`] fixed rows of x (random signs and
+    /// magnitudes 2^-4..2^4, the same in every process) times the weight at `w`, through `algo`
+    /// (None: the pinned algorithm) and through `det_mma_16`, the reference chain; true if every
+    /// bit agrees. A pinned algorithm that splits K, or a cuBLAS version whose kernels sum in
+    /// another order, fails it (with a warning): the shape, or that candidate, then keeps the
+    /// pinned algorithm for every row count.
+    fn det_chain_probe(
+        &self,
+        pinned: &PinnedGemm,
+        w: u64,
+        m: usize,
+        k: usize,
+        algo: Option<cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
+    ) -> Result<bool, BackendError> {
+        let split = pinned.pinned_split_k(m, k)?;
+        if algo.is_none() && split != Some(1) {
+            tracing::warn!(
+                "deterministic mode: the pinned cuBLASLt algorithm of {m}x{k} splits K ({split:?}); \
+                 its products keep cuBLASLt at every row count"
+            );
+            return Ok(false);
+        }
+        let rows = DET_PROBE_ROWS;
+        let xs: Vec<u16> = (0..rows * k).map(|i| probe_bf16(i as u64)).collect(); // [rows, k]
+        let x = self.upload_bytes(DType::BF16, bytemuck::cast_slice(&xs))?;
+        let want = self.alloc_zeroed(DType::F32, rows * m)?; // [rows, m]
+        let got = self.alloc_zeroed(DType::F32, rows * m)?; // [rows, m]
+        let dims = ProductDims { n: rows, k, m };
+        // SAFETY: x holds rows*k bf16, both outputs rows*m f32, w is the caller's m*k weight; all
+        // live until the downloads below, which wait for the stream.
+        let ran = unsafe {
+            pinned.matmul(
+                self.stream.cu_stream() as _,
+                x.ptr(),
+                w,
+                want.ptr(),
+                (rows, k, m),
+                0.0,
+                algo,
+            )
+        };
+        match ran {
+            Ok(()) => {}
+            // A candidate that refuses the probe's row count is simply not used.
+            Err(e) if algo.is_some() => {
+                tracing::warn!("deterministic mode: candidate algorithm for {m}x{k} refused: {e}");
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
+        // SAFETY: as above; det_mma_16 takes 16 rows, k % 16 == 0 and w % 8 == 0 were checked by
+        // the caller, x is a fresh (aligned) allocation.
+        unsafe { self.launch_det_small(x.ptr(), w, got.ptr(), dims)? };
+        let mut a = vec![0u8; rows * m * 4];
+        let mut b = vec![0u8; rows * m * 4];
+        self.download_raw(&want, 0, &mut a)?;
+        self.download_raw(&got, 0, &mut b)?;
+        let differ = a
+            .chunks_exact(4)
+            .zip(b.chunks_exact(4))
+            .filter(|(p, q)| p != q)
+            .count();
+        if differ > 0 {
+            tracing::warn!(
+                "deterministic mode: the small-row kernel differs from the pinned cuBLASLt \
+                 algorithm of {m}x{k} at {differ} of {} elements; its products keep cuBLASLt",
+                rows * m
+            );
+        }
+        Ok(differ == 0)
+    }
+
+    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T` with `det_mma_16/32/64` (`gemv.cu`).
+    ///
+    /// # Safety
+    /// `x`, `w`, `out` must be device addresses of `n*k` bf16, `m*k` bf16 and `n*m` f32 elements,
+    /// live until the kernel has run; `n <= 64`, `k % 16 == 0`, x and w 8-byte aligned.
+    unsafe fn launch_det_small(
+        &self,
+        x: u64,
+        w: u64,
+        out: u64,
+        dims: ProductDims,
+    ) -> Result<(), BackendError> {
+        let ProductDims { n, k, m } = dims;
+        let name = match n {
+            0..=16 => "det_mma_16",
+            17..=32 => "det_mma_32",
+            _ => "det_mma_64",
+        };
+        let f = self.modules.function(KernelId::Gemv, None, name)?;
+        let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
+        let warps = m.div_ceil(8);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_i32(warps.div_ceil(DET_WARPS_PER_CTA), "grid")? as u32,
+                1,
+                1,
+            ),
+            block_dim: (32 * DET_WARPS_PER_CTA as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut params = [arg(&out), arg(&x), arg(&w), arg(&ni), arg(&ki), arg(&mi)];
+        // SAFETY: the parameters are det_mma's (out, x, w, n, k, m) in order, alive for the call;
+        // the sizes are the caller's contract; before its wait for the prerequisites the kernel
+        // reads only w, which no kernel writes.
+        unsafe { self.launch_overlapping(&f, cfg, &mut params) }
+    }
+
     /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` at raw device addresses.
     fn gemm_bf16_f32(
         &self,
@@ -322,14 +509,23 @@ impl CudaBackend {
         beta: f32,
     ) -> Result<(), BackendError> {
         let ProductDims { n, k, m } = dims;
-        let dims = |v: usize| {
+        let to_dim = |v: usize| {
             i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("matmul dimension {v}")))
         };
-        let (mi, ni, ki) = (dims(m)?, dims(n)?, dims(k)?);
+        let (mi, ni, ki) = (to_dim(m)?, to_dim(n)?, to_dim(k)?);
         if let Some(pinned) = &self.pinned {
-            // SAFETY: as below; the pinned product runs on this backend's stream.
+            let algo = self.det_algo(pinned, w, dims)?;
+            // SAFETY: as below; the product runs on this backend's stream.
             return unsafe {
-                pinned.matmul(self.stream.cu_stream() as _, x, w, out, (n, k, m), beta)
+                pinned.matmul(
+                    self.stream.cu_stream() as _,
+                    x,
+                    w,
+                    out,
+                    (n, k, m),
+                    beta,
+                    algo,
+                )
             };
         }
         let alpha = 1.0f32;

@@ -7,7 +7,12 @@
 //! then used for every row count. A fixed algorithm fixes the tile, the K split and the order in
 //! which each output element's K chunks are accumulated; the row count only decides how many
 //! column tiles run, so an output row does not depend on how many rows share the launch
-//! (`deterministic_tests.rs` checks it bit for bit for 1..=256 rows). bf16 operands, f32
+//! (`deterministic_tests.rs` checks it bit for bit for 1..=256 rows and more up to 2048).
+//! The pinned algorithm is the first candidate that does not split K: on the H200 every such
+//! cuBLASLt algorithm gave the bits of one chain of m16n8k16 steps over K
+//! (kernels/bench/logs/det-probe-2026-12-03T0457.log), so [`PinnedGemm::candidate`] may offer
+//! the fastest one for each row count, which the caller (`gemm.rs`) uses once a probe product
+//! shows its bits equal the reference chain's. bf16 operands, f32
 //! accumulation and f32 output, in the layout of [`super::gemm`]: cuBLAS's
 //! `C[m, n] = op(W)[m, k] · X[k, n]` with `W` transposed.
 
@@ -29,7 +34,7 @@ pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
 /// each of 1..=256 rows with the algorithms picked at 128 rows, while the down projection's
 /// (k = 14336) rejected 2048 rows with CUBLAS_STATUS_INVALID_VALUE
 /// (gpu-exactness-2026-12-01T1803.log, not kept).
-const MAX_LAUNCH_ROWS: usize = 256;
+pub(super) const MAX_LAUNCH_ROWS: usize = 256;
 
 /// A cuBLASLt handle, its workspace and the pinned algorithm of each weight shape.
 pub(super) struct PinnedGemm {
@@ -38,6 +43,38 @@ pub(super) struct PinnedGemm {
     /// The heuristic's rows for choosing an algorithm.
     pick_rows: usize,
     algos: Mutex<HashMap<(usize, usize), sys::cublasLtMatmulAlgo_t>>,
+    /// Per weight shape `(m, k)`: whether the pinned algorithm's bits equalled the reference chain's
+    /// (`det_mma_16` in `gemv.cu`) on the probe product (see [`super::gemm`]).
+    small: Mutex<HashMap<(usize, usize), bool>>,
+    /// Per `(m, k, rows)`: the heuristic's first candidate for `rows` rows that does not split K.
+    per_rows: Mutex<HashMap<(usize, usize, usize), Option<sys::cublasLtMatmulAlgo_t>>>,
+    /// Per `(m, k, algorithm bytes)`: whether that algorithm's bits equalled the reference chain.
+    verified: Mutex<HashMap<AlgoKey, bool>>,
+}
+
+/// A weight shape `(m, k)` and an algorithm's opaque bytes.
+type AlgoKey = (usize, usize, [u64; 8]);
+
+/// Heuristic candidates read for a weight shape; the pinned one is the first whose K is not split
+/// (see [`PinnedGemm::algo`]), or the first if none is.
+const CANDIDATES: usize = 8;
+
+/// The split-K factor of `algo` (1: each output element one accumulation chain over K).
+fn split_k(algo: &sys::cublasLtMatmulAlgo_t) -> Option<u32> {
+    let mut v: u32 = 0;
+    let mut written = 0usize;
+    // SAFETY: `algo` is a valid algorithm from the heuristic; the buffer is a u32, the attribute's
+    // type (uint32_t), of the size given.
+    let s = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            (&mut v) as *mut u32 as *mut c_void,
+            size_of::<u32>(),
+            &mut written,
+        )
+    };
+    (s == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(v)
 }
 
 // SAFETY: the handle is used only under the backend's stream order (one op at a time through
@@ -129,10 +166,96 @@ impl PinnedGemm {
             workspace,
             pick_rows: pick_rows.max(1),
             algos: Mutex::new(HashMap::new()),
+            small: Mutex::new(HashMap::new()),
+            per_rows: Mutex::new(HashMap::new()),
+            verified: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The pinned algorithm of weight shape `(m, k)`, chosen on first use.
+    /// Whether weight shape `(m, k)`'s pinned algorithm gave the reference chain's bits
+    /// (`det_mma_16` in `gemv.cu`) on the probe product: `None` until decided
+    /// ([`Self::set_chain_ok`]).
+    pub(super) fn chain_ok(&self, m: usize, k: usize) -> Result<Option<bool>, BackendError> {
+        let small = self
+            .small
+            .lock()
+            .map_err(|_| BackendError::Device("reference-chain cache poisoned".into()))?;
+        Ok(small.get(&(m, k)).copied())
+    }
+
+    /// Records [`Self::chain_ok`] for weight shape `(m, k)` (decided once per process).
+    pub(super) fn set_chain_ok(&self, m: usize, k: usize, on: bool) -> Result<(), BackendError> {
+        self.small
+            .lock()
+            .map_err(|_| BackendError::Device("reference-chain cache poisoned".into()))?
+            .insert((m, k), on);
+        Ok(())
+    }
+
+    /// The heuristic's first algorithm for a product of `rows` rows of weight shape `(m, k)` that
+    /// does not split K (None: none among its first [`CANDIDATES`]). Every such algorithm seen on
+    /// the H200 gave the bits of one chain of m16n8k16 steps over K (kernels/README.md), so the
+    /// caller may use it in place of the pinned one once [`Self::verified`] says so.
+    pub(super) fn candidate(
+        &self,
+        m: usize,
+        k: usize,
+        rows: usize,
+    ) -> Result<Option<sys::cublasLtMatmulAlgo_t>, BackendError> {
+        let poisoned = || BackendError::Device("cuBLASLt candidate cache poisoned".into());
+        if let Some(c) = self
+            .per_rows
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(&(m, k, rows))
+        {
+            return Ok(*c);
+        }
+        let got = self.heuristic(m, rows, k, false)?;
+        let pick = got.iter().copied().find(|a| split_k(a) == Some(1));
+        self.per_rows
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert((m, k, rows), pick);
+        Ok(pick)
+    }
+
+    /// Whether `algo` gave the reference chain's bits for weight shape `(m, k)` (None: untested).
+    pub(super) fn verified(
+        &self,
+        m: usize,
+        k: usize,
+        algo: &sys::cublasLtMatmulAlgo_t,
+    ) -> Result<Option<bool>, BackendError> {
+        let v = self
+            .verified
+            .lock()
+            .map_err(|_| BackendError::Device("cuBLASLt verification cache poisoned".into()))?;
+        Ok(v.get(&(m, k, algo.data)).copied())
+    }
+
+    /// Records whether `algo` gave the reference chain's bits for weight shape `(m, k)`.
+    pub(super) fn set_verified(
+        &self,
+        m: usize,
+        k: usize,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        ok: bool,
+    ) -> Result<(), BackendError> {
+        self.verified
+            .lock()
+            .map_err(|_| BackendError::Device("cuBLASLt verification cache poisoned".into()))?
+            .insert((m, k, algo.data), ok);
+        Ok(())
+    }
+
+    /// The split-K factor of weight shape `(m, k)`'s pinned algorithm (choosing it if needed).
+    pub(super) fn pinned_split_k(&self, m: usize, k: usize) -> Result<Option<u32>, BackendError> {
+        Ok(split_k(&self.algo(m, k)?))
+    }
+
+    /// The pinned algorithm of weight shape `(m, k)`, chosen on first use: the heuristic's first
+    /// candidate for `pick_rows` rows that does not split K, or its first if all do.
     fn algo(&self, m: usize, k: usize) -> Result<sys::cublasLtMatmulAlgo_t, BackendError> {
         let mut algos = self
             .algos
@@ -141,44 +264,88 @@ impl PinnedGemm {
         if let Some(a) = algos.get(&(m, k)) {
             return Ok(*a);
         }
-        let p = Problem::new(m, self.pick_rows, k)?;
+        let got = self.heuristic(m, self.pick_rows, k, true)?;
+        // The first candidate that does not split K: each output element is then one chain of
+        // k16 tensor-core steps, the order of the reference kernel (det_mma in gemv.cu).
+        let found = got
+            .iter()
+            .find(|a| split_k(a) == Some(1))
+            .or(got.first())
+            .copied()
+            .ok_or_else(|| BackendError::Device(format!("cuBLASLt: no algorithm for {m}x{k}")))?;
+        algos.insert((m, k), found);
+        Ok(found)
+    }
+
+    /// The heuristic's first [`CANDIDATES`] algorithms for `rows` rows of weight shape `(m, k)`;
+    /// with `inplace_only`, split-K only with the in-place reduction (the splits added into the
+    /// output in order, counters in the workspace): a reduction through a workspace buffer needs
+    /// room growing with the row count, so an algorithm picked at `pick_rows` could not run a
+    /// long prefill (2048 rows of the 14336-wide down projection failed so).
+    fn heuristic(
+        &self,
+        m: usize,
+        rows: usize,
+        k: usize,
+        inplace_only: bool,
+    ) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, BackendError> {
+        let p = Problem::new(m, rows, k)?;
         let pref = lt::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
         let ws = WORKSPACE_BYTES;
-        // SAFETY: `pref` was just created; the buffers are a usize and a u32, of the sizes given. The heuristic reads
-        // descriptors created above, alive for the call.
+        // SAFETY: `pref` was just created; the buffers are a usize and a u32, of the sizes given.
+        // The heuristic reads descriptors created above, alive for the call, and writes at most
+        // CANDIDATES results; an all-zero result struct is a valid value it overwrites.
         let found = unsafe {
-            let set = lt::set_matmul_pref_attribute(
+            let mut set = lt::set_matmul_pref_attribute(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 (&ws) as *const usize as *const c_void,
                 size_of::<usize>(),
             );
-            // Split-K only with the in-place reduction (the splits added into the output in
-            // order, counters in the workspace): a reduction through a workspace buffer needs
-            // room growing with the row count, so an algorithm picked at `pick_rows` could not
-            // run a long prefill (2048 rows of the 14336-wide down projection failed so).
             let mask = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_INPLACE as u32;
-            let set = set.and_then(|_| {
-                lt::set_matmul_pref_attribute(
-                    pref,
-                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                    (&mask) as *const u32 as *const c_void,
-                    size_of::<u32>(),
-                )
-            });
+            if inplace_only {
+                set = set.and_then(|_| {
+                    lt::set_matmul_pref_attribute(
+                        pref,
+                        sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                        (&mask) as *const u32 as *const c_void,
+                        size_of::<u32>(),
+                    )
+                });
+            }
+            let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
+                std::mem::zeroed();
+            let mut count: i32 = 0;
             let found = set.and_then(|_| {
-                lt::get_matmul_algo_heuristic(self.handle, p.desc, p.a, p.b, p.c, p.c, pref)
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    p.desc,
+                    p.a,
+                    p.b,
+                    p.c,
+                    p.c,
+                    pref,
+                    CANDIDATES as i32,
+                    results.as_mut_ptr(),
+                    &mut count,
+                )
+                .result()
             });
             let _ = lt::destroy_matmul_pref(pref);
-            found
+            found.map(|_| {
+                results[..(count.max(0) as usize).min(CANDIDATES)]
+                    .iter()
+                    .map(|r| r.algo)
+                    .collect::<Vec<_>>()
+            })
         }
-        .map_err(|e| lt_err(&format!("no algorithm for {m}x{k}"), e))?;
-        algos.insert((m, k), found.algo);
-        Ok(found.algo)
+        .map_err(|e| lt_err(&format!("no algorithm for {rows}x{k} @ {m}x{k}^T"), e))?;
+        Ok(found)
     }
 
-    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` on `stream` with the
-    /// pinned algorithm of `(m, k)`.
+    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` on `stream` with `algo`
+    /// (one of [`Self::candidate`]'s, verified by the caller) or else the pinned algorithm of
+    /// `(m, k)`, in launches of at most [`MAX_LAUNCH_ROWS`] rows.
     ///
     /// # Safety
     /// `x`, `w` and `out` must be device addresses of at least `n*k`, `m*k` bf16 and `n*m` f32
@@ -192,8 +359,12 @@ impl PinnedGemm {
         out: u64,
         (n, k, m): (usize, usize, usize),
         beta: f32,
+        algo: Option<sys::cublasLtMatmulAlgo_t>,
     ) -> Result<(), BackendError> {
-        let algo = self.algo(m, k)?;
+        let algo = match algo {
+            Some(a) => a,
+            None => self.algo(m, k)?,
+        };
         let alpha = 1.0f32;
         for row0 in (0..n).step_by(MAX_LAUNCH_ROWS) {
             let rows = MAX_LAUNCH_ROWS.min(n - row0);
