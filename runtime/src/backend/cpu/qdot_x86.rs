@@ -142,7 +142,7 @@ pub unsafe fn avx512_rows<const N: usize>(
 
 /// [`avx512_rows`] for block type `T`, the weight-row tile height picked from `N` so that the
 /// `2 M N` accumulators, `2 M` weight registers and two activation registers fit the 32 zmm
-/// registers. One or two activation rows keep one weight row per step: taller tiles measured
+/// registers. One or two activation rows run the one-row kernel row after row: taller tiles measured
 /// slower there when the weights stream from DRAM (`kernel_speed`, Q8_0, two activation rows:
 /// 4 weight rows at a time 4.6 ns per block and row against 2.7 for one).
 ///
@@ -158,7 +158,14 @@ unsafe fn rows512<const T: u8, const N: usize>(
     // SAFETY: the caller's contract.
     unsafe {
         if N <= 2 {
-            tiles512::<T, 1, N>(w, row_bytes, xs, f)
+            let ty = match T {
+                T_Q4_0 => QuantType::Q4_0,
+                T_Q4_1 => QuantType::Q4_1,
+                _ => QuantType::Q8_0,
+            };
+            for (j, row) in w.chunks_exact(row_bytes).enumerate() {
+                f(j, avx512(ty, row, xs));
+            }
         } else if N <= 6 {
             tiles512::<T, 2, N>(w, row_bytes, xs, f)
         } else {
