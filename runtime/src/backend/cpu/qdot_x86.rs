@@ -8,8 +8,8 @@
 //! (which reads the low 4 bits of each lane), saving the int-to-float conversions and half the
 //! scaling; over a matrix it rebuilds the blocks of two weight rows at a time and dots them with
 //! up to six activation rows (a register tile, [`tile512`]), so one rebuild and one activation
-//! load serve several products, each sum added in the one-row kernel's order. AVX2 spreads the 4-bit codes into i32 lanes with two byte shuffles (Q8_0 widens its
-//! bytes), converts and scales them, a quarter block per register, with four accumulators per
+//! load serve several products, each sum added in the one-row kernel's order. AVX2 spreads the
+//! 4-bit codes into i32 lanes with two byte shuffles (Q8_0 widens its bytes), converts and scales them, a quarter block per register, with four accumulators per
 //! row; its kernels are specialized per block type at compile time and a whole matrix runs in
 //! one call (`avx2_rows`), so neither the type nor the shapes are checked per row.
 //!
@@ -142,9 +142,9 @@ pub unsafe fn avx512_rows<const N: usize>(
 
 /// [`avx512_rows`] for block type `T`, the weight-row tile height picked from `N` so that the
 /// `2 M N` accumulators, `2 M` weight registers and two activation registers fit the 32 zmm
-/// registers. One or two activation rows run the one-row kernel row after row: taller tiles measured
-/// slower there when the weights stream from DRAM (`kernel_speed`, Q8_0, two activation rows:
-/// 4 weight rows at a time 4.6 ns per block and row against 2.7 for one).
+/// registers. One or two activation rows run the one-row kernel row after row: taller tiles
+/// measured slower there when the weights stream from DRAM (`kernel_speed`, Q8_0, two
+/// activation rows: 4 weight rows at a time 4.6 ns per block and row against 2.7 for one).
 ///
 /// # Safety
 /// As [`avx512_rows`], with `T` the block type.
