@@ -9,8 +9,8 @@
 //! scaling; over a matrix it rebuilds the blocks of two weight rows at a time and dots them with
 //! up to six activation rows (a register tile, [`tile512`]), so one rebuild and one activation
 //! load serve several products, each sum added in the one-row kernel's order. AVX2 spreads the
-//! 4-bit codes into i32 lanes with two byte shuffles (Q8_0 widens its bytes), converts and scales them, a quarter block per register, with four accumulators per
-//! row; its kernels are specialized per block type at compile time and a whole matrix runs in
+//! 4-bit codes into i32 lanes with two byte shuffles (Q8_0 widens its bytes), converts and
+//! scales them, a quarter block per register, with four accumulators per row; its kernels are specialized per block type at compile time and a whole matrix runs in
 //! one call (`avx2_rows`), so neither the type nor the shapes are checked per row.
 //!
 //! [`decode_block`]: crate::loader::gguf::quant::decode_block
