@@ -4,9 +4,9 @@
 //! - few rows (decode): a GEMV-style kernel reads each weight row once, widens it to f32 on the
 //!   fly (quantized blocks are dequantized in registers, [`super::qdot`]) and dots it with up to
 //!   four activation rows at a time (up to six for the AVX-512 kernels of the 32-value block
-//!   types, which tile two weight rows by them; [`super::dot`]); threads split the weight rows. This path is
-//!   bound by weight memory traffic, so 16-bit weights run ~2x faster than f32 and 4-bit ones
-//!   faster still.
+//!   types, which tile two weight rows by them; [`super::dot`]); threads split the weight rows.
+//!   This path is bound by weight memory traffic, so 16-bit weights run ~2x faster than f32 and
+//!   4-bit ones faster still.
 //! - many rows (prefill; over 8 rows for f32 weights, 16 for quantized, 40 for 16-bit ones): f32
 //!   weights go straight to the `gemm` crate; others are widened tile by tile (`TILE_ROWS` rows at
 //!   a time, per thread) into f32 scratch and multiplied by `gemm`.
