@@ -3,10 +3,10 @@
 //! Two paths, chosen by the number of activation rows `n`:
 //! - few rows (decode): a GEMV-style kernel reads each weight row once, widens it to f32 on the
 //!   fly (quantized blocks are dequantized in registers, [`super::qdot`]) and dots it with up to
-//!   four activation rows at a time (eight for the AVX-512 kernels of the 32-value block types;
-//!   [`super::dot`]); threads split the weight rows. This path is
-//!   bound by weight memory traffic, so 16-bit weights run ~2x faster than f32 and 4-bit ones
-//!   faster still.
+//!   four activation rows at a time (up to six for the AVX-512 kernels of the 32-value block
+//!   types, which tile two weight rows by them; [`super::dot`]); threads split the weight rows.
+//!   This path is bound by weight memory traffic, so 16-bit weights run ~2x faster than f32 and
+//!   4-bit ones faster still.
 //! - many rows (prefill; over 8 rows for f32 weights, 16 for quantized, 40 for 16-bit ones): f32
 //!   weights go straight to the `gemm` crate; others are widened tile by tile (`TILE_ROWS` rows at
 //!   a time, per thread) into f32 scratch and multiplied by `gemm`.
@@ -165,9 +165,9 @@ fn gemv(pool: &Pool, x: &[f32], w: Weights<'_>, out: &mut [f32], n: usize, k: us
 }
 
 /// The quantized weight rows `r0 ..` of one GEMV chunk (`bytes`: whole rows of `k` values)
-/// against every activation row, eight at a time where the kernel keeps eight rows' accumulators
-/// in registers ([`wide_kernel`]), else four, through [`qdot_matrix`]; sums go to output columns
-/// `r0 + j`.
+/// against every activation row, in groups of [`group_rows`] activation rows through
+/// [`qdot_matrix`]; sums go to output columns `r0 + j`. A row's sums do not depend on its
+/// group (every kernel adds each (weight row, activation row) pair in the same order).
 fn quant_chunk(
     ty: QuantType,
     bytes: &[u8],
@@ -179,14 +179,9 @@ fn quant_chunk(
 ) {
     let row_bytes = k / ty.block_elems() * ty.block_bytes();
     let n = xrows.len();
-    let eight = wide_kernel(ty);
     let mut i = 0;
     while i < n {
-        let take = if eight && n - i >= 8 {
-            8
-        } else {
-            (n - i).min(4)
-        };
+        let take = group_rows(ty, n - i);
         let store = |j: usize, sums: &[f32]| {
             for (t, s) in sums.iter().enumerate() {
                 // SAFETY: `(i + t) * m + r0 + j < n * m <= out.len()`; column `r0 + j` belongs to
@@ -195,36 +190,38 @@ fn quant_chunk(
             }
         };
         let x = &xrows[i..i + take];
+        macro_rules! run {
+            ($n:literal) => {{
+                let xs: [&[f32]; $n] = std::array::from_fn(|t| x[t]);
+                qdot_matrix(ty, bytes, row_bytes, &xs, &mut |j, s| store(j, &s))
+            }};
+        }
         match take {
-            8 => {
-                let x8: [&[f32]; 8] = std::array::from_fn(|t| x[t]);
-                qdot_matrix(ty, bytes, row_bytes, &x8, &mut |j, s| store(j, &s))
-            }
-            4 => qdot_matrix(
-                ty,
-                bytes,
-                row_bytes,
-                &[x[0], x[1], x[2], x[3]],
-                &mut |j, s| store(j, &s),
-            ),
-            3 => qdot_matrix(ty, bytes, row_bytes, &[x[0], x[1], x[2]], &mut |j, s| {
-                store(j, &s)
-            }),
-            2 => qdot_matrix(ty, bytes, row_bytes, &[x[0], x[1]], &mut |j, s| {
-                store(j, &s)
-            }),
-            _ => qdot_matrix(ty, bytes, row_bytes, &[x[0]], &mut |j, s| store(j, &s)),
+            8 => run!(8),
+            7 => run!(7),
+            6 => run!(6),
+            5 => run!(5),
+            4 => run!(4),
+            3 => run!(3),
+            2 => run!(2),
+            _ => run!(1),
         }
         i += take;
     }
 }
 
-/// Whether the detected kernel for `ty` holds eight activation rows' accumulators in registers
-/// (AVX-512's 32 registers, the 32-value block types), so a weight block is rebuilt once per
-/// eight rows instead of four.
-fn wide_kernel(ty: QuantType) -> bool {
-    Level::detect() == Level::Avx512
+/// Activation rows per kernel call when `left` remain. AVX-512 kernels of the 32-value block
+/// types (32 registers) tile two weight rows by up to six activation rows
+/// ([`super::qdot_x86`]), so rows go in groups of at most six, split evenly (16 = 6 + 5 + 5);
+/// other kernels take four.
+fn group_rows(ty: QuantType, left: usize) -> usize {
+    if Level::detect() == Level::Avx512
         && matches!(ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0)
+    {
+        left.div_ceil(left.div_ceil(6))
+    } else {
+        left.min(4)
+    }
 }
 
 thread_local! {

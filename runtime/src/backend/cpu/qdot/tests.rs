@@ -135,7 +135,7 @@ fn this_machine_detects_a_simd_level() {
 }
 
 /// The matrix entry point runs, at every level, the same per-row kernel as [`qdot_rows_at`]:
-/// bit-identical sums for every row of a ragged matrix, every type, 1 to 4 and 8 activation rows.
+/// bit-identical sums for every row of a ragged matrix, every type, 1 to 6 and 8 activation rows.
 #[test]
 fn matrix_rows_equal_the_row_kernel_at_every_level() {
     fn one<const N: usize>(level: Level, ty: QuantType, rows: usize, blocks: usize, seed: u64) {
@@ -172,61 +172,83 @@ fn matrix_rows_equal_the_row_kernel_at_every_level() {
                 one::<2>(level, ty, rows, blocks, seed + 1);
                 one::<3>(level, ty, rows, blocks, seed + 2);
                 one::<4>(level, ty, rows, blocks, seed + 3);
+                one::<5>(level, ty, rows, blocks, seed + 5);
+                one::<6>(level, ty, rows, blocks, seed + 6);
                 one::<8>(level, ty, rows, blocks, seed + 4);
             }
         }
     }
 }
 
-/// Single-thread kernel speed, nanoseconds per weight block, at the detected level and the
-/// scalar reference: a cache-resident row (32 KiB, compute-bound) and a 64 MiB matrix read once
-/// per pass (memory-bound), one and four activation rows. A benchmark command, not a check:
+/// Single-thread kernel speed, nanoseconds per weight block per activation row, at every level
+/// (the scalar reference only cache-resident) and, as "per-row", the one-weight-row kernel
+/// ([`qdot_rows_at`]) called row after row: a 256 KiB matrix (L2-resident, as one thread's
+/// chunk of a decode matmul) and a 64 MiB one read once per pass (memory-bound), 1 to 8
+/// activation rows of 576 values. A benchmark command, not a check:
 /// `cargo test --release -p sov --lib backend::cpu::qdot::tests::kernel_speed -- --ignored --nocapture`
 #[test]
 #[ignore = "benchmark: prints ns per block"]
 fn kernel_speed() {
     use std::time::Instant;
     fn time<const N: usize>(
-        level: Level,
+        level: Option<Level>,
         ty: QuantType,
         w: &[u8],
         row: usize,
-        xs: &[&[f32]; N],
+        x: &[Vec<f32>],
     ) -> f64 {
+        let xs: [&[f32]; N] = std::array::from_fn(|i| x[i].as_slice());
         let blocks = w.len() / ty.block_bytes();
         let reps = (64 << 20) / w.len().min(64 << 20) + 1;
         let mut best = f64::MAX;
         let mut sink = 0f32;
-        for _ in 0..7 {
+        for _ in 0..5 {
             let t = Instant::now();
             for _ in 0..reps {
-                super::qdot_matrix_at(level, ty, w, row, xs, &mut |_, s| sink += s[0]);
+                match level {
+                    Some(level) => super::qdot_matrix_at(level, ty, w, row, &xs, &mut |_, s| {
+                        sink += s.iter().sum::<f32>()
+                    }),
+                    None => {
+                        for r in w.chunks_exact(row) {
+                            sink += qdot_rows_at(Level::detect(), ty, r, &xs)
+                                .iter()
+                                .sum::<f32>();
+                        }
+                    }
+                }
             }
-            best = best.min(t.elapsed().as_secs_f64() * 1e9 / (reps * blocks) as f64);
+            best = best.min(t.elapsed().as_secs_f64() * 1e9 / (reps * blocks * N) as f64);
         }
         std::hint::black_box(sink);
         best
     }
-    for ty in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q4_0] {
+    for ty in [QuantType::Q4_1, QuantType::Q8_0] {
         let mut rng = Rng::new(7);
         let row_blocks = 576 / 32;
         let row = row_blocks * ty.block_bytes();
         let k = row_blocks * 32;
-        let x: Vec<Vec<f32>> = (0..4)
+        let x: Vec<Vec<f32>> = (0..8)
             .map(|_| (0..k).map(|_| rng.f32()).collect())
             .collect();
-        let x1: [&[f32]; 1] = [&x[0]];
-        let x4: [&[f32]; 4] = std::array::from_fn(|i| x[i].as_slice());
-        for (what, bytes) in [("L1 32 KiB", 32 << 10), ("DRAM 64 MiB", 64 << 20)] {
+        for (what, bytes) in [("L2 256 KiB", 256 << 10), ("DRAM 64 MiB", 64 << 20)] {
             let w = random_blocks(ty, bytes / row * row_blocks, &mut rng);
-            for &level in Level::available() {
-                if level == Level::Scalar && bytes > 1 << 20 {
+            let mut levels: Vec<Option<Level>> =
+                Level::available().iter().map(|l| Some(*l)).collect();
+            levels.push(None);
+            for level in levels {
+                if level == Some(Level::Scalar) && bytes > 1 << 20 {
                     continue;
                 }
                 println!(
-                    "{ty:?} {what} {level:?}: N=1 {:.2} ns/block, N=4 {:.2} ns/block",
-                    time(level, ty, &w, row, &x1),
-                    time(level, ty, &w, row, &x4)
+                    "{ty:?} {what} {}: ns/block/row N=1 {:.3}, N=2 {:.3}, N=4 {:.3}, N=5 {:.3}, N=6 {:.3}, N=8 {:.3}",
+                    level.map_or("per-row".to_string(), |l| format!("{l:?}")),
+                    time::<1>(level, ty, &w, row, &x),
+                    time::<2>(level, ty, &w, row, &x),
+                    time::<4>(level, ty, &w, row, &x),
+                    time::<5>(level, ty, &w, row, &x),
+                    time::<6>(level, ty, &w, row, &x),
+                    time::<8>(level, ty, &w, row, &x)
                 );
             }
         }
