@@ -1,6 +1,6 @@
 #!/bin/bash
 # Run from the repository root on the GPU machine after kernels/build-gpu.sh (SOV=path overrides the binary).
-# Logs: kernels/bench/logs/gpu-exactness-2026-12-01T2112.log and T2217 (its resume-* parts).
+# Logs: kernels/bench/logs/gpu-exactness-2026-12-01T2217.log and gpu-lead-checks-2026-12-03T0523.log (resumes).
 # GPU resume, Llama-3-8B shape random bf16, 16 requests x 1200 tokens: an uninterrupted reference,
 # then for each checkpoint mode (MODES, default "recompute blocks") and signal (SIGNALS, default
 # "TERM KILL"): the signal 3 s after acceptance, `--resume`, every request compared token for token.
