@@ -257,11 +257,3 @@ extern "C" __global__ void det_mma_16(float* __restrict__ out, const bf16_t* __r
                                       const bf16_t* __restrict__ w, int n, int k, int m) {
     det_mma_rows<1>(out, x, w, n, k, m);
 }
-extern "C" __global__ void det_mma_32(float* __restrict__ out, const bf16_t* __restrict__ x,
-                                      const bf16_t* __restrict__ w, int n, int k, int m) {
-    det_mma_rows<2>(out, x, w, n, k, m);
-}
-extern "C" __global__ void det_mma_64(float* __restrict__ out, const bf16_t* __restrict__ x,
-                                      const bf16_t* __restrict__ w, int n, int k, int m) {
-    det_mma_rows<4>(out, x, w, n, k, m);
-}

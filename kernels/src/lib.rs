@@ -81,7 +81,7 @@ pub enum KernelId {
     /// On-device argmax and temperature / top-k / top-p sampling.
     Sampling,
     /// Matrix-vector products for a few rows (decode at batch 1-4), bound by the weight stream;
-    /// and deterministic mode's small-row product on tensor cores (`det_mma_*`).
+    /// and deterministic mode's reference chain on tensor cores (`det_mma_16`).
     Gemv,
     /// FP8 (e4m3) W8A8: per-row quantization, the small-M product on tensor cores, a scalar
     /// product for any shape, and the rescale of an unscaled product (sm_89 and newer).
@@ -237,8 +237,6 @@ impl KernelId {
                 "gemv_swiglu",
                 "gemv_swiglu_1",
                 "det_mma_16",
-                "det_mma_32",
-                "det_mma_64",
             ],
             KernelId::Fp8 => &[
                 "quantize_rows_f32",

@@ -45,7 +45,7 @@ const GEMV_WARPS: usize = 8;
 /// CTAs per SM the one-row GEMV kernels are compiled for (`ROW_MIN_BLOCKS` in `gemv.cu`).
 const GEMV_CTAS_PER_SM: usize = 8;
 
-/// Warps (8 weight rows each) per CTA of `det_mma_*`.
+/// Warps (8 weight rows each) per CTA of `det_mma_16`.
 const DET_WARPS_PER_CTA: usize = 2;
 /// Rows of the probe product that decides a weight shape's reference-chain verdict.
 const DET_PROBE_ROWS: usize = 16;
@@ -442,7 +442,7 @@ impl CudaBackend {
         }
         // SAFETY: as above; det_mma_16 takes 16 rows, k % 16 == 0 and w % 8 == 0 were checked by
         // the caller, x is a fresh (aligned) allocation.
-        unsafe { self.launch_det_small(x.ptr(), w, got.ptr(), dims)? };
+        unsafe { self.launch_reference_chain(x.ptr(), w, got.ptr(), dims)? };
         let mut a = vec![0u8; rows * m * 4];
         let mut b = vec![0u8; rows * m * 4];
         self.download_raw(&want, 0, &mut a)?;
@@ -454,20 +454,26 @@ impl CudaBackend {
             .count();
         if differ > 0 {
             tracing::warn!(
-                "deterministic mode: the small-row kernel differs from the pinned cuBLASLt \
-                 algorithm of {m}x{k} at {differ} of {} elements; its products keep cuBLASLt",
+                "deterministic mode: cuBLASLt ({}) differs from the reference chain on {m}x{k} \
+                 at {differ} of {} elements; the shape keeps its pinned algorithm",
+                if algo.is_some() {
+                    "a per-row-count candidate"
+                } else {
+                    "the pinned algorithm"
+                },
                 rows * m
             );
         }
         Ok(differ == 0)
     }
 
-    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T` with `det_mma_16/32/64` (`gemv.cu`).
+    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T` through `det_mma_16` (`gemv.cu`), the
+    /// reference chain the probe compares cuBLASLt with.
     ///
     /// # Safety
     /// `x`, `w`, `out` must be device addresses of `n*k` bf16, `m*k` bf16 and `n*m` f32 elements,
-    /// live until the kernel has run; `n <= 64`, `k % 16 == 0`, x and w 8-byte aligned.
-    unsafe fn launch_det_small(
+    /// live until the kernel has run; `n <= 16`, `k % 16 == 0`, x and w 8-byte aligned.
+    unsafe fn launch_reference_chain(
         &self,
         x: u64,
         w: u64,
@@ -475,12 +481,12 @@ impl CudaBackend {
         dims: ProductDims,
     ) -> Result<(), BackendError> {
         let ProductDims { n, k, m } = dims;
-        let name = match n {
-            0..=16 => "det_mma_16",
-            17..=32 => "det_mma_32",
-            _ => "det_mma_64",
-        };
-        let f = self.modules.function(KernelId::Gemv, None, name)?;
+        if n > 16 {
+            return Err(BackendError::Unsupported(format!(
+                "the reference chain takes at most 16 rows, not {n}"
+            )));
+        }
+        let f = self.modules.function(KernelId::Gemv, None, "det_mma_16")?;
         let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
         let warps = m.div_ceil(8);
         let cfg = LaunchConfig {

@@ -45,7 +45,7 @@ pub(super) struct PinnedGemm {
     algos: Mutex<HashMap<(usize, usize), sys::cublasLtMatmulAlgo_t>>,
     /// Per weight shape `(m, k)`: whether the pinned algorithm's bits equalled the reference chain's
     /// (`det_mma_16` in `gemv.cu`) on the probe product (see [`super::gemm`]).
-    small: Mutex<HashMap<(usize, usize), bool>>,
+    pinned_chain: Mutex<HashMap<(usize, usize), bool>>,
     /// Per `(m, k, rows)`: the heuristic's first candidate for `rows` rows that does not split K.
     per_rows: Mutex<HashMap<(usize, usize, usize), Option<sys::cublasLtMatmulAlgo_t>>>,
     /// Per `(m, k, algorithm bytes)`: whether that algorithm's bits equalled the reference chain.
@@ -166,7 +166,7 @@ impl PinnedGemm {
             workspace,
             pick_rows: pick_rows.max(1),
             algos: Mutex::new(HashMap::new()),
-            small: Mutex::new(HashMap::new()),
+            pinned_chain: Mutex::new(HashMap::new()),
             per_rows: Mutex::new(HashMap::new()),
             verified: Mutex::new(HashMap::new()),
         })
@@ -176,16 +176,16 @@ impl PinnedGemm {
     /// (`det_mma_16` in `gemv.cu`) on the probe product: `None` until decided
     /// ([`Self::set_chain_ok`]).
     pub(super) fn chain_ok(&self, m: usize, k: usize) -> Result<Option<bool>, BackendError> {
-        let small = self
-            .small
+        let verdicts = self
+            .pinned_chain
             .lock()
             .map_err(|_| BackendError::Device("reference-chain cache poisoned".into()))?;
-        Ok(small.get(&(m, k)).copied())
+        Ok(verdicts.get(&(m, k)).copied())
     }
 
     /// Records [`Self::chain_ok`] for weight shape `(m, k)` (decided once per process).
     pub(super) fn set_chain_ok(&self, m: usize, k: usize, on: bool) -> Result<(), BackendError> {
-        self.small
+        self.pinned_chain
             .lock()
             .map_err(|_| BackendError::Device("reference-chain cache poisoned".into()))?
             .insert((m, k), on);
