@@ -257,3 +257,169 @@ extern "C" __global__ void det_mma_16(float* __restrict__ out, const bf16_t* __r
                                       const bf16_t* __restrict__ w, int n, int k, int m) {
     det_mma_rows<1>(out, x, w, n, k, m);
 }
+
+// ---------------------------------------------------------------------------------------------
+// det_gemv_8 / det_gemv_16: deterministic mode's products of up to 16 rows of x, streaming the
+// weights near copy bandwidth: out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16), plus beta * out
+// when beta != 0. Every element is det_mma_16's chain (the same mma.sync m16n8k16 steps over k
+// ascending, the same slot permutation), so the bits are det_mma_16's, and those of every split-K-1
+// cuBLASLt algorithm the host has checked against it (gemm.rs): the host may take whichever is
+// faster for a row count (det_gemv.rs).
+//
+// Design: det_mma_16 waits, step after step, on the loads that feed its chain (~450 cycles a k16
+// step; an mma.sync chain alone takes ~25 on the H200), and per-lane cp.async rings topped out at
+// ~2.6 TB/s even without any mma (kernels/bench/logs/det-gemv-2026-12-03T0734.log). Here the loads
+// leave the chain and the lanes: a CTA of WARPS warps owns 8 * WARPS weight rows and streams them,
+// with the n rows of x, through a ring of STAGES shared-memory stages of KC columns filled by 1-D
+// bulk copies (the TMA engine: one cp.async.bulk per row segment, issued by warp 0, completion
+// counted in bytes on the stage's mbarrier). Each warp keeps one chain (8 weight rows x 16 rows of
+// x) and reads its fragments from shared memory, where a row is padded by 32 bytes so the eight
+// rows a warp reads in one load fall in distinct banks. Rows past m copy row m - 1 and store
+// nothing; x rows past n read a zero row. Requires k % 16 == 0, 16-byte aligned rows of x and w
+// (k % 8 == 0, aligned bases), n <= 16.
+// Dynamic shared memory: DetGemvKernel::shared_bytes in kernels/src/lib.rs (barriers, stages, zero
+// row); the host's DET_GEMV_KERNELS lists both instantiations below with their template arguments.
+// Programmatic dependent launch: the first stages' weight copies are issued before the wait.
+#define DG_BAR_BYTES 128  // the stages' mbarriers, ahead of the ring
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+// The bulk copies and transaction-counting mbarriers are sm_90 instructions: below it these helpers
+// are empty and the host never launches det_gemv_* (det_gemv.rs checks the compute capability).
+__device__ __forceinline__ void mbar_init(u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Arrives (the barrier's one arrival) and expects `bytes` of copies before the phase completes.
+__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n.reg .pred p;\nDG_WAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra DG_WAIT;\n}\n" ::"r"(
+            smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+#endif
+}
+// Orders this thread's earlier shared-memory reads before bulk copies it issues next.
+__device__ __forceinline__ void fence_proxy_async() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Lanes of warp 0 copy rows [r_begin, r_end) of a stage (rows < R: weight rows from row0; then the
+// x rows), columns k0 .. k0 + min(KC, k - k0).
+template <int R, int KC>
+__device__ __forceinline__ void dg_copy_rows(bf16_t* stage, u64* bar, const bf16_t* __restrict__ x,
+                                             const bf16_t* __restrict__ w, int row0, int m, int k, int k0,
+                                             int r_begin, int r_end) {
+    const u32 bytes = (u32)min(KC, k - k0) * 2;
+    for (int r = r_begin + (int)(threadIdx.x & 31); r < r_end; r += 32) {
+        const bf16_t* src = r < R ? w + (size_t)min(row0 + r, m - 1) * k : x + (size_t)(r - R) * k;
+        bulk_copy(stage + r * (KC + 16), src + k0, bytes, bar);
+    }
+}
+
+// One k16 step of the warp's chain: x fragment (rows g and g + 8) and weight fragment from shared
+// memory; slots (2t, 2t+1) hold k0+4t, +1 and slots (8+2t, 9+2t) hold k0+4t+2, +3.
+__device__ __forceinline__ void dg_step(float (&d)[4], const uint2* xa, const uint2* xb, const uint2* wq, int s) {
+    const uint2 va = xa[4 * s], vb = xb[4 * s], wv = wq[4 * s];
+    mma_bf16_16816(d, va.x, vb.x, va.y, vb.y, wv.x, wv.y);
+}
+
+template <int WARPS, int KC, int STAGES>
+__device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf16_t* __restrict__ x,
+                                              const bf16_t* __restrict__ w, int n, int k, int m, float beta) {
+    constexpr int R = WARPS * 8, PITCH = KC + 16;
+    extern __shared__ __align__(128) unsigned char dg_smem[];
+    u64* bars = (u64*)dg_smem;                             // [STAGES]
+    bf16_t* ring = (bf16_t*)(dg_smem + DG_BAR_BYTES);      // [STAGES][R + n][PITCH] bf16
+    const int stage_elems = (R + n) * PITCH;
+    bf16_t* zero = ring + STAGES * stage_elems;            // [PITCH] zeros
+    for (int i = threadIdx.x; i < PITCH / 8; i += 32 * WARPS) ((uint4*)zero)[i] = make_uint4(0, 0, 0, 0);
+    const int row0 = blockIdx.x * R;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nst = (k + KC - 1) / KC;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < STAGES; s++) mbar_init(&bars[s]);
+    __syncthreads();
+    const auto stage_bytes = [&](int s) { return (u32)(R + n) * (u32)min(KC, k - s * KC) * 2; };
+    // Weights of the first stages before the wait (nothing earlier in the stream writes them),
+    // x only after it.
+    if (warp == 0)
+        for (int s = 0; s < STAGES && s < nst; s++) {
+            if (lane == 0) mbar_expect(&bars[s], stage_bytes(s));
+            __syncwarp();
+            dg_copy_rows<R, KC>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, s * KC, 0, R);
+        }
+    wait_for_prerequisites();
+    if (warp == 0)
+        for (int s = 0; s < STAGES && s < nst; s++)
+            dg_copy_rows<R, KC>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, s * KC, R, R + n);
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int st = 0; st < nst; st++) {
+        mbar_wait(&bars[st % STAGES], (u32)((st / STAGES) & 1));
+        const bf16_t* sw = ring + (st % STAGES) * stage_elems;
+        const bf16_t* sx = sw + R * PITCH;
+        const uint2* wq = (const uint2*)(sw + (warp * 8 + g) * PITCH) + t;
+        // x rows past n read the zero row: no branch inside the steps, so their loads run ahead.
+        const uint2* xa = (const uint2*)(g < n ? sx + g * PITCH : zero) + t;
+        const uint2* xb = (const uint2*)(g + 8 < n ? sx + (g + 8) * PITCH : zero) + t;
+        const int steps = min(KC, k - st * KC) / 16;
+        if (steps == KC / 16) {
+#pragma unroll
+            for (int s = 0; s < KC / 16; s++) dg_step(d, xa, xb, wq, s);
+        } else {
+            for (int s = 0; s < steps; s++) dg_step(d, xa, xb, wq, s);
+        }
+        __syncthreads();  // every warp is done with stage st's buffer, refilled next
+        const int nx = st + STAGES;
+        if (warp == 0 && nx < nst) {
+            fence_proxy_async();  // the reads of this buffer before its refill
+            const int b = st % STAGES;
+            if (lane == 0) mbar_expect(&bars[b], stage_bytes(nx));
+            __syncwarp();
+            dg_copy_rows<R, KC>(ring + b * stage_elems, &bars[b], x, w, row0, m, k, nx * KC, 0, R + n);
+        }
+    }
+    allow_dependents_early();
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        // Accumulator q: row g (+8 for q >= 2) of x, weight row 2t + (q & 1) of the warp's 8.
+        const int xr = g + (q >= 2 ? 8 : 0), wr = row0 + warp * 8 + 2 * t + (q & 1);
+        if (xr < n && wr < m) {
+            float* o = out + (size_t)xr * m + wr;
+            *o = beta == 0.f ? d[q] : d[q] + beta * *o;
+        }
+    }
+}
+
+// 8 weight rows a CTA, 4 stages of 512 columns (fastest at 1-4 rows for Llama-3-8B's o and down).
+extern "C" __global__ void __launch_bounds__(32)
+det_gemv_8(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k, int m,
+           float beta) {
+    det_gemv_rows<1, 512, 4>(out, x, w, n, k, m, beta);
+}
+
+// 16 weight rows a CTA (x rows shared by two warps), 3 stages of 512 columns (better at 8-16 rows).
+extern "C" __global__ void __launch_bounds__(64)
+det_gemv_16(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k, int m,
+            float beta) {
+    det_gemv_rows<2, 512, 3>(out, x, w, n, k, m, beta);
+}

@@ -38,6 +38,53 @@ pub fn decode_mma_shared_bytes(head_dim: usize, stages: usize) -> usize {
     4 * stages * 2 * 16 * head_dim * 2
 }
 
+/// A deterministic-mode small-row kernel of `gemv.cu` (`det_gemv_8`, `det_gemv_16`): weight rows
+/// a CTA, columns a stage and stages of its shared-memory ring (the template arguments of each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DetGemvKernel {
+    /// The `extern "C"` name in `gemv.cu`.
+    pub name: &'static str,
+    /// Weight rows a CTA (8 per warp).
+    pub rows_per_cta: usize,
+    /// Columns of k a stage holds.
+    pub stage_cols: usize,
+    /// Stages of the ring.
+    pub stages: usize,
+}
+
+/// Most rows of x a [`DetGemvKernel`] takes.
+pub const DET_GEMV_MAX_ROWS: usize = 16;
+
+/// The deterministic small-row kernels, as `gemv.cu` instantiates them.
+pub const DET_GEMV_KERNELS: [DetGemvKernel; 2] = [
+    DetGemvKernel {
+        name: "det_gemv_8",
+        rows_per_cta: 8,
+        stage_cols: 512,
+        stages: 4,
+    },
+    DetGemvKernel {
+        name: "det_gemv_16",
+        rows_per_cta: 16,
+        stage_cols: 512,
+        stages: 3,
+    },
+];
+
+impl DetGemvKernel {
+    /// Threads a CTA (a warp per 8 weight rows).
+    pub fn threads(&self) -> usize {
+        4 * self.rows_per_cta
+    }
+
+    /// Dynamic shared memory of a launch for `rows` rows of x: the stages' mbarriers
+    /// (`DG_BAR_BYTES`), `stages` stages of `rows_per_cta + rows` rows of `stage_cols + 16` bf16
+    /// (32 bytes of padding a row), and one zero row.
+    pub fn shared_bytes(&self, rows: usize) -> usize {
+        128 + (self.stages * (self.rows_per_cta + rows) + 1) * (self.stage_cols + 16) * 2
+    }
+}
+
 /// Error reading a kernel source from a directory ([`KernelId::source_from_dir`]).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read kernel source {path}: {source}")]
@@ -237,6 +284,8 @@ impl KernelId {
                 "gemv_swiglu",
                 "gemv_swiglu_1",
                 "det_mma_16",
+                "det_gemv_8",
+                "det_gemv_16",
             ],
             KernelId::Fp8 => &[
                 "quantize_rows_f32",

@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
+use super::gemm::ProductDims;
 use super::reference as cpu;
 use super::tests::{device_with, weight};
 use super::{CudaBackend, CudaBuffer};
@@ -114,6 +115,71 @@ fn products_are_batch_invariant() {
                 Some(false) => "differs from the pinned algorithm (pinned algorithm only)",
                 None => "not applicable (k % 16 != 0; pinned algorithm only)",
             }
+        );
+    }
+}
+
+/// Both small-row kernels (`det_gemv_8`, `det_gemv_16`), whichever the timing would pick, give
+/// the reference chain's bits (`det_mma_16`) at every row count 1..=16, with beta 0 and 1, on
+/// Llama-3-8B's o shape and odd ones (k not a multiple of the 512-column stage, m not of the CTA's
+/// rows); and the chain is within bf16 bounds of the CPU product.
+#[test]
+fn small_row_kernels_give_the_reference_chain() {
+    let Some(b) = deterministic() else { return };
+    for (k, m) in [(4096, 4096), (1008, 1000), (1040, 333), (576, 3072)] {
+        let seed = (k * 7 + m) as u64;
+        let x = cpu::round_bf16(&cpu::random(16 * k, 1.0, seed)); // [16, k]
+        let w = cpu::round_bf16(&cpu::random(m * k, 0.5, seed + 1)); // [m, k]
+        let (xb, wb) = (weight(&b, &x, vec![16, k]), weight(&b, &w, vec![m, k]));
+        let reference = b.alloc(DType::F32, 16 * m).unwrap(); // [16, m]
+        let dims = |n| ProductDims { n, k, m };
+        // SAFETY: xb holds 16*k bf16, wb m*k, reference 16*m f32; k % 16 == 0; fresh allocations
+        // are aligned; all live until the download below waits for the stream.
+        unsafe { b.launch_reference_chain(xb.ptr(), wb.ptr(), reference.ptr(), dims(16)) }.unwrap();
+        let want = f32s(&b, &reference, 16 * m);
+        let e = cpu::rel_err(&want, &cpu::matmul(&x, &w, 16, k, m));
+        assert!(e <= 1e-2, "{k}x{m}: reference chain off the CPU by {e}");
+        let old = cpu::random(16 * m, 1.0, seed + 2); // [16, m]: what beta = 1 adds
+        for kernel in sov_kernels::DET_GEMV_KERNELS {
+            for rows in 1..=16 {
+                for beta in [0.0f32, 1.0] {
+                    let start: Vec<f32> = if beta == 0.0 {
+                        vec![f32::NAN; rows * m] // never read
+                    } else {
+                        old[..rows * m].to_vec()
+                    };
+                    let out = b.upload_f32(&start).unwrap(); // [rows, m]
+                    // SAFETY: as above, for `rows` rows; rows <= 16.
+                    unsafe {
+                        b.launch_det_gemv(kernel, xb.ptr(), wb.ptr(), out.ptr(), dims(rows), beta)
+                    }
+                    .unwrap();
+                    let got = f32s(&b, &out, rows * m);
+                    let bad = (0..rows * m).find(|&i| {
+                        let expect = if beta == 0.0 {
+                            want[i]
+                        } else {
+                            want[i] + old[i]
+                        };
+                        got[i].to_bits() != expect.to_bits()
+                    });
+                    if let Some(i) = bad {
+                        panic!(
+                            "{} {k}x{m}, {rows} rows, beta {beta}: row {} col {} is {}, the \
+                             reference chain gives {}",
+                            kernel.name,
+                            i / m,
+                            i % m,
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+        println!(
+            "det_gemv_8 and det_gemv_16 {k}x{m}: 1..=16 rows, beta 0 and 1, equal to the reference \
+             chain bit for bit (chain vs CPU: rel err {e:.2e})"
         );
     }
 }

@@ -9,6 +9,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
 use super::buffer::CudaBuffer;
+use super::det_gemv::SmallPicks;
 use super::gemm_fp8::{FP8_WORKSPACE_BYTES, Fp8Gemm};
 use super::gemm_pinned::{PinnedGemm, WORKSPACE_BYTES};
 use super::modules::ModuleCache;
@@ -51,6 +52,9 @@ pub struct CudaBackend {
     /// Deterministic mode's products ([`super::gemm_pinned`]); `None` unless
     /// [`CudaTuning::deterministic`].
     pub(super) pinned: Option<PinnedGemm>,
+    /// Deterministic mode's pick, per product of few rows, between cuBLASLt and sov's kernels
+    /// ([`super::det_gemv`]).
+    pub(super) det_picks: SmallPicks,
     /// FP8 products through cuBLASLt ([`super::gemm_fp8`]); `None` unless
     /// [`CudaTuning::quantization`] is FP8.
     pub(super) fp8: Option<Fp8Gemm>,
@@ -180,6 +184,7 @@ impl CudaBackend {
             scratch: Mutex::new(Scratch::default()),
             precise: false,
             pinned: None,
+            det_picks: SmallPicks::default(),
             fp8: None,
         };
         if backend.tuning.deterministic {

@@ -21,7 +21,9 @@
 //! algorithm that does not split K: the heuristic's first such one for its row count, where that
 //! one and the weight shape's pinned algorithm both gave the bits of the reference chain
 //! (`det_mma_16` in `gemv.cu`) on a probe product, else the pinned one. Every algorithm used gives
-//! the same bits, so a row's result does not depend on the rows beside it.
+//! the same bits, so a row's result does not depend on the rows beside it. Products of up to 16
+//! rows may instead run on sov's own kernels of the same bits where they are faster
+//! ([`super::det_gemv`]).
 //! A weight stored in FP8 (`--quantization fp8`, [`crate::backend::DType::F8E4M3`]) goes to the
 //! FP8 W8A8 path instead ([`super::fp8`]), at any row count.
 
@@ -67,11 +69,11 @@ fn probe_bf16(i: u64) -> u16 {
 
 /// Sizes of a product `out[n, m] = x[n, k] @ w[m, k]^T` (for the SwiGLU GEMV, `m` is the output
 /// width `f`: the weight has `2 * f` rows).
-#[derive(Debug, Clone, Copy)]
-struct ProductDims {
-    n: usize,
-    k: usize,
-    m: usize,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct ProductDims {
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) m: usize,
 }
 
 /// Warps per weight row for a product of `rows` rows on `sm_count` SMs: the most (up to 8) whose
@@ -381,7 +383,7 @@ impl CudaBackend {
     }
 
     /// Whether this backend's stream is being captured into a graph.
-    fn stream_capturing(&self) -> Result<bool, BackendError> {
+    pub(super) fn stream_capturing(&self) -> Result<bool, BackendError> {
         let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: the stream is this backend's, alive; `status` is a valid out-parameter.
         unsafe { cudarc::driver::sys::cuStreamIsCapturing(self.stream.cu_stream(), &mut status) }
@@ -473,7 +475,7 @@ impl CudaBackend {
     /// # Safety
     /// `x`, `w`, `out` must be device addresses of `n*k` bf16, `m*k` bf16 and `n*m` f32 elements,
     /// live until the kernel has run; `n <= 16`, `k % 16 == 0`, x and w 8-byte aligned.
-    unsafe fn launch_reference_chain(
+    pub(super) unsafe fn launch_reference_chain(
         &self,
         x: u64,
         w: u64,
@@ -521,6 +523,11 @@ impl CudaBackend {
         let (mi, ni, ki) = (to_dim(m)?, to_dim(n)?, to_dim(k)?);
         if let Some(pinned) = &self.pinned {
             let algo = self.det_algo(pinned, w, dims)?;
+            if let Some(kernel) = self.det_small_pick(pinned, algo, x, w, dims)? {
+                // SAFETY: as below; det_small_pick checked the kernel's conditions (n <= 16,
+                // k % 16 == 0, 16-byte aligned x and w).
+                return unsafe { self.launch_det_gemv(kernel, x, w, out, dims, beta) };
+            }
             // SAFETY: as below; the product runs on this backend's stream.
             return unsafe {
                 pinned.matmul(

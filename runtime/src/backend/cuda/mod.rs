@@ -28,6 +28,7 @@ mod attention_rows;
 mod backend_impl;
 mod buffer;
 mod decode_scratch;
+mod det_gemv;
 mod device;
 mod fp8;
 mod gemm;

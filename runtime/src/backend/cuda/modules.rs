@@ -145,6 +145,10 @@ impl ModuleCache {
                 KernelId::DecodeAttentionMma => {
                     sov_kernels::decode_mma_shared_bytes(head_dim, build.decode_stages)
                 }
+                KernelId::Gemv => sov_kernels::DET_GEMV_KERNELS
+                    .iter()
+                    .find(|d| d.name == name)
+                    .map_or(0, |d| d.shared_bytes(sov_kernels::DET_GEMV_MAX_ROWS)),
                 _ => 0,
             };
             if dynamic_shared > 0 {

@@ -1,0 +1,223 @@
+//! Deterministic mode's products of few rows on sov's own kernels (`det_gemv_8`, `det_gemv_16` in
+//! `gemv.cu`), which give bit for bit the reference chain's result (`det_mma_16`: one mma.sync
+//! m16n8k16 chain over K per element), as every split-K-1 cuBLASLt algorithm the probe has checked
+//! does ([`super::gemm`]).
+//!
+//! Design: a product of at most [`DET_GEMV_MAX_ROWS`] rows whose weight shape passed the probe
+//! takes, once per process, shape and row count, the fastest of cuBLASLt (the algorithm
+//! `det_algo` chose) and the two kernels, timed with CUDA events on the real operands into a
+//! scratch output, each launch after a write of [`FLUSH_BYTES`] that empties the L2 (in a decode
+//! step a weight is never in L2 either); a kernel is taken only if it beats cuBLASLt by
+//! [`MIN_GAIN`]. Every candidate gives the same bits, so another pick in another process (timing
+//! noise, another GPU) changes no token. Decided outside graph captures only (a step is captured
+//! after one eager run of it): an undecided product inside a capture takes cuBLASLt. Below compute
+//! capability 9.0 (no bulk copies) every product stays on cuBLASLt.
+//! On the H200 (`kernels/bench/gpu-det-gemv.sh`, Llama-3-8B shapes, one row): o 14.3 vs 26.5 us
+//! on cuBLASLt, down 35.5 vs ~53 us; qkv, gate/up and the lm head stay on cuBLASLt.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use cudarc::driver::LaunchConfig;
+use sov_kernels::{DET_GEMV_KERNELS, DET_GEMV_MAX_ROWS, DetGemvKernel, KernelId};
+
+use super::device::{CudaBackend, driver_err};
+use super::gemm::ProductDims;
+use super::gemm_pinned::PinnedGemm;
+use super::ops::to_i32;
+use super::pdl::arg;
+use crate::backend::{BackendError, DType};
+
+/// Bytes written before each timed launch so that no weight is in the L2 (50 MB on an H200).
+const FLUSH_BYTES: usize = 128 << 20;
+/// Timed launches per candidate (after one warm-up); the median counts.
+const TIMED_LAUNCHES: usize = 5;
+/// A kernel replaces cuBLASLt only when its median is at most this fraction of cuBLASLt's.
+const MIN_GAIN: f32 = 0.97;
+
+/// Which implementation serves a small deterministic product: `None` for cuBLASLt, else the
+/// kernel.
+type SmallPick = Option<DetGemvKernel>;
+
+/// The per-process picks, by product size.
+#[derive(Default)]
+pub(super) struct SmallPicks(Mutex<HashMap<ProductDims, SmallPick>>);
+
+impl SmallPicks {
+    fn get(&self, dims: ProductDims) -> Result<Option<SmallPick>, BackendError> {
+        Ok(self.lock()?.get(&dims).copied())
+    }
+
+    fn set(&self, dims: ProductDims, pick: SmallPick) -> Result<(), BackendError> {
+        self.lock()?.insert(dims, pick);
+        Ok(())
+    }
+
+    fn lock(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, HashMap<ProductDims, SmallPick>>, BackendError> {
+        self.0
+            .lock()
+            .map_err(|_| BackendError::Device("deterministic pick lock poisoned".into()))
+    }
+}
+
+impl CudaBackend {
+    /// The kernel that serves this deterministic product, or `None` for cuBLASLt (with `algo`,
+    /// `det_algo`'s choice): see the module doc. `x` and `w` are device addresses.
+    pub(super) fn det_small_pick(
+        &self,
+        pinned: &PinnedGemm,
+        algo: Option<cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
+        x: u64,
+        w: u64,
+        dims: ProductDims,
+    ) -> Result<SmallPick, BackendError> {
+        let ProductDims { n, k, m } = dims;
+        // The bulk copies need 16-byte aligned rows; the chain needs k in k16 steps.
+        if n == 0
+            || n > DET_GEMV_MAX_ROWS
+            || !k.is_multiple_of(16)
+            || !x.is_multiple_of(16)
+            || !w.is_multiple_of(16)
+            || pinned.chain_ok(m, k)? != Some(true)
+        {
+            return Ok(None);
+        }
+        if let Some(pick) = self.det_picks.get(dims)? {
+            return Ok(pick);
+        }
+        if self.stream_capturing()? {
+            return Ok(None);
+        }
+        // The kernels' bulk copies and mbarriers need compute capability 9.0.
+        let (major, _) = self.ctx.compute_capability().map_err(driver_err)?;
+        let pick = if major >= 9 {
+            self.time_small_candidates(pinned, algo, x, w, dims)?
+        } else {
+            None
+        };
+        self.det_picks.set(dims, pick)?;
+        Ok(pick)
+    }
+
+    /// Times cuBLASLt and each kernel on this product (see the module doc) and returns the pick.
+    fn time_small_candidates(
+        &self,
+        pinned: &PinnedGemm,
+        algo: Option<cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
+        x: u64,
+        w: u64,
+        dims: ProductDims,
+    ) -> Result<SmallPick, BackendError> {
+        let ProductDims { n, k, m } = dims;
+        let scratch = self.alloc_zeroed(DType::F32, n * m)?; // [n, m]
+        let mut flush = self.alloc_zeroed(DType::U32, FLUSH_BYTES / 4)?; // [FLUSH_BYTES / 4]
+        let out = scratch.ptr();
+        let mut times = Vec::with_capacity(1 + DET_GEMV_KERNELS.len());
+        for pick in std::iter::once(None).chain(DET_GEMV_KERNELS.iter().copied().map(Some)) {
+            let mut launch = || match pick {
+                // SAFETY: x holds n*k bf16 and w m*k bf16 (the caller's contract), out n*m f32;
+                // all live until the synchronisation in `median_ms`.
+                None => unsafe {
+                    pinned.matmul(
+                        self.stream.cu_stream() as _,
+                        x,
+                        w,
+                        out,
+                        (n, k, m),
+                        0.0,
+                        algo,
+                    )
+                },
+                // SAFETY: as above; the kernel's conditions were checked by the caller.
+                Some(kernel) => unsafe { self.launch_det_gemv(kernel, x, w, out, dims, 0.0) },
+            };
+            let ms = self.median_ms(&mut flush, &mut launch)?;
+            times.push((pick, ms));
+        }
+        let cublas = times[0].1;
+        let (pick, best) =
+            times[1..]
+                .iter()
+                .copied()
+                .fold((None, cublas * MIN_GAIN), |acc, (p, t)| {
+                    if t < acc.1 { (p, t) } else { acc }
+                });
+        tracing::debug!(
+            "deterministic product {n}x{k} @ {m}x{k}^T: cuBLASLt {cublas:.4} ms, kernels {:?}; \
+             picked {} ({best:.4} ms)",
+            &times[1..],
+            pick.map_or("cuBLASLt", |p| p.name)
+        );
+        Ok(pick)
+    }
+
+    /// Median milliseconds of [`TIMED_LAUNCHES`] runs of `launch` (after one warm-up), each after
+    /// a write of `flush`.
+    fn median_ms(
+        &self,
+        flush: &mut super::CudaBuffer,
+        launch: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<f32, BackendError> {
+        launch()?;
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut times = Vec::with_capacity(TIMED_LAUNCHES);
+        for _ in 0..TIMED_LAUNCHES {
+            self.stream
+                .memset_zeros(&mut flush.mem)
+                .map_err(driver_err)?;
+            let start = self.ctx.new_event(flags).map_err(driver_err)?;
+            let end = self.ctx.new_event(flags).map_err(driver_err)?;
+            start.record(&self.stream).map_err(driver_err)?;
+            launch()?;
+            end.record(&self.stream).map_err(driver_err)?;
+            end.synchronize().map_err(driver_err)?;
+            times.push(start.elapsed_ms(&end).map_err(driver_err)?);
+        }
+        times.sort_by(f32::total_cmp);
+        Ok(times[TIMED_LAUNCHES / 2])
+    }
+
+    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (+ beta * out)` through `kernel`.
+    ///
+    /// # Safety
+    /// `x`, `w`, `out` must be device addresses of `n*k` bf16, `m*k` bf16 and `n*m` f32 elements,
+    /// live until the kernel has run; `1 <= n <= 16`, `k % 16 == 0`, x and w 16-byte aligned.
+    pub(super) unsafe fn launch_det_gemv(
+        &self,
+        kernel: DetGemvKernel,
+        x: u64,
+        w: u64,
+        out: u64,
+        dims: ProductDims,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        let ProductDims { n, k, m } = dims;
+        let f = self.modules.function(KernelId::Gemv, None, kernel.name)?;
+        let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_i32(m.div_ceil(kernel.rows_per_cta), "grid")? as u32,
+                1,
+                1,
+            ),
+            block_dim: (kernel.threads() as u32, 1, 1),
+            shared_mem_bytes: kernel.shared_bytes(n) as u32,
+        };
+        let mut params = [
+            arg(&out),
+            arg(&x),
+            arg(&w),
+            arg(&ni),
+            arg(&ki),
+            arg(&mi),
+            arg(&beta),
+        ];
+        // SAFETY: the parameters are the kernel's (out, x, w, n, k, m, beta) in order, alive for
+        // the call; the sizes are the caller's contract; the shared memory was allowed at load
+        // (modules.rs, for 16 rows); before its wait for the prerequisites the kernel reads only
+        // w, which no kernel writes.
+        unsafe { self.launch_overlapping(&f, cfg, &mut params) }
+    }
+}
