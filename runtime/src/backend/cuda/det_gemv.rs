@@ -111,8 +111,21 @@ impl CudaBackend {
         dims: ProductDims,
     ) -> Result<SmallPick, BackendError> {
         let ProductDims { n, k, m } = dims;
-        let scratch = self.alloc_zeroed(DType::F32, n * m)?; // [n, m]
-        let mut flush = self.alloc_zeroed(DType::U32, FLUSH_BYTES / 4)?; // [FLUSH_BYTES / 4]
+        // Without room for the timing buffers (a KV cache sized to fill the device), keep cuBLASLt.
+        let buffers = self
+            .alloc_zeroed(DType::F32, n * m)
+            .and_then(|scratch| Ok((scratch, self.alloc_zeroed(DType::U32, FLUSH_BYTES / 4)?)));
+        let (scratch, mut flush) = match buffers {
+            Ok(b) => b, // [n, m] f32 output, [FLUSH_BYTES / 4] u32
+            Err(BackendError::OutOfMemory { bytes }) => {
+                tracing::debug!(
+                    "deterministic product {n}x{k} @ {m}x{k}^T: no room to time the kernels \
+                     ({bytes} bytes); cuBLASLt kept"
+                );
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
         let out = scratch.ptr();
         let mut times = Vec::with_capacity(1 + DET_GEMV_KERNELS.len());
         for pick in std::iter::once(None).chain(DET_GEMV_KERNELS.iter().copied().map(Some)) {
