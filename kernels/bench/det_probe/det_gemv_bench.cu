@@ -17,22 +17,7 @@
 
 #include "gemv.cu"
 
-#define CK(x)                                                                    \
-    do {                                                                         \
-        cudaError_t e_ = (x);                                                    \
-        if (e_ != cudaSuccess) {                                                 \
-            printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
-#define LK(x)                                                           \
-    do {                                                                \
-        cublasStatus_t s_ = (x);                                        \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                              \
-            printf("cublasLt %s at %d: %d\n", #x, __LINE__, (int)s_);   \
-            exit(1);                                                    \
-        }                                                               \
-    } while (0)
+#include "lt_bench.cuh"
 
 __device__ u32 bh32(u64 x) {
     x ^= x >> 33;
@@ -72,29 +57,6 @@ static void launch(const Var& v, float* o, const bf16_t* x, const bf16_t* w, int
     v.f<<<grid, 32 * v.warps, v.smem(n)>>>(o, x, w, n, k, m, beta);
 }
 
-struct Lt {
-    cublasLtHandle_t h;
-    void* ws;
-    size_t wsb = 32u << 20;
-};
-struct Prob {
-    cublasLtMatmulDesc_t d;
-    cublasLtMatrixLayout_t a, b, c;
-    Prob(int m, int n, int k) {
-        LK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        cublasOperation_t tr = CUBLAS_OP_T;
-        LK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof(tr)));
-        LK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, m, k));
-        LK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, n, k));
-        LK(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, m, n, m));
-    }
-    ~Prob() {
-        cublasLtMatrixLayoutDestroy(a);
-        cublasLtMatrixLayoutDestroy(b);
-        cublasLtMatrixLayoutDestroy(c);
-        cublasLtMatmulDescDestroy(d);
-    }
-};
 static uint64_t splitk(const cublasLtMatmulAlgo_t& al) {
     uint64_t v = 0;
     size_t wr = 0;

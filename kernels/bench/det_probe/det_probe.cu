@@ -17,22 +17,7 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                               \
-    do {                                                                                    \
-        cudaError_t e_ = (x);                                                               \
-        if (e_ != cudaSuccess) {                                                            \
-            printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e_));            \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
-#define LK(x)                                                                               \
-    do {                                                                                    \
-        cublasStatus_t s_ = (x);                                                            \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-            printf("cublasLt %s at %d: %d\n", #x, __LINE__, (int)s_);                        \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "lt_bench.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -182,30 +167,6 @@ __global__ void fast_mma(float* __restrict__ out, const bf16* __restrict__ x, co
 
 typedef void (*FastFn)(float*, const bf16*, const bf16*, int, int, int);
 
-struct Lt {
-    cublasLtHandle_t h;
-    void* ws;
-    size_t wsb = 32u << 20;
-};
-
-struct Prob {
-    cublasLtMatmulDesc_t d;
-    cublasLtMatrixLayout_t a, b, c;
-    Prob(int m, int n, int k) {
-        LK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        cublasOperation_t tr = CUBLAS_OP_T;
-        LK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof(tr)));
-        LK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, m, k));
-        LK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, n, k));
-        LK(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, m, n, m));
-    }
-    ~Prob() {
-        cublasLtMatrixLayoutDestroy(a);
-        cublasLtMatrixLayoutDestroy(b);
-        cublasLtMatrixLayoutDestroy(c);
-        cublasLtMatmulDescDestroy(d);
-    }
-};
 
 static uint64_t cfg(const cublasLtMatmulAlgo_t& al, cublasLtMatmulAlgoConfigAttributes_t at) {
     size_t need = 0;
