@@ -150,17 +150,18 @@ impl CudaBackend {
             times.push((pick, ms));
         }
         let cublas = times[0].1;
-        let (pick, best) =
-            times[1..]
-                .iter()
-                .copied()
-                .fold((None, cublas * MIN_GAIN), |acc, (p, t)| {
-                    if t < acc.1 { (p, t) } else { acc }
-                });
+        let pick = times[1..]
+            .iter()
+            .filter(|(_, t)| *t <= cublas * MIN_GAIN)
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .and_then(|(p, _)| *p);
+        let timed: Vec<String> = times
+            .iter()
+            .map(|(p, t)| format!("{} {t:.4} ms", p.map_or("cuBLASLt", |k| k.name)))
+            .collect();
         tracing::debug!(
-            "deterministic product {n}x{k} @ {m}x{k}^T: cuBLASLt {cublas:.4} ms, kernels {:?}; \
-             picked {} ({best:.4} ms)",
-            &times[1..],
+            "deterministic product {n}x{k} @ {m}x{k}^T: {}; picked {}",
+            timed.join(", "),
             pick.map_or("cuBLASLt", |p| p.name)
         );
         Ok(pick)
