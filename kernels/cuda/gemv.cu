@@ -269,12 +269,16 @@ extern "C" __global__ void det_mma_16(float* __restrict__ out, const bf16_t* __r
 // Design: det_mma_16 waits, step after step, on the loads that feed its chain (~450 cycles a k16
 // step; an mma.sync chain alone takes ~25 on the H200), and per-lane cp.async rings topped out at
 // ~2.6 TB/s even without any mma (kernels/bench/logs/det-gemv-2026-12-03T0734.log). Here the loads
-// leave the chain and the lanes: a CTA of WARPS warps owns 8 * WARPS weight rows and streams them,
+// leave the chain and the lanes: a CTA of WARPS warps owns 8 * WARPS * CHAINS weight rows and streams them,
 // with the n rows of x, through a ring of STAGES shared-memory stages of KC columns filled by 1-D
 // bulk copies (the TMA engine: one cp.async.bulk per row segment, issued by warp 0, completion
-// counted in bytes on the stage's mbarrier). Each warp keeps one chain (8 weight rows x 16 rows of
-// x) and reads its fragments from shared memory, where a row is padded by 32 bytes so the eight
-// rows a warp reads in one load fall in distinct banks. Rows past m copy row m - 1 and store
+// counted in bytes on the stage's mbarrier). Each warp keeps CHAINS chains (8 weight rows x 16
+// rows of x each: one x fragment a step feeds them all, and their mma steps overlap, as one chain's
+// latency, ~25 cycles a step, would otherwise bound a warp) and reads its fragments from shared
+// memory, where a row is padded by 32 bytes so the eight rows a warp reads in one load fall in
+// distinct banks. More weight rows a CTA also means fewer copies of x a weight byte: at 16 rows of
+// x, x is as many bytes a stage as 16 weight rows, and total bytes in (L2 hits included) bounded
+// every tiling at ~4.5 TB/s (det-gemv-2026-12-03T0734.log). Rows past m copy row m - 1 and store
 // nothing; x rows past n read a zero row. Requires k % 16 == 0, 16-byte aligned rows of x and w
 // (k % 8 == 0, aligned bases), n <= 16.
 // Dynamic shared memory: DetGemvKernel::shared_bytes in kernels/src/lib.rs (barriers, stages, zero
@@ -336,17 +340,24 @@ __device__ __forceinline__ void dg_copy_rows(bf16_t* stage, u64* bar, const bf16
     }
 }
 
-// One k16 step of the warp's chain: x fragment (rows g and g + 8) and weight fragment from shared
-// memory; slots (2t, 2t+1) hold k0+4t, +1 and slots (8+2t, 9+2t) hold k0+4t+2, +3.
-__device__ __forceinline__ void dg_step(float (&d)[4], const uint2* xa, const uint2* xb, const uint2* wq, int s) {
-    const uint2 va = xa[4 * s], vb = xb[4 * s], wv = wq[4 * s];
-    mma_bf16_16816(d, va.x, vb.x, va.y, vb.y, wv.x, wv.y);
+// One k16 step of the warp's CHAINS chains: the x fragment (rows g and g + 8) once, then each
+// chain's weight fragment (8 rows apart) from shared memory; slots (2t, 2t+1) hold k0+4t, +1 and
+// slots (8+2t, 9+2t) hold k0+4t+2, +3.
+template <int CHAINS, int PITCH>
+__device__ __forceinline__ void dg_step(float (&d)[CHAINS][4], const uint2* xa, const uint2* xb, const uint2* wq,
+                                        int s) {
+    const uint2 va = xa[4 * s], vb = xb[4 * s];
+#pragma unroll
+    for (int c = 0; c < CHAINS; c++) {
+        const uint2 wv = wq[c * 2 * PITCH + 4 * s];  // 8 rows of PITCH bf16 = 2 * PITCH uint2
+        mma_bf16_16816(d[c], va.x, vb.x, va.y, vb.y, wv.x, wv.y);
+    }
 }
 
-template <int WARPS, int KC, int STAGES>
+template <int WARPS, int CHAINS, int KC, int STAGES>
 __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf16_t* __restrict__ x,
                                               const bf16_t* __restrict__ w, int n, int k, int m, float beta) {
-    constexpr int R = WARPS * 8, PITCH = KC + 16;
+    constexpr int R = WARPS * 8 * CHAINS, PITCH = KC + 16;
     extern __shared__ __align__(128) unsigned char dg_smem[];
     u64* bars = (u64*)dg_smem;                             // [STAGES]
     bf16_t* ring = (bf16_t*)(dg_smem + DG_BAR_BYTES);      // [STAGES][R + n][PITCH] bf16
@@ -372,21 +383,23 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
     if (warp == 0)
         for (int s = 0; s < STAGES && s < nst; s++)
             dg_copy_rows<R, KC>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, s * KC, R, R + n);
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    float d[CHAINS][4];
+#pragma unroll
+    for (int c = 0; c < CHAINS; c++) d[c][0] = d[c][1] = d[c][2] = d[c][3] = 0.f;
     for (int st = 0; st < nst; st++) {
         mbar_wait(&bars[st % STAGES], (u32)((st / STAGES) & 1));
         const bf16_t* sw = ring + (st % STAGES) * stage_elems;
         const bf16_t* sx = sw + R * PITCH;
-        const uint2* wq = (const uint2*)(sw + (warp * 8 + g) * PITCH) + t;
+        const uint2* wq = (const uint2*)(sw + (warp * 8 * CHAINS + g) * PITCH) + t;
         // x rows past n read the zero row: no branch inside the steps, so their loads run ahead.
         const uint2* xa = (const uint2*)(g < n ? sx + g * PITCH : zero) + t;
         const uint2* xb = (const uint2*)(g + 8 < n ? sx + (g + 8) * PITCH : zero) + t;
         const int steps = min(KC, k - st * KC) / 16;
         if (steps == KC / 16) {
 #pragma unroll
-            for (int s = 0; s < KC / 16; s++) dg_step(d, xa, xb, wq, s);
+            for (int s = 0; s < KC / 16; s++) dg_step<CHAINS, PITCH>(d, xa, xb, wq, s);
         } else {
-            for (int s = 0; s < steps; s++) dg_step(d, xa, xb, wq, s);
+            for (int s = 0; s < steps; s++) dg_step<CHAINS, PITCH>(d, xa, xb, wq, s);
         }
         __syncthreads();  // every warp is done with stage st's buffer, refilled next
         const int nx = st + STAGES;
@@ -400,26 +413,48 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
     }
     allow_dependents_early();
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        // Accumulator q: row g (+8 for q >= 2) of x, weight row 2t + (q & 1) of the warp's 8.
-        const int xr = g + (q >= 2 ? 8 : 0), wr = row0 + warp * 8 + 2 * t + (q & 1);
-        if (xr < n && wr < m) {
-            float* o = out + (size_t)xr * m + wr;
-            *o = beta == 0.f ? d[q] : d[q] + beta * *o;
+    for (int c = 0; c < CHAINS; c++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            // Accumulator q of chain c: row g (+8 for q >= 2) of x, weight row 2t + (q & 1) of the
+            // chain's 8 (the warp's 8 * CHAINS rows, chain by chain).
+            const int xr = g + (q >= 2 ? 8 : 0), wr = row0 + (warp * CHAINS + c) * 8 + 2 * t + (q & 1);
+            if (xr < n && wr < m) {
+                float* o = out + (size_t)xr * m + wr;
+                *o = beta == 0.f ? d[c][q] : d[c][q] + beta * *o;
+            }
         }
-    }
 }
 
-// 8 weight rows a CTA, 4 stages of 512 columns (fastest at 1-4 rows for Llama-3-8B's o and down).
+// The instantiations (DET_GEMV_KERNELS in kernels/src/lib.rs lists them with these arguments; the
+// host times them all per product shape and row count and keeps the fastest), named by weight
+// rows a CTA. On the H200 (det-gemv-2026-12-03T0942.log) no one tiling wins everywhere: shared
+// memory, which grows with the rows of x, sets how many CTAs an SM holds and so the bytes in flight.
+// 8 rows: one warp, one chain, 4 stages of 512 columns (1-4 rows of x, short k: o at one row).
 extern "C" __global__ void __launch_bounds__(32)
 det_gemv_8(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k, int m,
            float beta) {
-    det_gemv_rows<1, 512, 4>(out, x, w, n, k, m, beta);
+    det_gemv_rows<1, 1, 512, 4>(out, x, w, n, k, m, beta);
 }
 
-// 16 weight rows a CTA (x rows shared by two warps), 3 stages of 512 columns (better at 8-16 rows).
+// 16 rows: two warps of one chain (x rows shared by both), 2 stages of 1024 columns (1-8 rows).
 extern "C" __global__ void __launch_bounds__(64)
 det_gemv_16(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k, int m,
             float beta) {
-    det_gemv_rows<2, 512, 3>(out, x, w, n, k, m, beta);
+    det_gemv_rows<2, 1, 1024, 2>(out, x, w, n, k, m, beta);
+}
+
+// 16 rows: one warp of two chains, 2 stages of 1024 columns (1-8 rows, long k: down at one row).
+extern "C" __global__ void __launch_bounds__(32)
+det_gemv_16_w1(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
+               int m, float beta) {
+    det_gemv_rows<1, 2, 1024, 2>(out, x, w, n, k, m, beta);
+}
+
+// 32 rows: four warps of one chain, 2 stages of 1024 columns (8-16 rows: x is then a third of
+// the bytes in, against half with 16 rows a CTA).
+extern "C" __global__ void __launch_bounds__(128)
+det_gemv_32(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k, int m,
+            float beta) {
+    det_gemv_rows<4, 1, 1024, 2>(out, x, w, n, k, m, beta);
 }

@@ -38,14 +38,17 @@ pub fn decode_mma_shared_bytes(head_dim: usize, stages: usize) -> usize {
     4 * stages * 2 * 16 * head_dim * 2
 }
 
-/// A deterministic-mode small-row kernel of `gemv.cu` (`det_gemv_8`, `det_gemv_16`): weight rows
-/// a CTA, columns a stage and stages of its shared-memory ring (the template arguments of each).
+/// A deterministic-mode small-row kernel of `gemv.cu` (`det_gemv_*`): its warps, the chains a
+/// warp keeps (8 weight rows each), and the columns a stage and stages of its shared-memory ring
+/// (the template arguments of each instantiation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DetGemvKernel {
     /// The `extern "C"` name in `gemv.cu`.
     pub name: &'static str,
-    /// Weight rows a CTA (8 per warp).
-    pub rows_per_cta: usize,
+    /// Warps a CTA.
+    pub warps: usize,
+    /// Accumulator chains a warp, each over 8 weight rows.
+    pub chains: usize,
     /// Columns of k a stage holds.
     pub stage_cols: usize,
     /// Stages of the ring.
@@ -55,33 +58,55 @@ pub struct DetGemvKernel {
 /// Most rows of x a [`DetGemvKernel`] takes.
 pub const DET_GEMV_MAX_ROWS: usize = 16;
 
-/// The deterministic small-row kernels, as `gemv.cu` instantiates them.
-pub const DET_GEMV_KERNELS: [DetGemvKernel; 2] = [
+/// The deterministic small-row kernels, as `gemv.cu` instantiates them; the host times them all
+/// per product shape and keeps the fastest (`runtime/src/backend/cuda/det_gemv.rs`).
+pub const DET_GEMV_KERNELS: [DetGemvKernel; 4] = [
     DetGemvKernel {
         name: "det_gemv_8",
-        rows_per_cta: 8,
+        warps: 1,
+        chains: 1,
         stage_cols: 512,
         stages: 4,
     },
     DetGemvKernel {
         name: "det_gemv_16",
-        rows_per_cta: 16,
-        stage_cols: 512,
-        stages: 3,
+        warps: 2,
+        chains: 1,
+        stage_cols: 1024,
+        stages: 2,
+    },
+    DetGemvKernel {
+        name: "det_gemv_16_w1",
+        warps: 1,
+        chains: 2,
+        stage_cols: 1024,
+        stages: 2,
+    },
+    DetGemvKernel {
+        name: "det_gemv_32",
+        warps: 4,
+        chains: 1,
+        stage_cols: 1024,
+        stages: 2,
     },
 ];
 
 impl DetGemvKernel {
-    /// Threads a CTA (a warp per 8 weight rows).
+    /// Weight rows a CTA.
+    pub fn rows_per_cta(&self) -> usize {
+        8 * self.warps * self.chains
+    }
+
+    /// Threads a CTA.
     pub fn threads(&self) -> usize {
-        4 * self.rows_per_cta
+        32 * self.warps
     }
 
     /// Dynamic shared memory of a launch for `rows` rows of x: the stages' mbarriers
     /// (`DG_BAR_BYTES`), `stages` stages of `rows_per_cta + rows` rows of `stage_cols + 16` bf16
     /// (32 bytes of padding a row), and one zero row.
     pub fn shared_bytes(&self, rows: usize) -> usize {
-        128 + (self.stages * (self.rows_per_cta + rows) + 1) * (self.stage_cols + 16) * 2
+        128 + (self.stages * (self.rows_per_cta() + rows) + 1) * (self.stage_cols + 16) * 2
     }
 }
 
@@ -286,6 +311,8 @@ impl KernelId {
                 "det_mma_16",
                 "det_gemv_8",
                 "det_gemv_16",
+                "det_gemv_16_w1",
+                "det_gemv_32",
             ],
             KernelId::Fp8 => &[
                 "quantize_rows_f32",

@@ -38,19 +38,19 @@ __global__ void fill_bf16(bf16_t* p, float* pf, size_t n, u64 seed) {
     }
 }
 
-template <int W, int KC, int S>
+template <int W, int C, int KC, int S>
 __global__ void __launch_bounds__(32 * W) dg_var(float* out, const bf16_t* x, const bf16_t* w, int n, int k, int m,
                                                 float beta) {
-    det_gemv_rows<W, KC, S>(out, x, w, n, k, m, beta);
+    det_gemv_rows<W, C, KC, S>(out, x, w, n, k, m, beta);
 }
 typedef void (*DgFn)(float*, const bf16_t*, const bf16_t*, int, int, int, float);
 struct Var {
     const char* name;
     DgFn f;
-    int warps, kc, stages;
-    // As det_gemv_shared_bytes (kernels/src/lib.rs): barriers, stages of (rows + n) padded rows, zero row.
-    size_t smem(int n) const { return DG_BAR_BYTES + ((size_t)stages * (warps * 8 + n) + 1) * (kc + 16) * 2; }
-    int rows() const { return warps * 8; }
+    int warps, chains, kc, stages;
+    // As DetGemvKernel::shared_bytes (kernels/src/lib.rs): barriers, stages of (rows + n) padded rows, zero row.
+    size_t smem(int n) const { return DG_BAR_BYTES + ((size_t)stages * (rows() + n) + 1) * (kc + 16) * 2; }
+    int rows() const { return warps * chains * 8; }
 };
 static void launch(const Var& v, float* o, const bf16_t* x, const bf16_t* w, int n, int k, int m, float beta) {
     const int grid = (m + v.rows() - 1) / v.rows();
@@ -113,14 +113,19 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&lt.ws, lt.wsb));
     printf("# %s cc %d.%d, SMs %d, cuBLASLt %zu\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
            cublasLtGetVersion());
+    // name, kernel, warps a CTA, chains a warp (8 weight rows each), columns a stage, stages.
     std::vector<Var> vars = {
-        {"det_gemv_8 (w1 kc512 s4)", det_gemv_8, 1, 512, 4}, {"det_gemv_16 (w2 kc512 s3)", det_gemv_16, 2, 512, 3},
-        {"w1 kc256 s4", dg_var<1, 256, 4>, 1, 256, 4},       {"w1 kc256 s6", dg_var<1, 256, 6>, 1, 256, 6},
-        {"w2 kc256 s4", dg_var<2, 256, 4>, 2, 256, 4},       {"w4 kc512 s3", dg_var<4, 512, 3>, 4, 512, 3},
-        {"w4 kc256 s4", dg_var<4, 256, 4>, 4, 256, 4},       {"w1 kc1024 s2", dg_var<1, 1024, 2>, 1, 1024, 2},
+        {"det_gemv_8 (w1 c1 kc512 s4)", det_gemv_8, 1, 1, 512, 4},
+        {"det_gemv_16 (w2 c1 kc1024 s2)", det_gemv_16, 2, 1, 1024, 2},
+        {"det_gemv_16_w1 (w1 c2 kc1024 s2)", det_gemv_16_w1, 1, 2, 1024, 2},
+        {"det_gemv_32 (w4 c1 kc1024 s2)", det_gemv_32, 4, 1, 1024, 2},
+        {"w2 c1 kc512 s3", dg_var<2, 1, 512, 3>, 2, 1, 512, 3},
+        {"w1 c2 kc512 s4", dg_var<1, 2, 512, 4>, 1, 2, 512, 4},
+        {"w2 c2 kc1024 s2", dg_var<2, 2, 1024, 2>, 2, 2, 1024, 2},
+        {"w1 c4 kc1024 s2", dg_var<1, 4, 1024, 2>, 1, 4, 1024, 2},
     };
     for (auto& v : vars) {
-        CK(cudaFuncSetAttribute(v.f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+        CK(cudaFuncSetAttribute(v.f, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
         cudaFuncAttributes fa;
         CK(cudaFuncGetAttributes(&fa, v.f));
         printf("variant %s: %d registers, %d rows a CTA, %zu bytes of shared memory at 1 row, %zu at 16\n", v.name,

@@ -188,7 +188,7 @@ pub fn replay_caveat(run: &Platform, replay: &Platform) -> Option<String> {
         || run
             .precision
             .as_deref()
-            .is_some_and(|p| p.ends_with("-deterministic"));
+            .is_some_and(|p| p.contains("-deterministic"));
     if !invariant {
         return Some(format!(
             "the run ran on {} without batch-invariant kernels (--deterministic): a request's \
@@ -303,6 +303,10 @@ mod tests {
         let det = p("cuda", "bf16-deterministic");
         assert_eq!(replay_caveat(&det, &det), None);
         assert!(replay_caveat(&det, &p("cuda", "bf16")).is_some());
+        // Another attention split length rounds differently: named, and invariant in itself.
+        let split256 = p("cuda", "bf16-deterministic-split256");
+        assert_eq!(replay_caveat(&split256, &split256), None);
+        assert!(replay_caveat(&det, &split256).is_some());
         assert_eq!(replay_caveat(&Platform::default(), &p("cpu", "f32")), None);
     }
 }

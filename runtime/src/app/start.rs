@@ -467,7 +467,7 @@ pub fn platform_of(
     tensor_parallel: usize,
 ) -> Platform {
     let (backend, precision) = match device {
-        Device::Cpu => ("cpu", "f32"),
+        Device::Cpu => ("cpu", "f32".to_string()),
         Device::Cuda(_) => ("cuda", tuning.precision_name(precise)),
     };
     let backend = match tensor_parallel {
@@ -476,7 +476,7 @@ pub fn platform_of(
     };
     Platform {
         backend: Some(backend),
-        precision: Some(precision.into()),
+        precision: Some(precision),
     }
 }
 

@@ -1,19 +1,22 @@
-//! Deterministic mode's products of few rows on sov's own kernels (`det_gemv_8`, `det_gemv_16` in
-//! `gemv.cu`), which give bit for bit the reference chain's result (`det_mma_16`: one mma.sync
-//! m16n8k16 chain over K per element), as every split-K-1 cuBLASLt algorithm the probe has checked
-//! does ([`super::gemm`]).
+//! Deterministic mode's products of few rows on sov's own kernels (`det_gemv_*` in `gemv.cu`,
+//! listed in [`DET_GEMV_KERNELS`]), which give bit for bit the reference chain's result
+//! (`det_mma_16`: one mma.sync m16n8k16 chain over K per element), as every split-K-1 cuBLASLt
+//! algorithm the probe has checked does ([`super::gemm`]).
 //!
 //! Design: a product of at most [`DET_GEMV_MAX_ROWS`] rows whose weight shape passed the probe
 //! takes, once per process, shape and row count, the fastest of cuBLASLt (the algorithm
-//! `det_algo` chose) and the two kernels, timed with CUDA events on the real operands into a
+//! `det_algo` chose) and the kernels, timed with CUDA events on the real operands into a
 //! scratch output, each launch after a write of [`FLUSH_BYTES`] that empties the L2 (in a decode
 //! step a weight is never in L2 either); a kernel is taken only if it beats cuBLASLt by
 //! [`MIN_GAIN`]. Every candidate gives the same bits, so another pick in another process (timing
 //! noise, another GPU) changes no token. Decided outside graph captures only (a step is captured
 //! after one eager run of it): an undecided product inside a capture takes cuBLASLt. Below compute
 //! capability 9.0 (no bulk copies) every product stays on cuBLASLt.
-//! On the H200 (`kernels/bench/gpu-det-gemv.sh`, Llama-3-8B shapes, one row): o 14.3 vs 26.5 us
-//! on cuBLASLt, down 35.5 vs ~53 us; qkv, gate/up and the lm head stay on cuBLASLt.
+//! On the H200 (`kernels/bench/logs/det-gemv-2026-12-03T0942.log`, Llama-3-8B shapes): at one row
+//! o and down take `det_gemv_8` and `det_gemv_16` (16.9 vs 23.8 us, 41.0 vs 57.7 us as timed
+//! here), at 16 rows o and down `det_gemv_32`; qkv, gate/up and the lm head stay on cuBLASLt.
+//! The memset flush leaves the L2 full of dirty lines that every candidate pays to write back,
+//! so these times run above the kernels' back-to-back ones (down at 16 rows: 53.9 vs 42.6 us).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -212,7 +215,7 @@ impl CudaBackend {
         let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
         let cfg = LaunchConfig {
             grid_dim: (
-                to_i32(m.div_ceil(kernel.rows_per_cta), "grid")? as u32,
+                to_i32(m.div_ceil(kernel.rows_per_cta()), "grid")? as u32,
                 1,
                 1,
             ),

@@ -35,7 +35,7 @@ use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, driver_err, grid_for};
-use super::gemm_pinned::{MAX_LAUNCH_ROWS, PinnedGemm};
+use super::gemm_pinned::{CANDIDATE_LAUNCH_ROWS, PinnedGemm};
 use super::ops::to_i32;
 use super::pdl::arg;
 use crate::backend::{BackendError, DType, SwiGluShape, check_buffer};
@@ -339,10 +339,10 @@ impl CudaBackend {
     }
 
     /// Deterministic mode's algorithm for a product of `dims.n` rows: the heuristic's first
-    /// candidate for that many rows (at most a launch's) that does not split K, where both it and
-    /// the weight shape's pinned algorithm gave the bits of the reference chain (`det_mma_16` in
-    /// `gemv.cu`: one m16n8k16 chain over K per element) on the probe product; else None, the
-    /// pinned algorithm. Every algorithm used then gives the same bits, so a row's result does not
+    /// candidate for that many rows (at most [`CANDIDATE_LAUNCH_ROWS`]) that does not split K,
+    /// where both it and the weight shape's pinned algorithm gave the bits of the reference chain
+    /// (`det_mma_16` in `gemv.cu`: one m16n8k16 chain over K per element) on the probe product;
+    /// else None, the pinned algorithm. Every algorithm used then gives the same bits, so a row's result does not
     /// depend on the row count that chose it. Each verdict is reached once per process, outside a
     /// stream capture; during one, an undecided case takes the pinned algorithm (the same bits
     /// where the verdict will be yes).
@@ -368,7 +368,7 @@ impl CudaBackend {
         if !shape_ok {
             return Ok(None);
         }
-        let Some(cand) = pinned.candidate(m, k, n.min(MAX_LAUNCH_ROWS))? else {
+        let Some(cand) = pinned.candidate(m, k, n.min(CANDIDATE_LAUNCH_ROWS))? else {
             return Ok(None);
         };
         match pinned.verified(m, k, &cand)? {

@@ -36,6 +36,13 @@ pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
 /// (gpu-exactness-2026-12-01T1803.log, not kept).
 pub(super) const MAX_LAUNCH_ROWS: usize = 256;
 
+/// Most rows one launch of a per-row-count candidate ([`PinnedGemm::candidate`]) takes: the
+/// heuristic chose it for that many rows (or fewer), and it does not split K, so it needs no
+/// workspace growing with the rows. Wider launches keep the GPU busy at decode batches of
+/// 257..=1024, where launches of [`MAX_LAUNCH_ROWS`] rows leave too few output tiles to fill it
+/// and read every weight once per launch.
+pub(super) const CANDIDATE_LAUNCH_ROWS: usize = 1024;
+
 /// A cuBLASLt handle, its workspace and the pinned algorithm of each weight shape.
 pub(super) struct PinnedGemm {
     handle: sys::cublasLtHandle_t,
@@ -345,7 +352,8 @@ impl PinnedGemm {
 
     /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` on `stream` with `algo`
     /// (one of [`Self::candidate`]'s, verified by the caller) or else the pinned algorithm of
-    /// `(m, k)`, in launches of at most [`MAX_LAUNCH_ROWS`] rows.
+    /// `(m, k)`, in launches of at most [`CANDIDATE_LAUNCH_ROWS`] rows with `algo` (it was chosen
+    /// for that many) or [`MAX_LAUNCH_ROWS`] with the pinned algorithm.
     ///
     /// # Safety
     /// `x`, `w` and `out` must be device addresses of at least `n*k`, `m*k` bf16 and `n*m` f32
@@ -361,13 +369,13 @@ impl PinnedGemm {
         beta: f32,
         algo: Option<sys::cublasLtMatmulAlgo_t>,
     ) -> Result<(), BackendError> {
-        let algo = match algo {
-            Some(a) => a,
-            None => self.algo(m, k)?,
+        let (algo, launch_rows) = match algo {
+            Some(a) => (a, CANDIDATE_LAUNCH_ROWS),
+            None => (self.algo(m, k)?, MAX_LAUNCH_ROWS),
         };
         let alpha = 1.0f32;
-        for row0 in (0..n).step_by(MAX_LAUNCH_ROWS) {
-            let rows = MAX_LAUNCH_ROWS.min(n - row0);
+        for row0 in (0..n).step_by(launch_rows) {
+            let rows = launch_rows.min(n - row0);
             let p = Problem::new(m, rows, k)?;
             let (xs, outs) = (x + (row0 * k * 2) as u64, out + (row0 * m * 4) as u64);
             // SAFETY: descriptors and algorithm are live; rows row0..row0 + rows of x (bf16) and

@@ -56,7 +56,11 @@ pub struct CudaTuning {
     /// query token. Default off.
     pub deterministic: bool,
     /// Split length of decode attention in deterministic mode, in tokens
-    /// (`SOV_DETERMINISTIC_SPLIT_TOKENS`, a multiple of 64). Default 128.
+    /// (`SOV_DETERMINISTIC_SPLIT_TOKENS`, a multiple of 64). Default 256: on the H200 (Llama-3-8B
+    /// shape, 128 in / 256 out) 256-token splits gave 15740 tok/s at batch 256 against 15155 with
+    /// 128 and 12998 with 64, and the same at batch 1 (217.0 / 217.1 / 218.5;
+    /// `kernels/bench/logs/det-gemv-2026-12-03T0942.log`). It changes the bits of attention, so
+    /// it is part of the precision the heads record ([`Self::precision_name`]).
     pub deterministic_split_tokens: usize,
     /// Rows at which the pinned cuBLASLt algorithm of each weight shape is chosen in deterministic
     /// mode (`SOV_DETERMINISTIC_GEMM_ROWS`, at least 1): the heuristic's pick for a product of this
@@ -169,7 +173,7 @@ impl Default for CudaTuning {
             gemv_max_rows: 1,
             gemv_split: None,
             deterministic: false,
-            deterministic_split_tokens: 128,
+            deterministic_split_tokens: DEFAULT_DETERMINISTIC_SPLIT_TOKENS,
             deterministic_gemm_rows: 128,
             quantization: Quantization::None,
             fp8_small_max_rows: 16,
@@ -278,6 +282,10 @@ const ATTENTION_DEFINES_VAR: &str = "SOV_DECODE_ATTENTION_DEFINES";
 const GEMV_DEFINES_VAR: &str = "SOV_GEMV_DEFINES";
 const SOURCE_DIR_VAR: &str = "SOV_KERNEL_SOURCE_DIR";
 const DET_SPLIT_VAR: &str = "SOV_DETERMINISTIC_SPLIT_TOKENS";
+/// [`CudaTuning::deterministic_split_tokens`]'s default.
+const DEFAULT_DETERMINISTIC_SPLIT_TOKENS: usize = 256;
+/// The split length of every deterministic run whose heads say only `-deterministic`.
+const UNNAMED_DETERMINISTIC_SPLIT_TOKENS: usize = 128;
 const DET_ROWS_VAR: &str = "SOV_DETERMINISTIC_GEMM_ROWS";
 const DET_SPLIT_EXPECTED: &str = "a positive multiple of 64";
 const FP8_SMALL_VAR: &str = "SOV_FP8_SMALL_ROWS";
@@ -385,17 +393,22 @@ impl CudaTuning {
 
     /// The precision name a receipt records for a backend of this tuning: `bf16` or `f32`
     /// (`precise`, [`super::CudaBackend::with_precise`]), with `-deterministic` appended in
-    /// deterministic mode; `fp8-w8a8` with [`Quantization::Fp8W8A8`] (which [`Self::validate`]
-    /// refuses with either of the others).
-    pub fn precision_name(&self, precise: bool) -> &'static str {
+    /// deterministic mode, and `-split{N}` after it unless attention splits at 128 tokens;
+    /// `fp8-w8a8` with [`Quantization::Fp8W8A8`] (which [`Self::validate`] refuses with either of
+    /// the others).
+    pub fn precision_name(&self, precise: bool) -> String {
         if self.quantization == Quantization::Fp8W8A8 {
-            return "fp8-w8a8";
+            return "fp8-w8a8".into();
         }
-        match (precise, self.deterministic) {
-            (false, false) => "bf16",
-            (true, false) => "f32",
-            (false, true) => "bf16-deterministic",
-            (true, true) => "f32-deterministic",
+        let base = if precise { "f32" } else { "bf16" };
+        if !self.deterministic {
+            return base.into();
+        }
+        // The split length decides how attention rounds. Runs before it was named all split at
+        // 128 tokens and say only "-deterministic"; a replay at 128 keeps that name.
+        match self.deterministic_split_tokens {
+            UNNAMED_DETERMINISTIC_SPLIT_TOKENS => format!("{base}-deterministic"),
+            split => format!("{base}-deterministic-split{split}"),
         }
     }
 
@@ -508,7 +521,7 @@ mod tests {
             ("SOV_DECODE_ATTENTION_DEFINES", "-DREG_LOADS  -DPREFETCH"),
             ("SOV_GEMV_DEFINES", "-DUNROLL=4"),
             ("SOV_KERNEL_SOURCE_DIR", "kernels/cuda"),
-            ("SOV_DETERMINISTIC_SPLIT_TOKENS", "256"),
+            ("SOV_DETERMINISTIC_SPLIT_TOKENS", "512"),
             ("SOV_DETERMINISTIC_GEMM_ROWS", "64"),
             ("SOV_FP8_SMALL_ROWS", "4"),
         ]))
@@ -521,7 +534,7 @@ mod tests {
             gemv_max_rows: 0,
             gemv_split: Some(8),
             deterministic: false,
-            deterministic_split_tokens: 256,
+            deterministic_split_tokens: 512,
             deterministic_gemm_rows: 64,
             quantization: Quantization::None,
             fp8_small_max_rows: 4,
@@ -630,12 +643,20 @@ mod tests {
     fn precision_names_say_deterministic() {
         let mut t = CudaTuning::default();
         assert_eq!(
-            (t.precision_name(false), t.precision_name(true)),
+            (
+                t.precision_name(false).as_str(),
+                t.precision_name(true).as_str()
+            ),
             ("bf16", "f32")
         );
         t.deterministic = true;
+        assert_eq!(t.precision_name(false), "bf16-deterministic-split256");
+        assert_eq!(t.precision_name(true), "f32-deterministic-split256");
+        // The split every run made before the name carried it.
+        t.deterministic_split_tokens = 128;
         assert_eq!(t.precision_name(false), "bf16-deterministic");
-        assert_eq!(t.precision_name(true), "f32-deterministic");
+        t.deterministic_split_tokens = 64;
+        assert_eq!(t.precision_name(false), "bf16-deterministic-split64");
     }
 
     #[test]
