@@ -1,7 +1,8 @@
 //! Power and interruption events through the `sov` binary: SIGTERM and SIGINT checkpoint and exit
 //! 0, and `--resume` then finishes every request exactly as an uninterrupted run; a low battery
 //! (a fake `/sys/class/power_supply` tree) checkpoints at once; a tampered checkpoint directory is
-//! refused by `--resume` with the problem named.
+//! refused by `--resume` with the problem named; a resume on another platform (tensor-parallel
+//! ranks) says that it cannot continue the run exactly.
 
 mod common;
 
@@ -187,4 +188,28 @@ fn resume_refuses_a_tampered_or_foreign_directory() {
     assert!(!out.status.success(), "a foreign key's resume was accepted");
     // And with the right key it resumes.
     run_ok(sov(home.path()).args(ARGS).arg("--resume").arg(&run_dir));
+}
+
+#[test]
+fn resume_on_another_platform_says_so() {
+    let home = tempfile::tempdir().unwrap();
+    let (child, run_dir) = start(home.path());
+    std::thread::sleep(Duration::from_millis(300));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait_with_output().unwrap();
+    // Two tensor-parallel ranks sum in another order: the heads name `cpu-tp2`.
+    let out = run_ok(
+        sov(home.path())
+            .args(ARGS)
+            .args(["--tensor-parallel", "2", "--resume"])
+            .arg(&run_dir),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ran on cpu/f32, it continues on cpu-tp2/f32"),
+        "the platform change should be named: {err}"
+    );
 }

@@ -131,6 +131,8 @@ pub struct CheckpointInfo {
     pub key_created: bool,
     /// Torn leftovers of an interrupted checkpoint discarded at open.
     pub recovered: Vec<String>,
+    /// A resume on another backend or precision than the run's heads name: what each says.
+    pub platform_change: Option<String>,
     /// Filled by a resume: every request the journal knows, live or finished.
     pub book: Arc<Mutex<ResumeBook>>,
     /// The witness client, when witnesses are configured.
@@ -559,6 +561,7 @@ fn open_worm<M: Machine>(
         public_key,
         key_created,
         recovered: worm.recovered.clone(),
+        platform_change: worm.platform_change.clone(),
         book: worm.book.clone(),
         witnesses,
     };

@@ -451,6 +451,13 @@ impl ModelArgs {
             for r in &c.recovered {
                 eprintln!("sov: recovered from an interrupted checkpoint: {r}");
             }
+            if let Some(change) = &c.platform_change {
+                eprintln!(
+                    "sov: warning: {change}: tokens from here on may differ from an \
+                     uninterrupted run's, and `sov audit` replays the whole run on the newest \
+                     head's platform (resume with the run's settings for an exact continuation)"
+                );
+            }
             let key = match (&c.public_key, c.key_created) {
                 (Some(p), true) => format!("; created signing key, public key {}", p.display()),
                 (Some(p), false) => format!("; public key {}", p.display()),

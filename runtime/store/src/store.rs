@@ -29,6 +29,7 @@ use super::fsutil;
 use super::head::{self, HeadCheckpoint, TreeHead, origin_for};
 use super::journal::{self, FinishedRecord, JOURNAL_FILE, Journal, JournalRecord, RequestRecord};
 use super::merkle::{Hash, Tree, leaf_hash};
+use super::note;
 use super::receipt::{self, ReceiptBody};
 use super::snapshot::{self, KvMode, Snapshot, StoreCommit};
 use super::tlog::{HEADS_FILE, HeadRecord, HeadsLog};
@@ -98,6 +99,8 @@ pub struct CheckpointStore {
     head: Option<Head>,
     recovered: Vec<String>,
     warnings: Vec<String>,
+    /// Set at open when the newest head names another platform than this session's.
+    platform_change: Option<String>,
     poisoned: bool,
     log: LogState,
 }
@@ -109,6 +112,35 @@ pub struct Platform {
     pub backend: Option<String>,
     /// Numeric precision name (e.g. `f32`, `bf16`).
     pub precision: Option<String>,
+}
+
+/// The platform a signed head note names (None: the note does not parse).
+fn head_platform(note_text: &str) -> Option<Platform> {
+    let head = TreeHead::parse(&note::parse(note_text).ok()?.body).ok()?;
+    Some(Platform {
+        backend: head.backend,
+        precision: head.precision,
+    })
+}
+
+/// What changed between the platform a run's heads name and `now`'s (None: nothing, or heads
+/// of a run from before the platform lines).
+fn platform_change(before: &Platform, now: &Platform) -> Option<String> {
+    if before == now || (before.backend.is_none() && before.precision.is_none()) {
+        return None;
+    }
+    let name = |p: &Platform| {
+        format!(
+            "{}/{}",
+            p.backend.as_deref().unwrap_or("?"),
+            p.precision.as_deref().unwrap_or("?")
+        )
+    };
+    Some(format!(
+        "the run's newest head says it ran on {}, it continues on {}",
+        name(before),
+        name(now)
+    ))
 }
 
 /// Told of every signed head, on the thread that signed it (so: quick, never blocking): the head
@@ -192,6 +224,11 @@ impl CheckpointStore {
         )?;
         let recovered = audit.torn.describe();
         let warnings = audit.warnings.clone();
+        let platform_change = audit
+            .log
+            .newest_note
+            .as_deref()
+            .and_then(|n| platform_change(&head_platform(n)?, &platform));
         Self::discard_torn(dir, &audit)?;
         let head = audit.head().map(|l| Head {
             height: l.receipt.body.height,
@@ -223,6 +260,7 @@ impl CheckpointStore {
             journal: Journal::new(dir, audit.journal.valid_len),
             head,
             recovered,
+            platform_change,
             poisoned: false,
         };
         if audit.log.tail_awaits_head {
@@ -260,6 +298,14 @@ impl CheckpointStore {
     /// Descriptions of torn leftovers discarded at open (empty after a clean shutdown).
     pub fn recovered(&self) -> &[String] {
         &self.recovered
+    }
+
+    /// At open, when the run's newest head names another backend or precision than the one this
+    /// session signs with: what each says. A run continued so is not the run an uninterrupted one
+    /// would have been (its arithmetic rounds otherwise from here), and `sov audit` replays every
+    /// request on the newest head's platform.
+    pub fn platform_change(&self) -> Option<&str> {
+        self.platform_change.as_deref()
     }
 
     /// Privacy warnings found at open: the directory or files in it that group or others may read.

@@ -128,6 +128,9 @@ pub struct Worm {
     pub book: Arc<Mutex<ResumeBook>>,
     /// Torn leftovers of an interrupted checkpoint that opening discarded.
     pub recovered: Vec<String>,
+    /// Set when the run's newest head names another backend or precision than this session's
+    /// (`CheckpointStore::platform_change`): the resume cannot continue the run exactly.
+    pub platform_change: Option<String>,
     /// Height of the newest valid checkpoint at open.
     pub height: u64,
 }
@@ -165,6 +168,7 @@ pub fn open(cfg: WormConfig) -> Result<Worm> {
     )?;
     store.begin_session()?;
     let recovered = store.recovered().to_vec();
+    let platform_change = store.platform_change().map(str::to_string);
     let height = store.height();
     let next_id = store
         .journal_scan()?
@@ -196,6 +200,7 @@ pub fn open(cfg: WormConfig) -> Result<Worm> {
         acceptor: Arc::new(JournalAcceptor { cp, next_id, queue }),
         book,
         recovered,
+        platform_change,
         height,
     })
 }

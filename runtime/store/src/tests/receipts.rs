@@ -185,3 +185,35 @@ fn head_sink_sees_every_head_with_its_leaves() {
     }
     assert_eq!(g.0.size(), store.signed_size());
 }
+
+/// A run reopened on another backend or precision than its heads name says so (the CLI prints
+/// it at resume); reopened on the same one, or opened fresh, it says nothing.
+#[test]
+fn a_resume_on_another_platform_is_named() {
+    use crate::Platform;
+    let on = |precision: &str| Platform {
+        backend: Some("cuda".into()),
+        precision: Some(precision.into()),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let open = |p: Platform| CheckpointStore::open_on(dir.path(), key(), SPEC, MODEL, None, p);
+    let mut store = open(on("bf16-deterministic")).unwrap();
+    assert_eq!(
+        store.platform_change(),
+        None,
+        "a fresh run has nothing to compare"
+    );
+    store.accept(&crate::fixture::request(1)).unwrap();
+    store.finish(&[crate::fixture::finished(1, "x")]).unwrap();
+    drop(store);
+    let same = open(on("bf16-deterministic")).unwrap();
+    assert_eq!(same.platform_change(), None);
+    drop(same);
+    let other = open(on("bf16-deterministic-split256")).unwrap();
+    let said = other.platform_change().expect("the change is named");
+    assert!(
+        said.contains("cuda/bf16-deterministic,")
+            && said.contains("cuda/bf16-deterministic-split256"),
+        "{said}"
+    );
+}
