@@ -98,6 +98,16 @@ fn products_are_batch_invariant() {
                 .all(|(a, c)| a.to_bits() == c.to_bits()),
             "{k}x{m}: rows of a 2048-row product differ from the same rows in {N}"
         );
+        // And one that is not a multiple of a launch's rows (1024 + 476: the remainder runs with
+        // the algorithm chosen for 1024 rows).
+        let (odd, ob) = (1500, weight(&b, &big[..1500 * k], vec![1500, k]));
+        let mut oo = b.alloc(DType::F32, odd * m).unwrap();
+        b.matmul(&ob, &wb, &mut oo, odd, k, m).unwrap();
+        let oo = f32s(&b, &oo, odd * m);
+        assert!(
+            oo.iter().zip(&bo).all(|(a, c)| a.to_bits() == c.to_bits()),
+            "{k}x{m}: rows of a {odd}-row product differ from the same rows in 2048"
+        );
         let small = b
             .pinned
             .as_ref()
@@ -106,9 +116,9 @@ fn products_are_batch_invariant() {
             .unwrap()
             .flatten();
         println!(
-            "deterministic products {k}x{m}: 1..=256, {LONG:?} and 2048 rows equal bit for bit (rel \
-             err {e:.2e}); reference chain {}; default mode differs from them at {fast_differs} \
-             of {fast_counts} row counts",
+            "deterministic products {k}x{m}: 1..=256, {LONG:?}, 1500 and 2048 rows equal bit \
+             for bit (rel err {e:.2e}); reference chain {}; default mode differs from them at \
+             {fast_differs} of {fast_counts} row counts",
             match small {
                 Some(true) =>
                     "equal to the pinned algorithm on the probe (per-row-count algorithms on)",
