@@ -56,6 +56,19 @@ fn start(home: &Path) -> (std::process::Child, PathBuf) {
     spawn_generate(sov(home).args(ARGS).args(PROMPTS), Stdio::piped())
 }
 
+/// A generation of [`PROMPTS`] stopped by SIGTERM 300 ms after its requests were accepted; its
+/// run directory.
+fn interrupted(home: &Path) -> PathBuf {
+    let (child, run_dir) = start(home);
+    std::thread::sleep(Duration::from_millis(300));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait_with_output().unwrap();
+    run_dir
+}
+
 fn signal_then_resume(signal: &str) {
     let home = tempfile::tempdir().unwrap();
     let want = run_ok(
@@ -138,13 +151,7 @@ fn low_battery_checkpoints_at_once() {
 #[test]
 fn resume_refuses_a_tampered_or_foreign_directory() {
     let home = tempfile::tempdir().unwrap();
-    let (child, run_dir) = start(home.path());
-    std::thread::sleep(Duration::from_millis(300));
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    child.wait_with_output().unwrap();
+    let run_dir = interrupted(home.path());
     let ckpt = run_dir.join("checkpoints");
     let snap = std::fs::read_dir(&ckpt)
         .unwrap()
@@ -193,13 +200,7 @@ fn resume_refuses_a_tampered_or_foreign_directory() {
 #[test]
 fn resume_on_another_platform_says_so() {
     let home = tempfile::tempdir().unwrap();
-    let (child, run_dir) = start(home.path());
-    std::thread::sleep(Duration::from_millis(300));
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    child.wait_with_output().unwrap();
+    let run_dir = interrupted(home.path());
     // Two tensor-parallel ranks sum in another order: the heads name `cpu-tp2`.
     let out = run_ok(
         sov(home.path())
