@@ -8,7 +8,7 @@
 //! `det_algo` chose) and the kernels, timed with CUDA events on the real operands into a
 //! scratch output, each launch after a write of [`FLUSH_BYTES`] that empties the L2 (in a decode
 //! step a weight is never in L2 either); a kernel is taken only if it beats cuBLASLt by
-//! [`MIN_GAIN`]. Every candidate gives the same bits, so another pick in another process (timing
+//! [`super::CudaTuning::deterministic_kernel_margin`] percent. Every candidate gives the same bits, so another pick in another process (timing
 //! noise, another GPU) changes no token. Decided outside graph captures only (a step is captured
 //! after one eager run of it): an undecided product inside a capture takes cuBLASLt. Below compute
 //! capability 9.0 (no bulk copies) every product stays on cuBLASLt.
@@ -35,8 +35,6 @@ use crate::backend::{BackendError, DType};
 const FLUSH_BYTES: usize = 128 << 20;
 /// Timed launches per candidate (after one warm-up); the median counts.
 const TIMED_LAUNCHES: usize = 5;
-/// A kernel replaces cuBLASLt only when its median is at most this fraction of cuBLASLt's.
-const MIN_GAIN: f32 = 0.97;
 
 /// Which implementation serves a small deterministic product: `None` for cuBLASLt, else the
 /// kernel.
@@ -153,9 +151,10 @@ impl CudaBackend {
             times.push((pick, ms));
         }
         let cublas = times[0].1;
+        let bound = cublas * (1.0 - self.tuning.deterministic_kernel_margin as f32 / 100.0);
         let pick = times[1..]
             .iter()
-            .filter(|(_, t)| *t <= cublas * MIN_GAIN)
+            .filter(|(_, t)| *t <= bound)
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .and_then(|(p, _)| *p);
         let timed: Vec<String> = times

@@ -66,6 +66,13 @@ pub struct CudaTuning {
     /// mode (`SOV_DETERMINISTIC_GEMM_ROWS`, at least 1): the heuristic's pick for a product of this
     /// many rows is then used for every row count. Default 128.
     pub deterministic_gemm_rows: usize,
+    /// How much faster than cuBLASLt, in percent of cuBLASLt's timed median, one of sov's
+    /// small-row kernels (`det_gemv_*`) must be to serve a deterministic product of at most 16
+    /// rows (`SOV_DETERMINISTIC_KERNEL_MARGIN`, -100..=100). A negative margin takes a kernel
+    /// that is up to that much slower alone: cuBLASLt's kernels do not let the next kernel launch
+    /// early (programmatic dependent launch), sov's do, which a kernel timed alone does not show.
+    /// Every choice gives the same bits. Default 3.
+    pub deterministic_kernel_margin: i32,
     /// Weight and activation format of the linear layers (`sov --quantization`; not an
     /// environment variable of this struct, the command line sets it). Default
     /// [`Quantization::None`]: bf16 weights.
@@ -175,6 +182,7 @@ impl Default for CudaTuning {
             deterministic: false,
             deterministic_split_tokens: DEFAULT_DETERMINISTIC_SPLIT_TOKENS,
             deterministic_gemm_rows: 128,
+            deterministic_kernel_margin: DEFAULT_DETERMINISTIC_KERNEL_MARGIN,
             quantization: Quantization::None,
             fp8_small_max_rows: 16,
             kernels: KernelBuild::default(),
@@ -287,6 +295,10 @@ const DEFAULT_DETERMINISTIC_SPLIT_TOKENS: usize = 256;
 /// The split length of every deterministic run whose heads say only `-deterministic`.
 const UNNAMED_DETERMINISTIC_SPLIT_TOKENS: usize = 128;
 const DET_ROWS_VAR: &str = "SOV_DETERMINISTIC_GEMM_ROWS";
+const DET_MARGIN_VAR: &str = "SOV_DETERMINISTIC_KERNEL_MARGIN";
+const DET_MARGIN_EXPECTED: &str = "a whole percent -100..=100";
+/// [`CudaTuning::deterministic_kernel_margin`]'s default.
+const DEFAULT_DETERMINISTIC_KERNEL_MARGIN: i32 = 3;
 const DET_SPLIT_EXPECTED: &str = "a positive multiple of 64";
 const FP8_SMALL_VAR: &str = "SOV_FP8_SMALL_ROWS";
 const FP8_SMALL_EXPECTED: &str = "a whole number 0..=32";
@@ -300,7 +312,7 @@ const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (th
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 14] = [
+    pub const VARS: [&str; 15] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -314,6 +326,7 @@ impl CudaTuning {
         SOURCE_DIR_VAR,
         DET_SPLIT_VAR,
         DET_ROWS_VAR,
+        DET_MARGIN_VAR,
         FP8_SMALL_VAR,
     ];
 
@@ -352,6 +365,12 @@ impl CudaTuning {
         }
         if let Some(v) = lookup(&get, DET_ROWS_VAR) {
             t.deterministic_gemm_rows = parse_count(DET_ROWS_VAR, &v, 1)?;
+        }
+        if let Some(v) = lookup(&get, DET_MARGIN_VAR) {
+            match v.parse::<i32>() {
+                Ok(p) if (-100..=100).contains(&p) => t.deterministic_kernel_margin = p,
+                _ => return Err(invalid(DET_MARGIN_VAR, &v, DET_MARGIN_EXPECTED)),
+            }
         }
         if let Some(v) = lookup(&get, FP8_SMALL_VAR) {
             match v.parse::<usize>() {
@@ -434,6 +453,11 @@ impl CudaTuning {
         }
         if self.deterministic_gemm_rows == 0 {
             return Err(invalid(DET_ROWS_VAR, "0", "a whole number of at least 1"));
+        }
+        let margin = self.deterministic_kernel_margin;
+        if !(-100..=100).contains(&margin) {
+            let m = margin.to_string();
+            return Err(invalid(DET_MARGIN_VAR, &m, DET_MARGIN_EXPECTED));
         }
         if self.fp8_small_max_rows > FP8_SMALL_LIMIT {
             let r = self.fp8_small_max_rows.to_string();
@@ -523,6 +547,7 @@ mod tests {
             ("SOV_KERNEL_SOURCE_DIR", "kernels/cuda"),
             ("SOV_DETERMINISTIC_SPLIT_TOKENS", "512"),
             ("SOV_DETERMINISTIC_GEMM_ROWS", "64"),
+            ("SOV_DETERMINISTIC_KERNEL_MARGIN", "-20"),
             ("SOV_FP8_SMALL_ROWS", "4"),
         ]))
         .unwrap();
@@ -536,6 +561,7 @@ mod tests {
             deterministic: false,
             deterministic_split_tokens: 512,
             deterministic_gemm_rows: 64,
+            deterministic_kernel_margin: -20,
             quantization: Quantization::None,
             fp8_small_max_rows: 4,
             kernels: KernelBuild {
@@ -581,6 +607,8 @@ mod tests {
             ("SOV_DETERMINISTIC_SPLIT_TOKENS", "100"),
             ("SOV_DETERMINISTIC_SPLIT_TOKENS", "0"),
             ("SOV_DETERMINISTIC_GEMM_ROWS", "0"),
+            ("SOV_DETERMINISTIC_KERNEL_MARGIN", "101"),
+            ("SOV_DETERMINISTIC_KERNEL_MARGIN", "-3.5"),
         ] {
             let err = CudaTuning::from_vars(vars(&[(var, value)])).unwrap_err();
             assert_eq!(err.var, var, "{value}");
@@ -609,6 +637,10 @@ mod tests {
                 ..Default::default()
             },
             CudaTuning {
+                deterministic_kernel_margin: -101,
+                ..Default::default()
+            },
+            CudaTuning {
                 kernels: KernelBuild {
                     decode_stages: 7,
                     ..Default::default()
@@ -633,6 +665,7 @@ mod tests {
                 "SOV_DECODE_CTAS_PER_SM",
                 "SOV_DECODE_SPLIT_TOKENS",
                 "SOV_GEMV_SPLIT",
+                "SOV_DETERMINISTIC_KERNEL_MARGIN",
                 "SOV_DECODE_STAGES",
                 "SOV_DECODE_CARVEOUT"
             ]
