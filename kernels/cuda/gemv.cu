@@ -282,7 +282,14 @@ extern "C" __global__ void det_mma_16(float* __restrict__ out, const bf16_t* __r
 // nothing; x rows past n read a zero row. Requires k % 16 == 0, 16-byte aligned rows of x and w
 // (k % 8 == 0, aligned bases), n <= 16.
 // Dynamic shared memory: DetGemvKernel::shared_bytes in kernels/src/lib.rs (barriers, stages, zero
-// row); the host's DET_GEMV_KERNELS lists both instantiations below with their template arguments.
+// row); the host's DET_GEMV_KERNELS lists the instantiations below with their template arguments.
+// CLUSTER > 1 (launched in clusters of that many CTAs; the grid a whole number of them): each x
+// row of a stage is read once for the cluster and multicast into every CTA's shared memory, a
+// cluster barrier before a stage is refilled. Measured on the H200 (det-gemv-2026-12-03T0942.log
+// part 6, Llama-3-8B down at 16 rows, timed as the host times): clusters of 2 57.1 us, of 4 100.1
+// (fewer whole clusters fit at one CTA an SM), against 54.3 without; so x's bytes are not what
+// holds the 16-row products back, and sov instantiates none (the bench harness,
+// bench/det_probe/det_gemv_bench.cu, keeps them as variants).
 // Programmatic dependent launch: the first stages' weight copies are issued before the wait.
 #define DG_BAR_BYTES 128  // the stages' mbarriers, ahead of the ring
 
@@ -320,6 +327,33 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
                  : "memory");
 #endif
 }
+// As bulk_copy, into the same offset of the shared memory of every CTA of the cluster in `mask`,
+// completing bytes on the mbarrier at `bar`'s offset in each (ptxas advises sm_90a for it; only
+// the bench harness instantiates det_gemv_rows with clusters, for sm_90a: see det_gemv_rows).
+__device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, u32 bytes, u64* bar, unsigned short mask) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+        "%4;\n" ::"r"(smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(bar)), "h"(mask)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+    return r;
+}
+// Every thread of every CTA of the cluster: what each did before (its shared-memory reads, its
+// mbarrier inits) is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
+
 // Orders this thread's earlier shared-memory reads before bulk copies it issues next.
 __device__ __forceinline__ void fence_proxy_async() {
 #if __CUDA_ARCH__ >= 900
@@ -328,15 +362,22 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 // Lanes of warp 0 copy rows [r_begin, r_end) of a stage (rows < R: weight rows from row0; then the
-// x rows), columns k0 .. k0 + min(KC, k - k0).
-template <int R, int KC>
+// x rows), columns k0 .. k0 + min(KC, k - k0). With CLUSTER > 1 the CTA of rank q copies x rows
+// i = q, q + CLUSTER, ... into every CTA of its cluster (multicast); its own weight rows as before.
+template <int R, int KC, int CLUSTER>
 __device__ __forceinline__ void dg_copy_rows(bf16_t* stage, u64* bar, const bf16_t* __restrict__ x,
                                              const bf16_t* __restrict__ w, int row0, int m, int k, int k0,
-                                             int r_begin, int r_end) {
+                                             int r_begin, int r_end, u32 rank) {
     const u32 bytes = (u32)min(KC, k - k0) * 2;
     for (int r = r_begin + (int)(threadIdx.x & 31); r < r_end; r += 32) {
-        const bf16_t* src = r < R ? w + (size_t)min(row0 + r, m - 1) * k : x + (size_t)(r - R) * k;
-        bulk_copy(stage + r * (KC + 16), src + k0, bytes, bar);
+        if (r < R) {
+            bulk_copy(stage + r * (KC + 16), w + (size_t)min(row0 + r, m - 1) * k + k0, bytes, bar);
+        } else if (CLUSTER == 1) {
+            bulk_copy(stage + r * (KC + 16), x + (size_t)(r - R) * k + k0, bytes, bar);
+        } else if ((u32)(r - R) % CLUSTER == rank) {
+            bulk_copy_multicast(stage + r * (KC + 16), x + (size_t)(r - R) * k + k0, bytes, bar,
+                                (unsigned short)((1u << CLUSTER) - 1));
+        }
     }
 }
 
@@ -354,7 +395,7 @@ __device__ __forceinline__ void dg_step(float (&d)[CHAINS][4], const uint2* xa, 
     }
 }
 
-template <int WARPS, int CHAINS, int KC, int STAGES>
+template <int WARPS, int CHAINS, int KC, int STAGES, int CLUSTER = 1>
 __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf16_t* __restrict__ x,
                                               const bf16_t* __restrict__ w, int n, int k, int m, float beta) {
     constexpr int R = WARPS * 8 * CHAINS, PITCH = KC + 16;
@@ -367,9 +408,14 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
     const int row0 = blockIdx.x * R;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int nst = (k + KC - 1) / KC;
+    const u32 rank = CLUSTER > 1 ? cluster_rank() : 0;
     if (threadIdx.x == 0)
         for (int s = 0; s < STAGES; s++) mbar_init(&bars[s]);
-    __syncthreads();
+    // With a cluster, the other CTAs' copies signal this CTA's barriers: initialised first.
+    if (CLUSTER > 1)
+        cluster_sync();
+    else
+        __syncthreads();
     const auto stage_bytes = [&](int s) { return (u32)(R + n) * (u32)min(KC, k - s * KC) * 2; };
     // Weights of the first stages before the wait (nothing earlier in the stream writes them),
     // x only after it.
@@ -377,12 +423,12 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
         for (int s = 0; s < STAGES && s < nst; s++) {
             if (lane == 0) mbar_expect(&bars[s], stage_bytes(s));
             __syncwarp();
-            dg_copy_rows<R, KC>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, s * KC, 0, R);
+            dg_copy_rows<R, KC, CLUSTER>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, s * KC, 0, R, rank);
         }
     wait_for_prerequisites();
     if (warp == 0)
         for (int s = 0; s < STAGES && s < nst; s++)
-            dg_copy_rows<R, KC>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, s * KC, R, R + n);
+            dg_copy_rows<R, KC, CLUSTER>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, s * KC, R, R + n, rank);
     float d[CHAINS][4];
 #pragma unroll
     for (int c = 0; c < CHAINS; c++) d[c][0] = d[c][1] = d[c][2] = d[c][3] = 0.f;
@@ -401,17 +447,24 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
         } else {
             for (int s = 0; s < steps; s++) dg_step<CHAINS, PITCH>(d, xa, xb, wq, s);
         }
-        __syncthreads();  // every warp is done with stage st's buffer, refilled next
         const int nx = st + STAGES;
+        // Every warp (with a cluster: of every CTA, whose x rows this CTA's copies also write) is
+        // done with stage st's buffer, refilled next.
+        if (CLUSTER > 1 && nx < nst)
+            cluster_sync();
+        else
+            __syncthreads();
         if (warp == 0 && nx < nst) {
             fence_proxy_async();  // the reads of this buffer before its refill
             const int b = st % STAGES;
             if (lane == 0) mbar_expect(&bars[b], stage_bytes(nx));
             __syncwarp();
-            dg_copy_rows<R, KC>(ring + b * stage_elems, &bars[b], x, w, row0, m, k, nx * KC, 0, R + n);
+            dg_copy_rows<R, KC, CLUSTER>(ring + b * stage_elems, &bars[b], x, w, row0, m, k, nx * KC, 0, R + n, rank);
         }
     }
     allow_dependents_early();
+    // No CTA leaves while a copy it issued may still be writing into another's shared memory.
+    if (CLUSTER > 1) cluster_sync();
 #pragma unroll
     for (int c = 0; c < CHAINS; c++)
 #pragma unroll

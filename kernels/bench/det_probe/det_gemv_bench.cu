@@ -38,23 +38,39 @@ __global__ void fill_bf16(bf16_t* p, float* pf, size_t n, u64 seed) {
     }
 }
 
-template <int W, int C, int KC, int S>
+template <int W, int C, int KC, int S, int CL = 1>
 __global__ void __launch_bounds__(32 * W) dg_var(float* out, const bf16_t* x, const bf16_t* w, int n, int k, int m,
                                                 float beta) {
-    det_gemv_rows<W, C, KC, S>(out, x, w, n, k, m, beta);
+    det_gemv_rows<W, C, KC, S, CL>(out, x, w, n, k, m, beta);
 }
 typedef void (*DgFn)(float*, const bf16_t*, const bf16_t*, int, int, int, float);
 struct Var {
     const char* name;
     DgFn f;
     int warps, chains, kc, stages;
+    int cluster = 1;  // CTAs a cluster sharing x by multicast (launched with that cluster dimension)
     // As DetGemvKernel::shared_bytes (kernels/src/lib.rs): barriers, stages of (rows + n) padded rows, zero row.
     size_t smem(int n) const { return DG_BAR_BYTES + ((size_t)stages * (rows() + n) + 1) * (kc + 16) * 2; }
     int rows() const { return warps * chains * 8; }
 };
 static void launch(const Var& v, float* o, const bf16_t* x, const bf16_t* w, int n, int k, int m, float beta) {
-    const int grid = (m + v.rows() - 1) / v.rows();
-    v.f<<<grid, 32 * v.warps, v.smem(n)>>>(o, x, w, n, k, m, beta);
+    const int grid = ((m + v.rows() - 1) / v.rows() + v.cluster - 1) / v.cluster * v.cluster;
+    if (v.cluster == 1) {
+        v.f<<<grid, 32 * v.warps, v.smem(n)>>>(o, x, w, n, k, m, beta);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(32 * v.warps);
+    cfg.dynamicSmemBytes = v.smem(n);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = v.cluster;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, v.f, o, x, w, n, k, m, beta));
 }
 
 static uint64_t splitk(const cublasLtMatmulAlgo_t& al) {
@@ -119,6 +135,11 @@ int main(int argc, char** argv) {
         {"det_gemv_16 (w2 c1 kc1024 s2)", det_gemv_16, 2, 1, 1024, 2},
         {"det_gemv_16_w1 (w1 c2 kc1024 s2)", det_gemv_16_w1, 1, 2, 1024, 2},
         {"det_gemv_32 (w4 c1 kc1024 s2)", det_gemv_32, 4, 1, 1024, 2},
+        {"w4 c1 kc1024 s2, clusters of 2", dg_var<4, 1, 1024, 2, 2>, 4, 1, 1024, 2, 2},
+        {"w4 c1 kc512 s2, clusters of 4", dg_var<4, 1, 512, 2, 4>, 4, 1, 512, 2, 4},
+        {"w4 c1 kc1024 s2, clusters of 4", dg_var<4, 1, 1024, 2, 4>, 4, 1, 1024, 2, 4},
+        {"w4 c1 kc512 s2", dg_var<4, 1, 512, 2>, 4, 1, 512, 2},
+        {"w4 c2 kc512 s2, clusters of 4", dg_var<4, 2, 512, 2, 4>, 4, 2, 512, 2, 4},
         {"w2 c1 kc512 s3", dg_var<2, 1, 512, 3>, 2, 1, 512, 3},
         {"w1 c2 kc512 s4", dg_var<1, 2, 512, 4>, 1, 2, 512, 4},
         {"w2 c2 kc1024 s2", dg_var<2, 2, 1024, 2>, 2, 2, 1024, 2},
@@ -137,6 +158,8 @@ int main(int argc, char** argv) {
     } shapes[] = {{"qkv", 6144, 4096},    {"o", 4096, 4096},         {"gate_up", 28672, 4096}, {"down", 4096, 14336},
                   {"lm_head", 128256, 4096}, {"odd1000x1008", 1000, 1008}, {"odd333x1040", 333, 1040}};
     for (auto& s : shapes) {
+        // `time qkv,down`: only the shapes named.
+        if (argc > 2 && !strstr(argv[2], s.name)) continue;
         const int m = s.m, k = s.k, NX = 16;
         const size_t wn = (size_t)m * k;
         const int copies = timing ? std::max<int>(1, (int)((256ull << 20) / (wn * 2)) + 1) : 1;

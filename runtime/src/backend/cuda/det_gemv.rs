@@ -147,8 +147,18 @@ impl CudaBackend {
                 // SAFETY: as above; the kernel's conditions were checked by the caller.
                 Some(kernel) => unsafe { self.launch_det_gemv(kernel, x, w, out, dims, 0.0) },
             };
-            let ms = self.median_ms(&mut flush, &mut launch)?;
-            times.push((pick, ms));
+            match (self.median_ms(&mut flush, &mut launch), pick) {
+                (Ok(ms), _) => times.push((pick, ms)),
+                // A kernel the device cannot launch here (say, not enough shared memory at this
+                // row count) is no candidate; cuBLASLt failing is an error.
+                (Err(e), Some(kernel)) => {
+                    tracing::debug!(
+                        "deterministic product {n}x{k} @ {m}x{k}^T: {} not launched: {e}",
+                        kernel.name
+                    )
+                }
+                (Err(e), None) => return Err(e),
+            }
         }
         let cublas = times[0].1;
         let bound = cublas * (1.0 - self.tuning.deterministic_kernel_margin as f32 / 100.0);
