@@ -18,6 +18,7 @@ use std::sync::Mutex;
 use cudarc::cublaslt::{result as lt, sys};
 
 use super::buffer::CudaBuffer;
+use super::lt_problem::LtProblem;
 use crate::backend::BackendError;
 
 /// Workspace bytes an algorithm may use (NVIDIA's recommendation for Hopper).
@@ -59,94 +60,29 @@ fn lt_err(what: &str, e: lt::CublasError) -> BackendError {
     BackendError::Device(format!("cuBLASLt FP8 {what}: {e:?}"))
 }
 
-/// The descriptors of one product, destroyed on drop.
-struct Problem {
-    desc: sys::cublasLtMatmulDesc_t,
-    a: sys::cublasLtMatrixLayout_t,
-    b: sys::cublasLtMatrixLayout_t,
-    c: sys::cublasLtMatrixLayout_t,
-}
-
-/// Sets one attribute of a matmul descriptor from a plain value.
-///
-/// # Safety
-/// `desc` must be a live descriptor and `T` the attribute's type.
-unsafe fn set_attr<T>(
-    desc: sys::cublasLtMatmulDesc_t,
-    attr: sys::cublasLtMatmulDescAttributes_t,
-    value: &T,
-) -> Result<(), BackendError> {
-    // SAFETY: the caller's contract; `value` is alive for the call and `size_of::<T>()` long.
-    unsafe {
-        lt::set_matmul_desc_attribute(
-            desc,
-            attr,
-            value as *const T as *const c_void,
-            size_of::<T>(),
-        )
-    }
-    .map_err(|e| lt_err(&format!("attribute {attr:?}"), e))
-}
-
-impl Problem {
-    /// `C[m, n] (f32) = W^T · X` with `W: [k, m]` e4m3 (ld k), `X: [k, n]` e4m3 (ld k); with
-    /// `scales = Some((sw, sx))` in outer-vector mode, `sw` `[m]` and `sx` `[n]` f32.
-    fn new(
-        (m, n, k): (usize, usize, usize),
-        scales: Option<(u64, u64)>,
-    ) -> Result<Self, BackendError> {
-        let desc = lt::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )
-        .map_err(|e| lt_err("matmul descriptor", e))?;
-        let mut p = Problem {
-            desc,
-            a: std::ptr::null_mut(),
-            b: std::ptr::null_mut(),
-            c: std::ptr::null_mut(),
-        };
+/// The descriptors of an FP8 product: `C[m, n] (f32) = W^T · X` with `W: [k, m]` e4m3 (ld k),
+/// `X: [k, n]` e4m3 (ld k); with `scales = Some((sw, sx))` in outer-vector mode, `sw` `[m]` and
+/// `sx` `[n]` f32.
+fn fp8_problem(
+    dims: (usize, usize, usize),
+    scales: Option<(u64, u64)>,
+) -> Result<LtProblem, BackendError> {
+    let p = LtProblem::tn(dims, sys::cudaDataType_t::CUDA_R_8F_E4M3, "cuBLASLt FP8")?;
+    if let Some((sw, sx)) = scales {
         use sys::cublasLtMatmulDescAttributes_t as A;
-        let trans: i32 = 1; // CUBLAS_OP_T (cublasOperation_t is a 32-bit enum)
-        // SAFETY: the descriptor was just created; each value has its attribute's type (i32
-        // enums, device pointers as `*const c_void`).
+        let mode =
+            sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+        let (swp, sxp) = (sw as *const c_void, sx as *const c_void);
+        // SAFETY: each value has its attribute's type (an i32 enum, device pointers as
+        // `*const c_void`).
         unsafe {
-            set_attr(p.desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &trans)?;
-            if let Some((sw, sx)) = scales {
-                let mode =
-                    sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
-                        as i32;
-                set_attr(p.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode)?;
-                set_attr(p.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode)?;
-                let (swp, sxp) = (sw as *const c_void, sx as *const c_void);
-                set_attr(p.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &swp)?;
-                set_attr(p.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sxp)?;
-            }
-        }
-        let (m, n, k) = (m as u64, n as u64, k as u64);
-        let ld = k as i64;
-        let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
-        p.a = lt::create_matrix_layout(e4m3, k, m, ld).map_err(|e| lt_err("layout", e))?;
-        p.b = lt::create_matrix_layout(e4m3, k, n, ld).map_err(|e| lt_err("layout", e))?;
-        p.c = lt::create_matrix_layout(sys::cudaDataType_t::CUDA_R_32F, m, n, m as i64)
-            .map_err(|e| lt_err("layout", e))?;
-        Ok(p)
-    }
-}
-
-impl Drop for Problem {
-    fn drop(&mut self) {
-        // SAFETY: each descriptor was created by `Problem::new` (null ones were not and are
-        // skipped) and is destroyed once, here.
-        unsafe {
-            for l in [self.a, self.b, self.c] {
-                if !l.is_null() {
-                    let _ = lt::destroy_matrix_layout(l);
-                }
-            }
-            let _ = lt::destroy_matmul_desc(self.desc);
+            p.set_attr(A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode)?;
+            p.set_attr(A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode)?;
+            p.set_attr(A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &swp)?;
+            p.set_attr(A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sxp)?;
         }
     }
+    Ok(p)
 }
 
 impl Fp8Gemm {
@@ -169,7 +105,7 @@ impl Fp8Gemm {
     /// The heuristic's algorithm for `p` of shape `key`, cached.
     fn algo(
         &self,
-        p: &Problem,
+        p: &LtProblem,
         key: (usize, usize, usize, ScaleMode),
     ) -> Result<sys::cublasLtMatmulAlgo_t, BackendError> {
         let mut algos = self
@@ -233,7 +169,7 @@ impl Fp8Gemm {
         let mut last_err = None;
         for &mode in modes {
             let scales = (mode == ScaleMode::OuterVector).then_some((sw, sx));
-            let p = Problem::new((m, n, k), scales)?;
+            let p = fp8_problem((m, n, k), scales)?;
             let algo = match self.algo(&p, (m, n, k, mode)) {
                 Ok(a) => a,
                 Err(e) => {

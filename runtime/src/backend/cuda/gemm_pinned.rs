@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use cudarc::cublaslt::{result as lt, sys};
 
 use super::buffer::CudaBuffer;
+use super::lt_problem::LtProblem;
 use crate::backend::BackendError;
 
 /// Workspace bytes a pinned algorithm may use (NVIDIA's recommendation for Hopper).
@@ -101,66 +102,6 @@ impl Drop for PinnedGemm {
 
 fn lt_err(what: &str, e: lt::CublasError) -> BackendError {
     BackendError::Device(format!("cuBLASLt {what}: {e:?}"))
-}
-
-/// The descriptors of one product, destroyed on drop.
-struct Problem {
-    desc: sys::cublasLtMatmulDesc_t,
-    a: sys::cublasLtMatrixLayout_t,
-    b: sys::cublasLtMatrixLayout_t,
-    c: sys::cublasLtMatrixLayout_t,
-}
-
-impl Problem {
-    /// `C[m, n] (f32) = W^T · X` with `W: [k, m]` bf16 (ld k), `X: [k, n]` bf16 (ld k).
-    fn new(m: usize, n: usize, k: usize) -> Result<Self, BackendError> {
-        let desc = lt::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )
-        .map_err(|e| lt_err("matmul descriptor", e))?;
-        let mut p = Problem {
-            desc,
-            a: std::ptr::null_mut(),
-            b: std::ptr::null_mut(),
-            c: std::ptr::null_mut(),
-        };
-        let trans: i32 = 1; // CUBLAS_OP_T (cublasOperation_t is a 32-bit enum)
-        // SAFETY: the descriptor was just created; the buffer is an i32 holding CUBLAS_OP_T.
-        unsafe {
-            lt::set_matmul_desc_attribute(
-                p.desc,
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                (&trans) as *const _ as *const c_void,
-                size_of::<i32>(),
-            )
-        }
-        .map_err(|e| lt_err("transpose attribute", e))?;
-        let (m, n, k) = (m as u64, n as u64, k as u64);
-        let ld = k as i64;
-        p.a = lt::create_matrix_layout(sys::cudaDataType_t::CUDA_R_16BF, k, m, ld)
-            .map_err(|e| lt_err("layout", e))?;
-        p.b = lt::create_matrix_layout(sys::cudaDataType_t::CUDA_R_16BF, k, n, ld)
-            .map_err(|e| lt_err("layout", e))?;
-        p.c = lt::create_matrix_layout(sys::cudaDataType_t::CUDA_R_32F, m, n, m as i64)
-            .map_err(|e| lt_err("layout", e))?;
-        Ok(p)
-    }
-}
-
-impl Drop for Problem {
-    fn drop(&mut self) {
-        // SAFETY: each descriptor was created by `Problem::new` (null ones were not and are
-        // skipped) and is destroyed once, here.
-        unsafe {
-            for l in [self.a, self.b, self.c] {
-                if !l.is_null() {
-                    let _ = lt::destroy_matrix_layout(l);
-                }
-            }
-            let _ = lt::destroy_matmul_desc(self.desc);
-        }
-    }
 }
 
 impl PinnedGemm {
@@ -296,7 +237,7 @@ impl PinnedGemm {
         k: usize,
         inplace_only: bool,
     ) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, BackendError> {
-        let p = Problem::new(m, rows, k)?;
+        let p = LtProblem::tn((m, rows, k), sys::cudaDataType_t::CUDA_R_16BF, "cuBLASLt")?;
         let pref = lt::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
         let ws = WORKSPACE_BYTES;
         // SAFETY: `pref` was just created; the buffers are a usize and a u32, of the sizes given.
@@ -376,7 +317,7 @@ impl PinnedGemm {
         let alpha = 1.0f32;
         for row0 in (0..n).step_by(launch_rows) {
             let rows = launch_rows.min(n - row0);
-            let p = Problem::new(m, rows, k)?;
+            let p = LtProblem::tn((m, rows, k), sys::cudaDataType_t::CUDA_R_16BF, "cuBLASLt")?;
             let (xs, outs) = (x + (row0 * k * 2) as u64, out + (row0 * m * 4) as u64);
             // SAFETY: descriptors and algorithm are live; rows row0..row0 + rows of x (bf16) and
             // out (f32) lie inside the caller's buffers (its contract); the workspace holds

@@ -35,6 +35,7 @@ mod gemm;
 mod gemm_fp8;
 mod gemm_pinned;
 mod graph;
+mod lt_problem;
 mod modules;
 mod ops;
 mod pdl;
