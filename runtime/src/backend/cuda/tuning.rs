@@ -69,9 +69,9 @@ pub struct CudaTuning {
     /// How much faster than cuBLASLt, in percent of cuBLASLt's timed median, one of sov's
     /// small-row kernels (`det_gemv_*`) must be to serve a deterministic product of at most 16
     /// rows (`SOV_DETERMINISTIC_KERNEL_MARGIN`, -100..=100). A negative margin takes a kernel
-    /// that is up to that much slower alone: cuBLASLt's kernels do not let the next kernel launch
-    /// early (programmatic dependent launch), sov's do, which a kernel timed alone does not show.
-    /// Every choice gives the same bits. Default 3.
+    /// that is up to that much slower alone. Every choice gives the same bits. Default 3: on the
+    /// H200 margins of -10 and -100 moved qkv, gate/up and the lm head to kernels and lost 3.7%
+    /// and 5.5% at batch 1, and -100 27% at batch 16 (`kernels/README.md`, deterministic mode).
     pub deterministic_kernel_margin: i32,
     /// Weight and activation format of the linear layers (`sov --quantization`; not an
     /// environment variable of this struct, the command line sets it). Default
