@@ -11,7 +11,7 @@
 //! - `Q6_K` (210 bytes): 128 bytes low nibbles `ql`, 64 bytes high 2-bit pairs `qh`, 16 i8 scales,
 //!   f16 `d`; `x = (d * scale) * (q - 32)` with one scale per 16 values.
 
-use super::dequant::f16_at;
+use super::blocks::f16_at;
 
 /// Values in one K-quant super-block.
 pub const QK_K: usize = 256;

@@ -7,6 +7,7 @@
 //! permutation (on whole rows of blocks for quantized tensors), so the model code sees the same
 //! tensors as from a Hugging Face folder.
 
+pub mod blocks;
 pub mod config;
 pub mod dequant;
 pub mod kquants;

@@ -7,7 +7,7 @@
 //! the `gguf` Python package's dequantization, see `fixtures/make_gguf_fixtures.py`).
 
 use super::types::GgmlType;
-use super::{dequant, kquants};
+use super::{blocks, kquants};
 
 /// A quantized block format sov computes with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -97,9 +97,9 @@ impl QuantType {
 /// When `block` or `out` is shorter than one block (a caller bug).
 pub fn decode_block(ty: QuantType, block: &[u8], out: &mut [f32]) {
     match ty {
-        QuantType::Q4_0 => dequant::block_q4_0(block, out),
-        QuantType::Q4_1 => dequant::block_q4_1(block, out),
-        QuantType::Q8_0 => dequant::block_q8_0(block, out),
+        QuantType::Q4_0 => blocks::block_q4_0(block, out),
+        QuantType::Q4_1 => blocks::block_q4_1(block, out),
+        QuantType::Q8_0 => blocks::block_q8_0(block, out),
         QuantType::Q4K => kquants::block_q4_k(block, out),
         QuantType::Q5K => kquants::block_q5_k(block, out),
         QuantType::Q6K => kquants::block_q6_k(block, out),
