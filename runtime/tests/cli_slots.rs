@@ -72,16 +72,15 @@ fn slots_set_steers_a_running_generate() {
     wait_for("the suspend interrupt", || {
         slots(&run, &["get", "power_state"]) == "active"
     });
-    // The suspend checkpoints (after clearing power_state, so wait for the chain height it bumps
-    // once the receipt is on disk); the chain head in the slots names that receipt.
+    // The suspend checkpoints (after clearing power_state). The chain height in the slots moves
+    // to 1 when the checkpoint is handed over; with the asynchronous checkpoint writer (the KV
+    // blocks mode) the receipt reaches the disk a little later, so wait for both.
     let height = || -> u32 { slots(&run, &["get", "bft_quorum_height"]).parse().unwrap() };
-    wait_for("the suspend checkpoint", || height() >= 1);
-    let height = height();
-    assert!(
-        run.join(format!("checkpoints/receipt-{height:08}.note"))
-            .exists(),
-        "no receipt for height {height}"
-    );
+    let receipt = |h: u32| run.join(format!("checkpoints/receipt-{h:08}.note"));
+    wait_for("the suspend checkpoint's receipt on disk", || {
+        let h = height();
+        h >= 1 && receipt(h).exists()
+    });
     let listing = slots(&run, &["get"]);
     assert!(listing.contains("kv_blocks_used"), "{listing}");
     // Suspended: the decode counter stands still.
