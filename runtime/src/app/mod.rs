@@ -8,7 +8,10 @@
 //! environment or knows a command line.
 
 pub mod battery;
+pub mod checkpoints;
 pub mod dirs;
+mod launch;
+pub mod options;
 pub mod reproduce;
 pub mod run_dir;
 pub mod runs;

@@ -7,7 +7,8 @@
 //! the same [`crate::model::tensor_parallel::AllReduce`] trait; this build has no NCCL binding, so
 //! a CUDA start with more than one rank is refused with that reason.
 
-use super::start::{Device, EngineOptions, ModelParts, Started, launch, prepare};
+use super::launch::{launch, prepare};
+use super::options::{Device, EngineOptions, ModelParts, Started};
 use crate::backend::DType;
 use crate::backend::cpu::CpuBackend;
 use crate::engine::EngineError;

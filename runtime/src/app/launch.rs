@@ -1,0 +1,175 @@
+//! The last steps of a start, shared by a whole model and a tensor-parallel one: [`prepare`] sizes
+//! the KV cache from the memory budget, takes the run directory's lock and opens the checkpoint
+//! store while the weights are still on the host; [`launch`] starts the engine thread on the
+//! model runner with the slot file, the KV policy and the checkpoint hooks.
+//!
+//! Design: the backend-specific part of a start (`start`, `tensor_parallel`) builds the runner
+//! between the two calls; nothing here knows which backend it runs on.
+
+use std::sync::Arc;
+
+use super::checkpoints::open_worm;
+use super::options::{CheckpointInfo, EngineOptions, ModelParts, Started, kv_bytes_per_token};
+use super::run_dir::{RunLock, slot_path};
+use super::slot_file::create_slots;
+use crate::engine::EngineError;
+use crate::engine::checkpointing::Worm;
+use crate::engine::forward::ForwardModel;
+use crate::engine::handle::{Durability, Engine, EngineConfig};
+use crate::engine::hook::{CheckpointHook, RequestJournal};
+use crate::engine::kv_policy::KvPolicy;
+use crate::engine::prefix_cache::CacheSalt;
+use crate::scheduler::Machine;
+
+/// What a start settles before the weights move to a backend.
+pub(crate) struct Prepared {
+    /// Tokens per KV block (the machine's `block_size`).
+    pub block_size: usize,
+    /// KV bytes of one token in every layer.
+    pub per_token: usize,
+    /// KV blocks the budget holds.
+    pub num_blocks: usize,
+    /// The context cap: the option, the model's, whichever is smaller.
+    pub context_len: usize,
+    run_lock: Option<RunLock>,
+    worm: Option<(Worm, CheckpointInfo)>,
+}
+
+impl Prepared {
+    /// Rows, sequences and context [`crate::model::LlamaModel::reserve_scratch`] is sized for.
+    pub fn scratch(&self, opts: &EngineOptions) -> (usize, usize, usize) {
+        (
+            opts.max_prefill_tokens.max(1) + opts.max_batch,
+            opts.max_batch,
+            self.context_len.min(self.num_blocks * self.block_size),
+        )
+    }
+}
+
+/// The KV budget in blocks of `kv_dtype_bytes` elements, the run lock and the checkpoint store,
+/// settled while `parts` still holds the weights (receipts hash them).
+pub(crate) fn prepare<M: Machine>(
+    kv_dtype_bytes: usize,
+    parts: &ModelParts,
+    opts: &EngineOptions,
+) -> Result<Prepared, EngineError> {
+    let block_size = M::constant("block_size").unwrap_or(16).max(1) as usize;
+    let per_token = kv_bytes_per_token(&parts.config, kv_dtype_bytes).max(1);
+    let num_blocks = (opts.kv_memory_bytes / (per_token * block_size)).max(1);
+    // Held as long as the engine runs: no second process resumes or prunes this run meanwhile.
+    let run_lock = opts.run_dir.as_deref().map(RunLock::acquire).transpose()?;
+    // Hashed before the weights move to the backend: receipts name the exact model.
+    let worm = match &opts.checkpoints {
+        Some(c) => Some(open_worm::<M>(c, opts, parts)?),
+        None => None,
+    };
+    let context_len = opts
+        .max_context
+        .unwrap_or(usize::MAX)
+        .min(parts.config.max_position_embeddings);
+    Ok(Prepared {
+        block_size,
+        per_token,
+        num_blocks,
+        context_len,
+        run_lock,
+        worm,
+    })
+}
+
+/// Starts the engine thread of machine `M` on `runner` (whose weights came from `parts`).
+pub(crate) fn launch<M: Machine + 'static, F: ForwardModel + 'static>(
+    runner: F,
+    prep: Prepared,
+    parts: ModelParts,
+    opts: &EngineOptions,
+) -> Result<Started, EngineError> {
+    let Prepared {
+        block_size,
+        per_token,
+        num_blocks,
+        context_len,
+        run_lock,
+        worm,
+    } = prep;
+    let (durability, checkpoints) = match worm {
+        Some((worm, info)) => (
+            Some(Durability {
+                hook: Box::new(worm.hook) as Box<dyn CheckpointHook<_>>,
+                journal: Some(worm.acceptor as Arc<dyn RequestJournal>),
+                resume: opts.checkpoints.as_ref().is_some_and(|c| c.resume),
+            }),
+            Some(info),
+        ),
+        None => (None, None),
+    };
+    // A killed run's swap file holds nothing a checkpoint refers to (swapped sequences resume by
+    // recomputation); a fresh spill would truncate it anyway.
+    if let Some(dir) = opts.run_dir.as_deref() {
+        match crate::engine::swap_spill::remove_leftover(dir) {
+            Ok(true) => tracing::info!(
+                "removed the swap file a killed run left in {}",
+                dir.display()
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("removing a leftover swap file in {}: {e}", dir.display()),
+        }
+    }
+    if opts.swap_file_bytes > 0 && opts.run_dir.is_none() {
+        tracing::warn!("a swap file needs a run directory; swapping to host memory only");
+    }
+    let slot_path = opts.run_dir.as_deref().map(slot_path);
+    let slots = match &slot_path {
+        Some(path) => Some(create_slots(path)?),
+        None => None,
+    };
+    let engine = Engine::start_durable::<M, _>(
+        runner,
+        parts.codec,
+        EngineConfig {
+            num_blocks,
+            max_batch: opts.max_batch,
+            max_prefill_tokens: opts.max_prefill_tokens,
+            mixed_prefill: opts.mixed_prefill,
+            context_len,
+            eos_ids: parts.eos_ids,
+            trace: opts.trace,
+            slots,
+            grammar: parts.grammar,
+            shutdown: opts.shutdown.clone(),
+            kv: KvPolicy {
+                prefix_cache: opts.prefix_cache,
+                swap_blocks: opts.swap_memory_bytes / (per_token * block_size),
+                spill_blocks: opts.swap_file_bytes / (per_token * block_size),
+                spill_path: opts
+                    .run_dir
+                    .as_deref()
+                    .map(|d| d.join(crate::engine::swap_spill::SPILL_FILE)),
+                // Blocks are shared only between requests to the same model in the same KV dtype.
+                salt: CacheSalt::of(&[
+                    parts.name.as_bytes(),
+                    format!("{:?}", parts.config).as_bytes(),
+                    &(per_token as u64).to_le_bytes(),
+                ]),
+            },
+        },
+        durability,
+    )?;
+    if let Some(w) = checkpoints.as_ref().and_then(|c| c.witnesses.as_ref()) {
+        w.publish_to(engine.slots().clone());
+    }
+    if let Some(n) = opts.speculative_draft_len {
+        // After a resume's restore, which loads the interrupted run's slots.
+        engine.slots().set_speculative_draft_len(n);
+    }
+    Ok(Started {
+        engine,
+        chat_template: parts.chat_template,
+        model_name: parts.name,
+        config: parts.config,
+        checkpoints,
+        battery: None,
+        slot_path,
+        run_lock,
+    })
+}
