@@ -17,13 +17,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
 use super::error::ApiError;
-use super::params::{self, Job, JobContext};
+use super::params::{self, Job};
 use super::reader::ReaderGuard;
 use super::registry::{Ending, Endpoint, Entry};
 use super::render::{self, Head};
 use super::sse;
 use super::state::{AppState, PhaseKind};
 use super::submit;
+use super::worker::blocking;
 
 /// Header naming a request.
 pub const REQUEST_ID: &str = "x-request-id";
@@ -65,17 +66,6 @@ pub fn refuse_unless_ready(st: &AppState) -> Result<(), ApiError> {
     }
 }
 
-/// What parsing a body needs from the server.
-pub fn job_context(st: &AppState) -> JobContext<'_> {
-    JobContext {
-        codec: st.engine.codec().as_ref(),
-        template: st.info.chat_template.as_ref(),
-        model_name: &st.info.model_name,
-        context_len: st.info.context_len,
-        vocab_size: st.engine.limits().vocab_size,
-    }
-}
-
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -96,15 +86,6 @@ fn request_id(headers: &HeaderMap, endpoint: Endpoint) -> Result<String, ApiErro
     }
 }
 
-/// Runs blocking work (journal writes, tokenization) off the async workers.
-pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
-}
-
 async fn generate(
     st: Arc<AppState>,
     endpoint: Endpoint,
@@ -122,7 +103,7 @@ async fn generate(
     submit::ensure_seed(&mut body);
     let s = st.clone();
     let (entry, job, fresh) = blocking(move || {
-        let job = params::parse(endpoint, &body, &job_context(&s))?;
+        let job = params::parse(endpoint, &body, &s.job_context())?;
         let entry = Entry::new(id, endpoint, submit::unix_now(), body, job.choices());
         let (entry, fresh) = s.registry.insert(entry);
         if fresh {
@@ -152,7 +133,7 @@ pub async fn reattach(
     let s = st.clone();
     let e = entry.clone();
     let mut job = blocking(move || {
-        let job = params::parse(e.endpoint, &e.body, &job_context(&s))?;
+        let job = params::parse(e.endpoint, &e.body, &s.job_context())?;
         submit::restart_aborted(&s, &e)?;
         Ok(job)
     })

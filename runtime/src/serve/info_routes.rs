@@ -8,6 +8,7 @@
 //!   and the assistant header, as `/v1/chat/completions` renders it) ->
 //!   `{"tokens": [...], "count": n, "max_model_len": N}`.
 //! - `POST /detokenize`: `{"tokens": [...]}` -> `{"prompt": TEXT}`.
+//! - `GET /metrics`: Prometheus text, rendered by the server's [`super::metrics::ServerMetrics`] at scrape time.
 //!
 //! Design: thin handlers over the engine's own codec and serve-core's chat rendering
 //! ([`params::chat_prompt`]), so the tokens shown are exactly those a generation request would
@@ -25,6 +26,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+use super::metrics::CONTENT_TYPE;
 use super::params::{self, JobContext, Message};
 use super::state::{AppState, PhaseKind};
 
@@ -39,6 +41,12 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/v1/models/{*model}", get(model))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let body = state.metrics.render(&state.engine);
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body)
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {

@@ -10,21 +10,14 @@
 //! and the token, preemption, checkpoint and draft counters from `Engine::stats` (so they move
 //! while requests run, as vLLM's do).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use super::state::AppState;
 use crate::engine::Engine;
 
 /// Prometheus text exposition format, version 0.0.4.
@@ -386,16 +379,6 @@ fn sanitize_label(reason: &str) -> String {
         .collect()
 }
 
-/// `GET /metrics`.
-pub fn routes() -> Router<Arc<AppState>> {
-    Router::new().route("/metrics", get(scrape))
-}
-
-async fn scrape(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let body = state.metrics.render(&state.engine);
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,6 +402,7 @@ mod tests {
         use crate::model::random::{WeightDtype, random_weights, tiny_config};
         use crate::runner::LlamaRunner;
         use crate::scheduler::seed::Scheduler;
+        use std::sync::Arc;
         let config = tiny_config();
         let weights = random_weights(&config, 3, WeightDtype::F32);
         let model = LlamaModel::new(CpuBackend::new(), &config, &weights).unwrap();

@@ -10,8 +10,10 @@
 //! - [`state`], [`error`]: the shared state and the OpenAI-shaped error every route uses
 //! - [`router`]: routes, API key, body limit, request-id spans
 //! - [`params`], [`submit`], [`pump`], [`render`], [`sse`]: from body to engine to response
+//!   ([`worker`]: their blocking parts off the async threads)
 //! - [`completions`], [`requests`]: the generation and request-status routes
-//! - [`metrics`], [`admin`], [`info_routes`]: operations (`/metrics`, `/admin/*`, `/health`, ...)
+//! - [`metrics`], [`admin`], [`info_routes`]: operations (`/metrics`, `/admin/*`, `/health`, ...);
+//!   `info_routes` serves `/metrics` from the [`metrics`] recorder
 
 pub mod admin;
 pub mod completions;
@@ -30,6 +32,7 @@ pub mod router;
 pub mod sse;
 pub mod state;
 pub mod submit;
+pub mod worker;
 
 pub use error::ApiError;
 pub use state::{AppState, Phase, PhaseKind, ServerInfo};

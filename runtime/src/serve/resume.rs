@@ -10,7 +10,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::completions::job_context;
 use super::engine_link;
 use super::params;
 use super::pump::{self, PumpTarget};
@@ -56,7 +55,7 @@ fn entry_for(state: &AppState, tag: &Tag) -> Arc<Entry> {
 /// Tokens in the prompt of choice `choice` (re-tokenized from the journaled body; 0 when it no
 /// longer parses).
 fn prompt_tokens(state: &AppState, entry: &Entry, choice: usize) -> usize {
-    params::parse(entry.endpoint, &entry.body, &job_context(state))
+    params::parse(entry.endpoint, &entry.body, &state.job_context())
         .ok()
         .and_then(|j| j.prompts.get(choice / j.n.max(1)).map(|p| p.tokens.len()))
         .unwrap_or(0)

@@ -19,7 +19,7 @@ use tracing::Instrument;
 use super::completions::{self, REQUEST_ID};
 use super::error::ApiError;
 use super::state::AppState;
-use super::{admin, info_routes, metrics, requests};
+use super::{admin, info_routes, requests};
 
 /// Default most bytes of a request body.
 pub const DEFAULT_MAX_BODY: usize = 4 << 20;
@@ -29,7 +29,6 @@ pub fn build(state: Arc<AppState>, max_body: usize) -> Router {
     Router::new()
         .merge(completions::routes())
         .merge(requests::routes())
-        .merge(metrics::routes())
         .merge(admin::routes())
         .merge(info_routes::routes())
         .fallback(not_found)

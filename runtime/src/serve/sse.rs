@@ -197,7 +197,7 @@ async fn run(
             // Aborted by an earlier reader's disconnect while this one was attaching: go again
             // (same seed, same tokens); the cursor skips what this client already has.
             let (s, e) = (state.clone(), entry.clone());
-            if super::completions::blocking(move || super::submit::restart_aborted(&s, &e))
+            if super::worker::blocking(move || super::submit::restart_aborted(&s, &e))
                 .await
                 .is_err()
             {

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use super::params::JobContext;
 use crate::engine::Engine;
 use crate::loader::ChatTemplate;
 
@@ -32,6 +33,19 @@ pub struct AppState {
     pub receipts: Option<Arc<std::sync::Mutex<crate::engine::checkpointing::ResumeBook>>>,
     /// The witness client: receipts are re-issued against the newest head a quorum cosigned.
     pub witnesses: Option<Arc<crate::app::witnesses::Witnesses>>,
+}
+
+impl AppState {
+    /// What parsing a body needs from the server.
+    pub fn job_context(&self) -> JobContext<'_> {
+        JobContext {
+            codec: self.engine.codec().as_ref(),
+            template: self.info.chat_template.as_ref(),
+            model_name: &self.info.model_name,
+            context_len: self.info.context_len,
+            vocab_size: self.engine.limits().vocab_size,
+        }
+    }
 }
 
 /// What the server says about itself.

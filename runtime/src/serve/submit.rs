@@ -159,11 +159,7 @@ pub fn restart_aborted(state: &AppState, entry: &Arc<Entry>) -> Result<usize, Ap
         });
         return Err(ApiError::unavailable("shutting down", 10));
     }
-    let job = super::params::parse(
-        entry.endpoint,
-        &entry.body,
-        &super::completions::job_context(state),
-    )?;
+    let job = super::params::parse(entry.endpoint, &entry.body, &state.job_context())?;
     tracing::info!(request = %entry.id, choices = claimed.len(), "re-submitting");
     start(state, entry, &job, &claimed)?;
     Ok(claimed.len())
