@@ -5,7 +5,6 @@
 //! ([`super::bench_stats::PhaseRates`]) and peak memory; `--json [FILE]` for machines. With `--url`
 //! it benchmarks a running OpenAI-compatible server instead ([`super::bench_serve`]).
 
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -14,74 +13,9 @@ use anyhow::Context;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::bench_serve::OnlineArgs;
+use super::bench_args::BenchArgs;
 use super::bench_stats::{PhaseRates, Summary, Timeline, peak_rss_bytes, phase_rates, summarize};
-use super::model_args::ModelArgs;
 use crate::engine::{Engine, FinishReason, Finished, Prompt, Request, SamplingParams};
-
-/// Arguments of `sov bench`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct BenchArgs {
-    /// Which model to load and how.
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Number of requests.
-    #[arg(long, default_value_t = 64)]
-    pub num_prompts: usize,
-    /// Prompt tokens per request.
-    #[arg(long, default_value_t = 128)]
-    pub input_len: usize,
-    /// Generated tokens per request.
-    #[arg(long, default_value_t = 128)]
-    pub output_len: usize,
-    /// Every prompt starts with the same N random tokens (a shared system prompt) before its own
-    /// `--input-len` ones (vLLM's `--random-prefix-len`); the prefix cache prefills it once.
-    #[arg(long, default_value_t = 0, value_name = "N")]
-    pub shared_prefix_tokens: usize,
-    /// Lengths vary uniformly in [len * (1 - r), len * (1 + r)] (vLLM's random dataset).
-    #[arg(long, default_value_t = 0.0)]
-    pub random_range_ratio: f64,
-    /// Most requests in flight (default: all at once).
-    #[arg(long)]
-    pub concurrency: Option<usize>,
-    /// Generate exactly the output length, ignoring end-of-sequence tokens.
-    #[arg(long)]
-    pub ignore_eos: bool,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Seed of the prompt generator and the samplers.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Write the result as one JSON object to FILE, or with no FILE print it instead of the report.
-    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
-    pub json: Option<PathBuf>,
-    /// Run the benchmark once per listed batch size B (B requests, concurrency B) on one loaded
-    /// model, e.g. `--sweep 1,16,64,256`; overrides --num-prompts and --concurrency.
-    #[arg(long, value_delimiter = ',')]
-    pub sweep: Vec<usize>,
-    /// The online mode's options (`--url` and what only it reads).
-    #[command(flatten)]
-    pub online: OnlineArgs,
-}
-
-/// Whether `--json` was given without a file: the JSON replaces the printed report.
-pub fn json_to_stdout(args: &BenchArgs) -> bool {
-    args.json.as_deref() == Some(std::path::Path::new("-"))
-}
-
-/// Writes `value` as `--json` asks: one line on stdout, or to the named file.
-pub fn write_json(args: &BenchArgs, value: &impl Serialize) -> anyhow::Result<()> {
-    match &args.json {
-        None => Ok(()),
-        Some(_) if json_to_stdout(args) => {
-            println!("{}", serde_json::to_string(value)?);
-            Ok(())
-        }
-        Some(path) => std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
-            .with_context(|| format!("writing {}", path.display())),
-    }
-}
 
 /// The benchmark's result.
 #[derive(Debug, Clone, Serialize)]
@@ -291,7 +225,7 @@ pub fn run(args: BenchArgs, dirs: &crate::app::SovDirs) -> anyhow::Result<std::p
     };
     let mut all_ok = true;
     for run_args in &runs {
-        if !args.sweep.is_empty() && !json_to_stdout(&args) {
+        if !args.sweep.is_empty() && !args.json_to_stdout() {
             println!("sweep: batch {}", run_args.num_prompts);
         }
         all_ok &= measure(engine, run_args, &started.model_name)?;
@@ -408,10 +342,10 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
             prefix_hit_tokens: after.kv.prefix_hit_tokens - before.kv.prefix_hit_tokens,
         },
     };
-    if !json_to_stdout(args) {
+    if !args.json_to_stdout() {
         print_report(&result);
     }
-    write_json(args, &result)?;
+    args.write_json(&result)?;
     Ok(failed == 0)
 }
 

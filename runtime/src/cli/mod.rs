@@ -12,6 +12,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod bench_args;
 pub mod bench_serve;
 pub mod bench_stats;
 pub mod generate;
@@ -50,7 +51,7 @@ pub enum Command {
     /// Serve an OpenAI-compatible HTTP API whose requests survive restarts.
     Serve(serve::ServeArgs),
     /// Benchmark serving throughput and latency (vLLM `bench serve` conventions).
-    Bench(bench::BenchArgs),
+    Bench(bench_args::BenchArgs),
     /// Read or steer a running engine through its slot file.
     #[command(subcommand)]
     Slots(slots::SlotsCommand),

@@ -18,51 +18,17 @@ pub mod workload;
 #[cfg(test)]
 mod stub_tests;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use rand::SeedableRng;
 
-use self::arrivals::{RequestRate, send_offsets};
+use self::arrivals::send_offsets;
 use self::client::{Api, Outcome, RequestSettings};
-use self::report::{OnlineResult, RunInfo, Slo};
+use self::report::{OnlineResult, RunInfo};
 use self::workload::{PromptFormat, WorkloadShape};
-use super::bench::BenchArgs;
-
-/// Options of `sov bench` that only the online mode (`--url`) reads.
-#[derive(clap::Args, Debug, Clone)]
-pub struct OnlineArgs {
-    /// Benchmark the OpenAI-compatible server at this base URL (e.g. http://127.0.0.1:8000)
-    /// instead of loading a model; `--model` is then the model name sent (default: the first of
-    /// the server's `/v1/models`).
-    #[arg(long)]
-    pub url: Option<String>,
-    /// Endpoint under the URL: /v1/completions or /v1/chat/completions.
-    #[arg(long, default_value = "/v1/completions")]
-    pub endpoint: String,
-    /// Mean requests per second (Gamma-distributed gaps), or `inf` to send all at once.
-    #[arg(long, default_value = "inf")]
-    pub request_rate: RequestRate,
-    /// Gamma shape of the arrival gaps: 1 = Poisson, lower = burstier.
-    #[arg(long, default_value_t = 1.0)]
-    pub burstiness: f64,
-    /// API key, sent as `Authorization: Bearer KEY`.
-    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-    /// Service-level objectives for goodput, e.g. `--goodput ttft:500 tpot:50` (ms; ttft, tpot,
-    /// e2el).
-    #[arg(long, num_args = 1..)]
-    pub goodput: Vec<Slo>,
-    /// Tokenizer the prompts are drawn from: a tokenizer.json, a Hugging Face folder or a .gguf
-    /// (default: the default model's, from sov's cache).
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
-    /// Send prompts as token ids or as text (default: ids for completions, text for chat).
-    #[arg(long, value_enum)]
-    pub prompt_format: Option<PromptFormat>,
-}
+use super::bench_args::BenchArgs;
 
 /// Joins the base URL and the endpoint (a URL already ending in the endpoint is kept).
 pub fn endpoint_url(base: &str, endpoint: &str) -> String {
@@ -240,13 +206,13 @@ async fn first_model(client: &reqwest::Client, base: &str, key: Option<&str>) ->
 
 /// Prints the report and writes the JSON where `--json` asks.
 fn emit(args: &BenchArgs, result: &OnlineResult) -> anyhow::Result<()> {
-    if !super::bench::json_to_stdout(args) {
+    if !args.json_to_stdout() {
         report::print(result);
     }
     if let Some(e) = &result.first_error {
         eprintln!("sov: bench: first failed request: {e}");
     }
-    super::bench::write_json(args, result)
+    args.write_json(result)
 }
 
 #[cfg(test)]
