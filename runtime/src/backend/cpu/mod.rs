@@ -10,6 +10,7 @@
 pub mod attend;
 pub mod attention;
 pub mod buffer;
+pub mod dense_dot;
 pub mod dot;
 pub mod matmul;
 pub mod ops;

@@ -15,14 +15,14 @@
 //!
 //! Q4_0, Q4_1 and Q8_0 have a kernel per level. The K-quants (256-value super-blocks with packed
 //! 6-bit scales) are decoded one super-block at a time into an L1-resident f32 tile by the scalar
-//! decoder and dotted there with the f32 SIMD kernel of [`super::dot`].
+//! decoder and dotted there with the f32 SIMD kernel of [`super::dense_dot`].
 
 use std::sync::OnceLock;
 
 use crate::loader::gguf::quant::{decode_block, decode_blocks};
 use crate::loader::tensor::QuantType;
 
-use super::dot::{WeightRow, dot_rows};
+use super::dense_dot::{DenseRow, dense_dot_rows};
 
 /// A kernel family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +54,7 @@ impl Level {
         let mut levels = vec![Level::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            if super::dot::has_avx2() {
+            if super::dense_dot::has_avx2() {
                 levels.push(Level::Avx2);
                 if is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
@@ -239,7 +239,7 @@ fn tiled<const N: usize>(ty: QuantType, w: &[u8], xs: &[&[f32]; N]) -> [f32; N] 
     for (b, block) in w.chunks_exact(bb).enumerate() {
         decode_block(ty, block, &mut buf);
         let part: [&[f32]; N] = std::array::from_fn(|r| &xs[r][b * be..(b + 1) * be]);
-        let s = dot_rows(WeightRow::F32(&buf[..be]), &part);
+        let s = dense_dot_rows(DenseRow::F32(&buf[..be]), &part);
         for (o, v) in out.iter_mut().zip(s) {
             *o += v;
         }
