@@ -14,7 +14,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::codec::TextCodec;
-use super::core::CoreConfig;
+use super::core_config::CoreConfig;
 use super::output::{FinishReason, Logprobs, Output};
 use super::sampler::{Sampled, sample};
 use super::sequence::Sequence;

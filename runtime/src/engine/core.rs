@@ -15,38 +15,18 @@ use super::advance::{Advanced, RowInput, advance, advance_all};
 use super::blocks::BlockManager;
 use super::codec::TextCodec;
 use super::constraint::GrammarSupport;
+pub use super::core_config::CoreConfig;
 use super::error::EngineError;
 use super::forward::{ForwardModel, PickedRows, RowPick, pick_on_host};
 use super::hook::CheckpointHook;
 use super::host_times::DecodeHostTimes;
-use super::kv_policy::{KvCounters, KvPolicy};
+use super::kv_policy::KvCounters;
 use super::outbox::Outbox;
 use super::output::{FinishReason, Finished, Output};
 use super::sequence::Sequence;
 use super::swap::SwapPool;
 use crate::model::batch::SeqChunk;
 use crate::scheduler::Slots;
-
-/// Limits the core runs under.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CoreConfig {
-    /// KV blocks in the cache.
-    pub num_blocks: usize,
-    /// Tokens per block (the machine's `block_size` constant).
-    pub block_size: usize,
-    /// Most sequences in the running batch.
-    pub max_batch: usize,
-    /// Most prompt tokens one prefill forward pass runs (longer prompts run in chunks).
-    pub max_prefill_tokens: usize,
-    /// Most tokens a sequence may hold (model context, capped by the KV cache size).
-    pub context_len: usize,
-    /// Cap on any request's max_tokens (the machine's `max_tokens` constant).
-    pub max_tokens_cap: usize,
-    /// End-of-sequence token ids.
-    pub eos_ids: Vec<u32>,
-    /// Prefix caching and the host swap pool.
-    pub kv: KvPolicy,
-}
 
 /// How a forward pass answers ([`EngineCore::forward_rows`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +84,7 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) machine_name: &'static str,
     pub(crate) machine_state: &'static str,
     /// Work behind the checkpoint and restore actions, when installed.
-    pub(crate) checkpoint_hook: Option<Box<dyn CheckpointHook<F>>>,
+    pub(crate) checkpoint_hook: Option<Box<dyn CheckpointHook<Self>>>,
     /// Output events on their way to the request streams.
     pub(crate) outbox: Outbox,
     /// Totals since start: prompt tokens queued, tokens generated, preemptions.
@@ -246,7 +226,7 @@ impl<F: ForwardModel> EngineCore<F> {
     }
 
     /// Installs the work behind the checkpoint and restore actions.
-    pub fn set_checkpoint_hook(&mut self, hook: Box<dyn CheckpointHook<F>>) {
+    pub fn set_checkpoint_hook(&mut self, hook: Box<dyn CheckpointHook<Self>>) {
         self.checkpoint_hook = Some(hook);
     }
 

@@ -65,7 +65,7 @@ pub struct EngineConfig {
 /// The checkpoint side of an engine (see [`super::hook`]).
 pub struct Durability<F: ForwardModel> {
     /// Runs the `checkpoint` and `restore` actions and journals finished requests.
-    pub hook: Box<dyn CheckpointHook<F>>,
+    pub hook: Box<dyn CheckpointHook<EngineCore<F>>>,
     /// Journals accepted requests in `submit`.
     pub journal: Option<Arc<dyn RequestJournal>>,
     /// Restore before serving: the machine starts in its `resume` state and runs its first step
@@ -194,7 +194,7 @@ impl Engine {
         model: F,
         codec: Arc<dyn TextCodec>,
         config: EngineConfig,
-        hook: Option<Box<dyn CheckpointHook<F>>>,
+        hook: Option<Box<dyn CheckpointHook<EngineCore<F>>>>,
     ) -> Result<Self, EngineError> {
         let durability = hook.map(|hook| Durability {
             hook,

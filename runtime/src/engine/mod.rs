@@ -5,7 +5,8 @@
 //! scheduler (`crate::scheduler`, compiled from `specs/scheduler.toml`) for the next step, whose
 //! actions and predicates [`core::EngineCore`] implements: admit (block manager), prefill,
 //! decode and the mixed step carrying prompt chunks along with the decode rows (model forward +
-//! [`sampler`]), preempt by recomputation or swap to host ([`swap`]),
+//! [`sampler`]), preempt by recomputation or swap to host ([`swap_actions`] over the pool of
+//! [`swap`]),
 //! share cached prompt prefixes ([`prefix_cache`]), and the side paths (checkpoint, speculative
 //! draft/verify). Outputs stream back per request over a channel.
 
@@ -16,6 +17,7 @@ pub mod checkpointing;
 pub mod codec;
 pub mod constraint;
 pub mod core;
+pub mod core_config;
 pub mod core_view;
 pub mod error;
 pub mod forward;
@@ -35,6 +37,7 @@ pub mod sampler;
 pub mod sequence;
 pub mod speculative;
 pub mod swap;
+pub mod swap_actions;
 pub mod swap_spill;
 pub mod text;
 

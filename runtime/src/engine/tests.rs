@@ -294,7 +294,7 @@ fn eos_and_stop_strings_finish_requests() {
 /// Records every checkpoint call with the machine state the core reports.
 struct RecordingHook(Arc<std::sync::Mutex<Vec<(&'static str, &'static str)>>>);
 
-impl CheckpointHook<FakeModel> for RecordingHook {
+impl CheckpointHook<EngineCore<FakeModel>> for RecordingHook {
     fn checkpoint(&mut self, core: &mut EngineCore<FakeModel>) -> Result<(), EngineError> {
         if let Ok(mut v) = self.0.lock() {
             v.push(core.machine_state());

@@ -306,7 +306,7 @@ impl WormHook {
     }
 }
 
-impl<F: ForwardModel> CheckpointHook<F> for WormHook {
+impl<F: ForwardModel> CheckpointHook<EngineCore<F>> for WormHook {
     fn checkpoint(&mut self, core: &mut EngineCore<F>) -> std::result::Result<(), EngineError> {
         if self.writer.is_some() && core.model_mut().kv_io().is_some() {
             // Slots 7..31 only ever name a durable receipt (the slot file is the anchor a resume
