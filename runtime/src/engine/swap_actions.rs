@@ -8,11 +8,11 @@
 //! `has_swapped`, `can_swap_in`. Block bytes move through the model's [`KvBlockIo`]
 //! (`[layers, K/V, block_size, KVH, D]`, the checkpoint layout), so a swapped-in block holds
 //! exactly the bytes it held: outputs are unchanged. All of a victim's blocks move in one staged
-//! read ([`KvBlockIo::read_blocks`]: on a GPU one gather kernel on the compute stream and one
+//! read ([`KvBlockIo::read_blocks`](crate::checkpoint::driver::KvBlockIo::read_blocks): on a GPU one gather kernel on the compute stream and one
 //! asynchronous copy to pinned memory on a side stream), so its blocks are freed and it leaves the
 //! batch at once while the copy overlaps the next steps; the newest swap stays staged until the
 //! next swap (then its bytes move to the pool's host memory, freeing the staging slot) or its swap
-//! in, which writes all its blocks in one staged write ([`KvBlockIo::write_blocks`]). A checkpoint lists swapped sequences as
+//! in, which writes all its blocks in one staged write ([`KvBlockIo::write_blocks`](crate::checkpoint::driver::KvBlockIo::write_blocks)). A checkpoint lists swapped sequences as
 //! waiting without KV, so a resume recomputes them (see `engine/checkpointing/core_io.rs`).
 //!
 //! The pool has two tiers: host memory (`KvPolicy::swap_blocks`) and, when configured, a file in
