@@ -20,7 +20,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::{HeadConfig, KernelId};
 
 use super::buffer::CudaBuffer;
-use super::device::{CudaBackend, driver_err};
+use super::device::CudaBackend;
+use super::driver_error::driver_err;
 use super::ops::to_i32;
 use super::pdl::arg;
 use crate::backend::{

@@ -17,7 +17,8 @@ use sov_kernels::KernelId;
 
 use super::attention::DecodeRows;
 use super::buffer::CudaBuffer;
-use super::device::{CudaBackend, driver_err};
+use super::device::CudaBackend;
+use super::driver_error::driver_err;
 use super::ops::to_i32;
 use crate::backend::{AttentionShape, BackendError, BatchMeta, DType, KvLayer};
 

@@ -3,7 +3,8 @@
 use half::bf16;
 
 use super::buffer::CudaBuffer;
-use super::device::{CudaBackend, driver_err};
+use super::device::CudaBackend;
+use super::driver_error::driver_err;
 use crate::backend::{
     AttentionShape, Backend, BackendError, BatchMeta, DType, HeadShape, KvLayer, NewTokens,
     RmsNorm, RopeTables, SwiGluShape, check_buffer,

@@ -18,50 +18,22 @@
 //! The memset flush leaves the L2 full of dirty lines that every candidate pays to write back,
 //! so these times run above the kernels' back-to-back ones (down at 16 rows: 53.9 vs 42.6 us).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use cudarc::driver::LaunchConfig;
 use sov_kernels::{DET_GEMV_KERNELS, DET_GEMV_MAX_ROWS, DetGemvKernel, KernelId};
 
-use super::device::{CudaBackend, driver_err};
-use super::gemm::ProductDims;
+use super::det_picks::SmallPick;
+use super::device::CudaBackend;
+use super::driver_error::driver_err;
 use super::gemm_pinned::PinnedGemm;
 use super::ops::to_i32;
 use super::pdl::arg;
+use super::product_dims::ProductDims;
 use crate::backend::{BackendError, DType};
 
 /// Bytes written before each timed launch so that no weight is in the L2 (50 MB on an H200).
 const FLUSH_BYTES: usize = 128 << 20;
 /// Timed launches per candidate (after one warm-up); the median counts.
 const TIMED_LAUNCHES: usize = 5;
-
-/// Which implementation serves a small deterministic product: `None` for cuBLASLt, else the
-/// kernel.
-type SmallPick = Option<DetGemvKernel>;
-
-/// The per-process picks, by product size.
-#[derive(Default)]
-pub(super) struct SmallPicks(Mutex<HashMap<ProductDims, SmallPick>>);
-
-impl SmallPicks {
-    fn get(&self, dims: ProductDims) -> Result<Option<SmallPick>, BackendError> {
-        Ok(self.lock()?.get(&dims).copied())
-    }
-
-    fn set(&self, dims: ProductDims, pick: SmallPick) -> Result<(), BackendError> {
-        self.lock()?.insert(dims, pick);
-        Ok(())
-    }
-
-    fn lock(
-        &self,
-    ) -> Result<std::sync::MutexGuard<'_, HashMap<ProductDims, SmallPick>>, BackendError> {
-        self.0
-            .lock()
-            .map_err(|_| BackendError::Device("deterministic pick lock poisoned".into()))
-    }
-}
 
 impl CudaBackend {
     /// The kernel that serves this deterministic product, or `None` for cuBLASLt (with `algo`,

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use super::gemm::ProductDims;
+use super::product_dims::ProductDims;
 use super::reference as cpu;
 use super::tests::{device_with, weight};
 use super::{CudaBackend, CudaBuffer};

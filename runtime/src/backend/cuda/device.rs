@@ -6,10 +6,11 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
 
 use super::buffer::CudaBuffer;
-use super::det_gemv::SmallPicks;
+use super::det_picks::SmallPicks;
+use super::driver_error::driver_err;
 use super::gemm_fp8::{FP8_WORKSPACE_BYTES, Fp8Gemm};
 use super::gemm_pinned::{PinnedGemm, WORKSPACE_BYTES};
 use super::modules::ModuleCache;
@@ -92,15 +93,6 @@ impl CudaBackend {
             .lock()
             .map(|s| s.generation)
             .unwrap_or(u64::MAX)
-    }
-}
-
-/// Maps a driver error to the backend's error type.
-pub(super) fn driver_err(e: DriverError) -> BackendError {
-    if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
-        BackendError::OutOfMemory { bytes: 0 }
-    } else {
-        BackendError::Device(format!("CUDA driver: {e:?}"))
     }
 }
 

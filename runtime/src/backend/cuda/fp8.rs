@@ -16,7 +16,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
-use super::device::{CudaBackend, driver_err, grid_for};
+use super::device::{CudaBackend, grid_for};
+use super::driver_error::driver_err;
 use super::gemm_fp8::ScaleMode;
 use super::ops::to_i32;
 use super::pdl::arg;

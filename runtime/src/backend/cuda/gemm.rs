@@ -34,10 +34,12 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
-use super::device::{CudaBackend, driver_err, grid_for};
+use super::device::{CudaBackend, grid_for};
+use super::driver_error::driver_err;
 use super::gemm_pinned::{CANDIDATE_LAUNCH_ROWS, PinnedGemm};
 use super::ops::to_i32;
 use super::pdl::arg;
+use super::product_dims::ProductDims;
 use crate::backend::{BackendError, DType, SwiGluShape, check_buffer};
 
 /// Most rows of x the GEMV kernel takes (`GEMV_MAX_N` in `gemv.cu`).
@@ -65,15 +67,6 @@ fn probe_bf16(i: u64) -> u16 {
     let exponent = (127 - 4 + ((z >> 7) & 7)) as u16; // 2^-4 .. 2^3
     let sign = ((z >> 10) & 1) as u16;
     (sign << 15) | (exponent << 7) | mantissa
-}
-
-/// Sizes of a product `out[n, m] = x[n, k] @ w[m, k]^T` (for the SwiGLU GEMV, `m` is the output
-/// width `f`: the weight has `2 * f` rows).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct ProductDims {
-    pub(super) n: usize,
-    pub(super) k: usize,
-    pub(super) m: usize,
 }
 
 /// Warps per weight row for a product of `rows` rows on `sm_count` SMs: the most (up to 8) whose

@@ -9,7 +9,8 @@
 
 use cudarc::driver::{CudaGraph, sys};
 
-use super::device::{CudaBackend, driver_err};
+use super::device::CudaBackend;
+use super::driver_error::driver_err;
 use crate::backend::BackendError;
 
 /// An instantiated graph of one captured step.

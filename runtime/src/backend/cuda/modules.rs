@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, result, sys};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use sov_kernels::{HeadConfig, KernelId};
 
-use super::device::driver_err;
+use super::driver_error::driver_err;
 use super::tuning::KernelBuild;
 use crate::backend::BackendError;
 

@@ -4,7 +4,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
-use super::device::{CudaBackend, driver_err, grid_for};
+use super::device::{CudaBackend, grid_for};
+use super::driver_error::driver_err;
 use super::pdl::arg;
 use crate::backend::{
     BackendError, DType, HeadShape, KvLayer, NewTokens, RmsNorm, RopeTables, check_buffer,

@@ -15,7 +15,8 @@ use std::ffi::c_void;
 
 use cudarc::driver::{CudaFunction, LaunchConfig, sys};
 
-use super::device::{CudaBackend, driver_err};
+use super::device::CudaBackend;
+use super::driver_error::driver_err;
 use crate::backend::BackendError;
 
 /// One kernel argument as `cuLaunchKernelEx` takes it: the address of the value.

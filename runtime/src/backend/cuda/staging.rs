@@ -27,7 +27,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::compile_ptx;
 
 use super::buffer::CudaBuffer;
-use super::device::{CudaBackend, driver_err};
+use super::device::CudaBackend;
+use super::driver_error::driver_err;
 use crate::backend::BackendError;
 use crate::backend::kv_stage::KvStager;
 use crate::checkpoint::driver::{ReadyBlocks, StagedBlocks};
