@@ -7,6 +7,7 @@
 //! checked, so a missing, truncated or mismatched file gives a [`LoadError`] naming it.
 
 pub mod chat_template;
+pub mod config;
 #[cfg(test)]
 mod default_model_tests;
 pub mod error;
@@ -27,7 +28,7 @@ pub use resolve::{DEFAULT_MODEL, cached_default_model, resolve_model};
 pub use tensor::{HostData, HostTensor};
 pub use tokenizer::Tokenizer;
 
-use crate::model::config::LlamaConfig;
+use crate::loader::config::LlamaConfig;
 
 /// A model ready for the model code: configuration, weights, tokenizer and chat formatting.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::error::LoadError;
 use super::tensor::HostTensor;
-use crate::model::config::LlamaConfig;
+use crate::loader::config::LlamaConfig;
 
 /// Every tensor the Llama architecture needs, with its Hugging Face name and shape.
 pub fn expected_tensors(c: &LlamaConfig) -> Vec<(String, Vec<usize>)> {

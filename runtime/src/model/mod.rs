@@ -4,7 +4,7 @@
 //! [`KvCache`]; the engine describes each step as a batch of [`batch::SeqChunk`]s.
 
 pub mod batch;
-pub mod config;
+pub use crate::loader::config;
 pub mod error;
 pub mod kv_cache;
 pub mod llama;

@@ -27,7 +27,7 @@ mod kv_io;
 mod llama_runner;
 pub mod tensor_parallel;
 #[cfg(test)]
-mod text_cost_bench;
+mod text_cost_tests;
 mod tokenizer_codec;
 
 pub use decode_graphs::DecodeGraphs;

@@ -9,8 +9,8 @@
 use std::path::Path;
 
 use super::reader::Gguf;
+use crate::loader::config::{LlamaConfig, RopeScaling};
 use crate::loader::error::LoadError;
-use crate::model::config::{LlamaConfig, RopeScaling};
 
 /// Architectures whose tensors and metadata follow the Llama layout.
 const LLAMA_LIKE: &[&str] = &["llama"];

@@ -33,7 +33,7 @@ use super::chat_template::ChatTemplate;
 use super::error::LoadError;
 use super::tensor::{HostData, HostTensor};
 use super::{LoadedModel, progress, validate};
-use crate::model::config::LlamaConfig;
+use crate::loader::config::LlamaConfig;
 
 /// Loads the GGUF file at `path`; `progress` shows a progress bar on stderr.
 pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
@@ -185,7 +185,7 @@ fn unpermute(data: HostData, rows: usize, cols: usize, heads: usize) -> Option<H
 fn rope_scaling(
     g: &Gguf<'_>,
     config: &LlamaConfig,
-) -> Result<Option<crate::model::config::RopeScaling>, LoadError> {
+) -> Result<Option<crate::loader::config::RopeScaling>, LoadError> {
     let scaling_type = g
         .get("llama.rope.scaling.type")
         .and_then(MetaValue::as_str)

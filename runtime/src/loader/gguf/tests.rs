@@ -150,7 +150,7 @@ fn reads_metadata_of_every_value_type() {
 fn tiny_llama_loads_with_hf_names_unpermuted_qk_and_config() {
     let m = load_model(&fixture("tiny_llama.gguf"), false).expect("tiny llama loads");
     let e = read_json("tiny_llama.json");
-    let want_config: crate::model::config::LlamaConfig =
+    let want_config: crate::loader::config::LlamaConfig =
         serde_json::from_value(e["config"].clone()).expect("config json");
     assert_eq!(m.config, want_config);
     assert_eq!(m.name, "tiny-llama-fixture");

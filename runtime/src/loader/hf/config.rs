@@ -10,8 +10,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::loader::config::{LlamaConfig, RopeScaling};
 use crate::loader::error::LoadError;
-use crate::model::config::{LlamaConfig, RopeScaling};
 
 /// Model types whose config and weights follow the Llama layout.
 const LLAMA_LIKE: &[&str] = &["llama"];

@@ -1,7 +1,8 @@
 //! Llama-family model configuration, as Hugging Face's `config.json` (`LlamaConfig`) defines it.
 //!
-//! Contract between the loaders (`crate::loader`, which fill it from `config.json` or GGUF metadata)
-//! and the model (`crate::model`, which reads it). Field names follow Hugging Face.
+//! Contract between the loaders (this module's `hf` and `gguf`, which fill it from `config.json`
+//! or GGUF metadata) and the model (`crate::model`, which reads it, and re-exports this module as
+//! `crate::model::config`). Field names follow Hugging Face.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,5 @@
 //! Detokenization cost per token, the real tokenizer against the byte codec (ignored by default;
-//! run with `cargo test --release -p sov --lib runner::text_cost_bench -- --ignored --nocapture`).
+//! run with `cargo test --release -p sov --lib runner::text_cost_tests -- --ignored --nocapture`).
 //! It lives with [`TokenizerCodec`], the adapter it measures; `engine::host_bench` measures the
 //! rest of the engine's host work per step.
 
