@@ -2,7 +2,7 @@
 //! the layers below it. A `use crate::engine::...` (or any `crate::engine::` path) in the backend,
 //! say, fails this test with the file and line.
 //!
-//! Layers, top to bottom: `cli` -> `app` -> `runner` (the model bound to the engine's
+//! Layers, top to bottom: `cli` -> `serve` -> `app` -> `runner` (the model bound to the engine's
 //! `ForwardModel`) -> `engine` and `model` -> `backend`, with `loader`,
 //! `scheduler` (generated from `specs/`) and the checkpoint store beside them. The store is its own
 //! crate (`runtime/store`, `sov-store`), so the compiler already keeps it from importing `sov`; this
@@ -10,112 +10,58 @@
 //! and everything after a file's first `#[cfg(test)]`) is not checked: tests may wire layers
 //! together.
 
-use std::collections::HashSet;
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::source::{code_lines, is_test_file, rust_files, test_module_files};
 
 /// (module directory under `runtime/src`, modules of the crate it must never name, why).
 const NEVER: &[(&str, &[&str], &str)] = &[
     (
         "backend",
-        &["model", "engine", "app", "cli"],
+        &["model", "engine", "runner", "app", "serve", "cli"],
         "backends know nothing of models or engines",
     ),
     (
         "model",
-        &["engine", "app", "cli"],
+        &["engine", "runner", "app", "serve", "cli"],
         "the model does not schedule",
     ),
     (
         "engine",
-        &["runner", "app", "cli"],
+        &["runner", "app", "serve", "cli"],
         "the loop knows no command line and drives any ForwardModel",
     ),
     (
         "runner",
-        &["app", "cli"],
+        &["app", "serve", "cli"],
         "the runner binds a model to the engine, nothing above",
     ),
-    ("loader", &["engine", "app", "cli"], "loading knows no loop"),
+    (
+        "loader",
+        &["model", "engine", "runner", "app", "serve", "cli"],
+        "loading produces the data the model reads, and knows no loop",
+    ),
     (
         "scheduler",
-        &["engine", "app", "cli"],
+        &["engine", "runner", "app", "serve", "cli"],
         "the generated scheduler knows only its interface",
     ),
-    ("app", &["cli"], "start-up is shared by every front end"),
+    (
+        "app",
+        &["serve", "cli"],
+        "start-up is shared by every front end",
+    ),
+    (
+        "serve",
+        &["cli"],
+        "the server is a library the command line starts",
+    ),
 ];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
-
-/// Files that are test modules: declared as `#[cfg(test)] mod NAME;` by their parent module file,
-/// and everything under such a module's directory.
-fn test_module_files(files: &[PathBuf]) -> HashSet<PathBuf> {
-    let mut tests = HashSet::new();
-    for f in files {
-        let Ok(text) = std::fs::read_to_string(f) else {
-            continue;
-        };
-        let dir = match f.file_name().and_then(|n| n.to_str()) {
-            Some("mod.rs" | "lib.rs" | "main.rs") => f.parent().map(Path::to_path_buf),
-            _ => f.file_stem().map(|s| f.with_file_name(s)),
-        };
-        let Some(dir) = dir else { continue };
-        let lines: Vec<&str> = text.lines().map(str::trim).collect();
-        for (i, line) in lines.iter().enumerate() {
-            let Some(name) = line
-                .strip_prefix("mod ")
-                .or_else(|| line.strip_prefix("pub(crate) mod "))
-                .and_then(|rest| rest.strip_suffix(';'))
-            else {
-                continue;
-            };
-            if i > 0 && lines[i - 1].starts_with("#[cfg(test)]") {
-                tests.insert(dir.join(format!("{name}.rs")));
-                tests.insert(dir.join(name));
-            }
-        }
-    }
-    tests
-}
-
-fn is_test_file(f: &Path, tests: &HashSet<PathBuf>) -> bool {
-    f.ancestors().any(|a| tests.contains(a))
-}
-
-/// `(line number, line)` of the code lines before the file's first `#[cfg(test)]`, comments
-/// dropped.
-fn code_lines(text: &str) -> Vec<(usize, String)> {
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim_start();
-        if t.starts_with("#[cfg(test)]") {
-            break;
-        }
-        if t.starts_with("//") {
-            continue;
-        }
-        let code = match line.find("//") {
-            Some(at) => &line[..at],
-            None => line,
-        };
-        out.push((i + 1, code.to_string()));
-    }
-    out
 }
 
 #[test]

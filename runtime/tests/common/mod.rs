@@ -2,4 +2,5 @@
 #![allow(dead_code)]
 
 pub mod fixture;
+pub mod source;
 pub mod sov_process;

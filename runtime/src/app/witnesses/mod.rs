@@ -28,7 +28,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::attest::ResponseReceipt;
-use crate::checkpoint::witness::cosignatures;
 use crate::scheduler::Slots;
 
 pub use config::WitnessConfig;
@@ -134,9 +133,4 @@ impl Drop for Witnesses {
     fn drop(&mut self) {
         self.feed.close();
     }
-}
-
-/// The cosigned note of a head: `note` with the cosignature `lines` attached.
-pub fn cosigned_note(note: &str, lines: &[String]) -> String {
-    cosignatures::attach(note, lines.iter().map(String::as_str))
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::checkpoint::note::VerifierKey;
-use crate::checkpoint::witness::cosignatures::Cosignature;
+use crate::checkpoint::witness::cosignatures::{self, Cosignature};
 use crate::checkpoint::witness::cosigned;
 use crate::scheduler::Slots;
 
@@ -90,8 +90,7 @@ impl Tally {
             cosigned::append(&self.dir, size, &fresh).map_err(std::io::Error::other)?;
         }
         let count = votes.lines.len();
-        let attached =
-            super::cosigned_note(note, &votes.lines.values().cloned().collect::<Vec<_>>());
+        let attached = cosigned_note(note, &votes.lines.values().cloned().collect::<Vec<_>>());
         let advanced = count >= self.quorum && s.quorate.as_ref().is_none_or(|(q, _)| size > *q);
         if advanced {
             s.quorate = Some((size, attached));
@@ -131,6 +130,11 @@ impl Tally {
                 .unwrap_or_else(|p| p.into_inner().0);
         }
     }
+}
+
+/// The cosigned note of a head: `note` with the cosignature `lines` attached.
+fn cosigned_note(note: &str, lines: &[String]) -> String {
+    cosignatures::attach(note, lines.iter().map(String::as_str))
 }
 
 #[cfg(test)]
