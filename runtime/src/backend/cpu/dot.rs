@@ -64,21 +64,3 @@ pub fn dot_rows<const N: usize>(w: WeightRow<'_>, xs: &[&[f32]; N]) -> [f32; N] 
         Err((t, q)) => qdot_rows(t, q, xs),
     }
 }
-
-impl<'a> From<&'a [f32]> for WeightRow<'a> {
-    fn from(w: &'a [f32]) -> Self {
-        WeightRow::F32(w)
-    }
-}
-
-impl<'a> From<&'a [f16]> for WeightRow<'a> {
-    fn from(w: &'a [f16]) -> Self {
-        WeightRow::F16(w)
-    }
-}
-
-impl<'a> From<&'a [bf16]> for WeightRow<'a> {
-    fn from(w: &'a [bf16]) -> Self {
-        WeightRow::BF16(w)
-    }
-}
