@@ -1,5 +1,5 @@
-//! The CUDA driver's errors as the backend's: out of memory stays recognisable (the engine sizes
-//! down or refuses on it), everything else carries the driver's code.
+//! The CUDA driver's errors as the backend's: out of memory stays its own variant
+//! ([`BackendError::OutOfMemory`]), everything else carries the driver's code.
 //!
 //! Design: a leaf every launch site imports, so none of them needs the backend struct for it.
 
