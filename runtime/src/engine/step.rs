@@ -3,7 +3,7 @@
 //! the per-row advance (sampling, stop checks, output events) of what it returns.
 //!
 //! Design: methods of [`EngineCore`] the scheduler's `admit`, `prefill` and `decode` actions call
-//! (through [`super::bind`]); the mixed step ([`super::mixed`]) and speculative verification reuse
+//! (through [`super::bind`]); the mixed step (`mixed.rs`) and speculative verification reuse
 //! the forward and advance helpers here.
 
 use std::time::Instant;
