@@ -1,5 +1,5 @@
 // elementwise.cu: RMSNorm (optionally fused with the residual add), SiLU-mul, embedding gather, bias
-// add, row gather and the f32 -> bf16 cast that feeds the matrix products.
+// add, row gather, the f32 -> bf16 cast that feeds the matrix products, and an L2-evicting read.
 //
 // Activations are f32 (the Backend contract); weights and the KV cache are bf16. Row reductions use
 // one block per row; element-wise kernels use grid-stride loops. The producers of matrix-product
@@ -151,6 +151,19 @@ extern "C" __global__ void add_bias(float* __restrict__ x, const float* __restri
 extern "C" __global__ void cast_f32_bf16(bf16_t* __restrict__ out, const float* __restrict__ in, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = f2bf(in[i]);
+}
+
+// Reads n 16-byte words and keeps nothing (sink is written only if their xor equals key, which the
+// host picks so that it does not): an L2 eviction that leaves clean lines behind, for timing a
+// kernel as a decode step meets it (its weights in DRAM, nothing dirty in the L2 to write back).
+// in: [n] uint4, sink: [1] u32. Grid-stride.
+extern "C" __global__ void read_sweep(const uint4* __restrict__ in, size_t n, u32 key, u32* __restrict__ sink) {
+    u32 acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = in[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == key) *sink = acc;
 }
 
 // out[i] = bf16(scale * u) with u uniform in [-1, 1) from a counter-based hash of (seed, i):

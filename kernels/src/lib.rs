@@ -294,6 +294,7 @@ impl KernelId {
                 "fill_random_bf16",
                 "split_f32_bf16",
                 "expand_decode_rows",
+                "read_sweep",
             ],
             KernelId::RopeKv => &[
                 "rope_inplace",

@@ -6,8 +6,8 @@
 //! Design: a product of at most [`DET_GEMV_MAX_ROWS`] rows whose weight shape passed the probe
 //! takes, once per process, shape and row count, the fastest of cuBLASLt (the algorithm
 //! `det_algo` chose) and the kernels, timed with CUDA events on the real operands into a
-//! scratch output, each launch after a write of [`FLUSH_BYTES`] that empties the L2 (in a decode
-//! step a weight is never in L2 either); a kernel is taken only if it beats cuBLASLt by
+//! scratch output, each launch after a read of [`FLUSH_BYTES`] (`read_sweep`) that evicts the
+//! operands from the L2 (in a decode step a weight is never in L2 either); a kernel is taken only if it beats cuBLASLt by
 //! [`super::CudaTuning::deterministic_kernel_margin`] percent. Every candidate gives the same bits, so another pick in another process (timing
 //! noise, another GPU) changes no token. Decided outside graph captures only (a step is captured
 //! after one eager run of it): an undecided product inside a capture takes cuBLASLt. Below compute
@@ -15,14 +15,16 @@
 //! On the H200 (`kernels/bench/logs/det-gemv-2026-12-03T0942.log`, Llama-3-8B shapes): at one row
 //! o and down take `det_gemv_8` and `det_gemv_16` (16.9 vs 23.8 us, 41.0 vs 57.7 us as timed
 //! here), at 16 rows o and down `det_gemv_32`; qkv, gate/up and the lm head stay on cuBLASLt.
-//! The memset flush leaves the L2 full of dirty lines that every candidate pays to write back,
-//! so these times run above the kernels' back-to-back ones (down at 16 rows: 53.9 vs 42.6 us).
+//! The eviction reads rather than writes: a memset (the first design) left the L2 full of dirty
+//! lines that every candidate paid to write back, unevenly (down at 16 rows: cuBLASLt 55.8 vs
+//! 50.5 us alone under Nsight Compute, `det_gemv_32` 54.8 vs 42.6 back to back), so it kept
+//! cuBLASLt where a kernel was faster in the step.
 
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::{DET_GEMV_KERNELS, DET_GEMV_MAX_ROWS, DetGemvKernel, KernelId};
 
 use super::det_picks::SmallPick;
-use super::device::CudaBackend;
+use super::device::{CudaBackend, grid_for};
 use super::driver_error::driver_err;
 use super::gemm_pinned::PinnedGemm;
 use super::ops::to_i32;
@@ -30,7 +32,7 @@ use super::pdl::arg;
 use super::product_dims::ProductDims;
 use crate::backend::{BackendError, DType};
 
-/// Bytes written before each timed launch so that no weight is in the L2 (50 MB on an H200).
+/// Bytes read before each timed launch so that no operand is in the L2 (50 MB on an H200).
 const FLUSH_BYTES: usize = 128 << 20;
 /// Timed launches per candidate (after one warm-up); the median counts.
 const TIMED_LAUNCHES: usize = 5;
@@ -87,9 +89,9 @@ impl CudaBackend {
         // Without room for the timing buffers (a KV cache sized to fill the device), keep cuBLASLt.
         let buffers = self
             .alloc_zeroed(DType::F32, n * m)
-            .and_then(|scratch| Ok((scratch, self.alloc_zeroed(DType::U32, FLUSH_BYTES / 4)?)));
-        let (scratch, mut flush) = match buffers {
-            Ok(b) => b, // [n, m] f32 output, [FLUSH_BYTES / 4] u32
+            .and_then(|scratch| Ok((scratch, self.alloc_zeroed(DType::U32, FLUSH_BYTES / 4 + 4)?)));
+        let (scratch, flush) = match buffers {
+            Ok(b) => b, // [n, m] f32 output, [FLUSH_BYTES / 4 + 4] u32 (zeros, then the sink)
             Err(BackendError::OutOfMemory { bytes }) => {
                 tracing::debug!(
                     "deterministic product {n}x{k} @ {m}x{k}^T: no room to time the kernels \
@@ -119,7 +121,7 @@ impl CudaBackend {
                 // SAFETY: as above; the kernel's conditions were checked by the caller.
                 Some(kernel) => unsafe { self.launch_det_gemv(kernel, x, w, out, dims, 0.0) },
             };
-            match (self.median_ms(&mut flush, &mut launch), pick) {
+            match (self.median_ms(&flush, &mut launch), pick) {
                 (Ok(ms), _) => times.push((pick, ms)),
                 // A kernel the device cannot launch here (say, not enough shared memory at this
                 // row count) is no candidate; cuBLASLt failing is an error.
@@ -152,19 +154,17 @@ impl CudaBackend {
     }
 
     /// Median milliseconds of [`TIMED_LAUNCHES`] runs of `launch` (after one warm-up), each after
-    /// a write of `flush`.
+    /// a read of `flush` (`[FLUSH_BYTES / 4 + 4]` u32 zeros, see [`Self::evict_l2`]).
     fn median_ms(
         &self,
-        flush: &mut super::CudaBuffer,
+        flush: &super::CudaBuffer,
         launch: &mut dyn FnMut() -> Result<(), BackendError>,
     ) -> Result<f32, BackendError> {
         launch()?;
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let mut times = Vec::with_capacity(TIMED_LAUNCHES);
         for _ in 0..TIMED_LAUNCHES {
-            self.stream
-                .memset_zeros(&mut flush.mem)
-                .map_err(driver_err)?;
+            self.evict_l2(flush)?;
             let start = self.ctx.new_event(flags).map_err(driver_err)?;
             let end = self.ctx.new_event(flags).map_err(driver_err)?;
             start.record(&self.stream).map_err(driver_err)?;
@@ -175,6 +175,27 @@ impl CudaBackend {
         }
         times.sort_by(f32::total_cmp);
         Ok(times[TIMED_LAUNCHES / 2])
+    }
+
+    /// Reads the first [`FLUSH_BYTES`] of `flush` (zeros, `[FLUSH_BYTES / 4 + 4]` u32) with
+    /// `read_sweep`, whose sink (the last four words) the xor of zeros never matches.
+    fn evict_l2(&self, flush: &super::CudaBuffer) -> Result<(), BackendError> {
+        let f = self
+            .modules
+            .function(KernelId::Elementwise, None, "read_sweep")?;
+        let words = FLUSH_BYTES / 16;
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(words, 256).min(4096), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (src, sink, key) = (flush.ptr(), flush.ptr_at(FLUSH_BYTES / 4), 1u32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&src).arg(&words).arg(&key).arg(&sink);
+        // SAFETY: `flush` holds FLUSH_BYTES / 4 + 4 u32 (the caller's allocation): the kernel reads
+        // `words` 16-byte words from its start and may write one u32 at `sink`, past them.
+        unsafe { b.launch(cfg) }.map_err(driver_err)?;
+        Ok(())
     }
 
     /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (+ beta * out)` through `kernel`.
