@@ -22,6 +22,15 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
     return (bf16_t)(u >> 16);
 }
 
+// Element i of an activation the attention kernels write: f32, or (out_bf16 != 0) rounded to bf16
+// as cast_f32_bf16 rounds, for an output projection that multiplies in bf16 (no cast kernel between).
+__device__ __forceinline__ void store_act(void* out, int out_bf16, size_t i, float v) {
+    if (out_bf16)
+        ((bf16_t*)out)[i] = f2bf(v);
+    else
+        ((float*)out)[i] = v;
+}
+
 // Unpack 8 bf16 values held in a uint4 (16 bytes) into f32.
 __device__ __forceinline__ void unpack8(const uint4 v, float* out) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};

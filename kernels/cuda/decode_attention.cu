@@ -108,13 +108,13 @@ __device__ __forceinline__ void issue_chunk(uint4* ks, uint4* vs, int t0, int ro
 }
 #endif
 
-// out: [batch, out_stride] f32, query head h at h * D.  q: [batch, q_stride] f32 likewise (the q part
+// out: [batch, out_stride] f32, or bf16 when out_bf16 (store_act), query head h at h * D.  q: [batch, q_stride] f32 likewise (the q part
 // of a fused qkv row). block_tables: [batch, max_blocks] u32. context_lens: [batch] u32 (0 = skip).
 // part_o: [batch, n_kv_heads, max_splits, G, D] f32; part_ml: [batch, n_kv_heads, max_splits, G, 2] f32;
 // counters: [batch, n_kv_heads] u32, zero before the first launch (each launch leaves them zero).
 // Grid: (max_splits, n_kv_heads, batch), block: NTHREADS.
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-paged_decode_attention(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
+paged_decode_attention(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,
                        const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                        const u32* __restrict__ block_tables, int max_blocks,
                        const u32* __restrict__ context_lens, float* __restrict__ part_o,
@@ -270,6 +270,6 @@ paged_decode_attention(float* __restrict__ out, int out_stride, const float* __r
         }
     }
     __syncthreads();
-    decode_finish(&w_m[0][0], &w_l[0][0], &w_acc[0][0][0], out, out_stride, part_o, part_ml, counters, seq, kvh,
+    decode_finish(&w_m[0][0], &w_l[0][0], &w_acc[0][0][0], out, out_stride, out_bf16, part_o, part_ml, counters, seq, kvh,
                   n_kv_heads, split, n_splits, max_splits);
 }

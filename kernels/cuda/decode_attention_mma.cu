@@ -181,7 +181,8 @@ __device__ __forceinline__ void place_fresh(u32 ks, int tok, int lane, const bf1
 // uses them straight from shared memory -- exactly rope_kv_write's arithmetic (rope_kv.cu), so the
 // results are those of rope_kv_write followed by this kernel.
 __device__ __forceinline__ void decode_attention_mma(
-    float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride, bf16_t* __restrict__ k_cache,
+    void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,
+    bf16_t* __restrict__ k_cache,
     bf16_t* __restrict__ v_cache, const u32* __restrict__ block_tables, int max_blocks,
     const u32* __restrict__ context_lens, float* __restrict__ part_o, float* __restrict__ part_ml,
     u32* __restrict__ counters, int n_kv_heads, int block_size, int split_tokens, int max_splits, float scale,
@@ -395,13 +396,14 @@ __device__ __forceinline__ void decode_attention_mma(
         }
     }
     __syncthreads();
-    decode_finish(&w_m[0][0], &w_l[0][0], w_acc, out, out_stride, part_o, part_ml, counters, seq, kvh, n_kv_heads,
+    decode_finish(&w_m[0][0], &w_l[0][0], w_acc, out, out_stride, out_bf16, part_o, part_ml, counters, seq, kvh, n_kv_heads,
                   split, n_splits, max_splits);
 }
 
 // Grids of more CTAs than SMs (batch >= 2 or long contexts).
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
+paged_decode_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q,
+                           int q_stride,
                            bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
                            const u32* __restrict__ block_tables, int max_blocks,
                            const u32* __restrict__ context_lens, float* __restrict__ part_o,
@@ -409,7 +411,7 @@ paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float*
                            int block_size, int split_tokens, int max_splits, float scale,
                            const u32* __restrict__ positions, const u32* __restrict__ slots,
                            const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
-    decode_attention_mma(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
+    decode_attention_mma(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
                          part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
                          slots, cos_t, sin_t);
 }
@@ -417,7 +419,8 @@ paged_decode_attention_mma(float* __restrict__ out, int out_stride, const float*
 // The same kernel for grids of at most one CTA per SM (batch 1, short contexts). A separate entry
 // so the host can give it its own shared-memory carveout (attention.rs).
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-paged_decode_attention_mma_few(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
+paged_decode_attention_mma_few(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q,
+                               int q_stride,
                                bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
                                const u32* __restrict__ block_tables, int max_blocks,
                                const u32* __restrict__ context_lens, float* __restrict__ part_o,
@@ -425,7 +428,7 @@ paged_decode_attention_mma_few(float* __restrict__ out, int out_stride, const fl
                                int block_size, int split_tokens, int max_splits, float scale,
                                const u32* __restrict__ positions, const u32* __restrict__ slots,
                                const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
-    decode_attention_mma(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
+    decode_attention_mma(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
                          part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
                          slots, cos_t, sin_t);
 }

@@ -35,11 +35,11 @@ __device__ __forceinline__ DecodeWork decode_work(const u32* __restrict__ contex
 
 // w_m, w_l: [NWARPS][G] f32 and w_acc: [NWARPS][G][D] f32 in shared memory, complete (a barrier
 // passed) before the call; a warp that saw no token leaves m = -inf, l = 0, acc = 0.
-// out: [batch, out_stride] f32 (query head h at h * D). part_o: [batch, n_kv_heads, max_splits, G, D]
+// out: [batch, out_stride] f32, or bf16 when out_bf16 (query head h at h * D; store_act). part_o: [batch, n_kv_heads, max_splits, G, D]
 // f32; part_ml: [batch, n_kv_heads, max_splits, G, 2] f32; counters: [batch, n_kv_heads] u32.
 // Every thread of the CTA calls this.
 __device__ __forceinline__ void decode_finish(const float* w_m, const float* w_l, const float* w_acc,
-                                              float* __restrict__ out, int out_stride,
+                                              void* __restrict__ out, int out_stride, int out_bf16,
                                               float* __restrict__ part_o, float* __restrict__ part_ml,
                                               u32* __restrict__ counters, int seq, int kvh, int n_kv_heads,
                                               int split, int n_splits, int max_splits) {
@@ -66,7 +66,7 @@ __device__ __forceinline__ void decode_finish(const float* w_m, const float* w_l
         for (int w = 0; w < NWARPS; w++)
             if (w_m[w * G + g] != -SOV_INF) o += __expf(w_m[w * G + g] - M) * w_acc[(w * G + g) * D + d];
         if (n_splits == 1) {
-            out[(size_t)seq * out_stride + (size_t)(kvh * G + g) * D + d] = o / s_l[g];
+            store_act(out, out_bf16, (size_t)seq * out_stride + (size_t)(kvh * G + g) * D + d, o / s_l[g]);
         } else {
             part_o[((part_base + split) * G + g) * D + d] = o;
         }
@@ -122,7 +122,7 @@ __device__ __forceinline__ void decode_finish(const float* w_m, const float* w_l
 #define MERGE_BATCH 16
 #endif
     const float4* po4 = (const float4*)(part_o + part_base * G * D);  // [max_splits, G * D / 4]
-    float4* out4 = (float4*)(out + (size_t)seq * out_stride + (size_t)(kvh * G) * D);
+    const size_t out_base = (size_t)seq * out_stride + (size_t)(kvh * G) * D;  // elements, a multiple of 4
     for (int c = tid; c < G * D / 4; c += NTHREADS) {
         const int g = c / (D / 4);
         float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -141,7 +141,12 @@ __device__ __forceinline__ void decode_finish(const float* w_m, const float* w_l
             }
         }
         const float L = s_l[g];
-        out4[c] = make_float4(num.x / L, num.y / L, num.z / L, num.w / L);
+        const float4 r = make_float4(num.x / L, num.y / L, num.z / L, num.w / L);
+        if (out_bf16)  // four bf16 in one 8-byte store, rounded as store_act rounds
+            ((uint2*)((bf16_t*)out + out_base))[c] =
+                make_uint2((u32)f2bf(r.x) | ((u32)f2bf(r.y) << 16), (u32)f2bf(r.z) | ((u32)f2bf(r.w) << 16));
+        else
+            ((float4*)((float*)out + out_base))[c] = r;
     }
     if (tid == 0) counters[(size_t)seq * n_kv_heads + kvh] = 0;
 }

@@ -31,13 +31,13 @@
 #define DS (D + 4)           // padded row stride of the f32 tiles in shared memory
 #define HALF (D / 2)         // output dims per thread of a pair
 
-// out: [n_tokens, out_stride] f32, query head h at h * D; q: [n_tokens, q_stride] f32 likewise (the q
+// out: [n_tokens, out_stride] f32, or bf16 when out_bf16 (store_act), query head h at h * D; q: [n_tokens, q_stride] f32 likewise (the q
 // part of a fused qkv row). q_starts: [n_seqs + 1] u32 first token row of each sequence's chunk;
 // ctx_lens: [n_seqs] u32 context length after the step (the chunk is the last n_new positions);
 // block_tables: [n_seqs, max_blocks] u32. Grid: (ceil(max_q_len / QT), n_kv_heads, n_seqs), block:
 // NTHREADS; a CTA whose query tile lies beyond its sequence's chunk exits at once.
 extern "C" __global__ void __launch_bounds__(NTHREADS)
-prefill_attention(float* __restrict__ out, int out_stride, const float* __restrict__ q, int q_stride,
+prefill_attention(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,
                   const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                   const u32* __restrict__ block_tables, int max_blocks, const u32* __restrict__ q_starts,
                   const u32* __restrict__ ctx_lens, int n_kv_heads, int block_size, float scale) {
@@ -166,9 +166,9 @@ prefill_attention(float* __restrict__ out, int out_stride, const float* __restri
 
     if (row_valid) {
         const int qi = r / G, g = r % G;
-        float* o = out + (size_t)(tok0 + q0 + qi) * out_stride + (size_t)(kvh * G + g) * D + half * HALF;
+        const size_t o = (size_t)(tok0 + q0 + qi) * out_stride + (size_t)(kvh * G + g) * D + half * HALF;
         const float inv = 1.f / l;
 #pragma unroll
-        for (int j = 0; j < HALF; j++) o[j] = acc[j] * inv;
+        for (int j = 0; j < HALF; j++) store_act(out, out_bf16, o + j, acc[j] * inv);
     }
 }

@@ -462,8 +462,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// over `j = 0 ..= p`, where `K[s, j]` is read from slot
     /// `block_tables[s, j / block_size] * block_size + j % block_size`.
     /// `qkv: [n_tokens, (H + 2*KVH) * D]` f32 (q heads read, already rotated),
-    /// `kv`: [`KvLayer`] (already holding this step's tokens), `out: [n_tokens, H * D]` f32;
-    /// heads, `block_size` and `scale` from `shape`.
+    /// `kv`: [`KvLayer`] (already holding this step's tokens), `out: [n_tokens, H * D]` f32 or
+    /// [`Self::matmul_input_dtype`]`(n_tokens)` (the f32 result rounded to it); heads,
+    /// `block_size` and `scale` from `shape`.
     fn paged_attention(
         &self,
         qkv: &Self::Buffer,

@@ -58,7 +58,7 @@ pub struct Activations<B: Backend> {
     normed: B::Buffer,
     /// `[n, (H + 2*KVH) * D]`.
     qkv: B::Buffer,
-    /// `[n, H * D]`.
+    /// `[n, H * D]` in `matmul_input_dtype(n)`: the attention output, the o product's input.
     attn: B::Buffer,
     /// `[n, hidden]`: output of the current sublayer, added to `hidden` by the next norm.
     sub_out: B::Buffer,
@@ -475,14 +475,14 @@ impl<B: Backend> LlamaModel<B> {
         let c = &self.config;
         let b = &self.backend;
         let f32s = |len: usize| b.alloc(DType::F32, len);
-        // The product inputs (normed rows, SwiGLU output) in the dtype the backend multiplies
-        // them in at this row count, so no product converts its input.
+        // The product inputs (normed rows, attention output, SwiGLU output) in the dtype the
+        // backend multiplies them in at this row count, so no product converts its input.
         let inputs = |len: usize| b.alloc(b.matmul_input_dtype(n), len);
         Ok(Activations {
             hidden: f32s(n * c.hidden_size)?,
             normed: inputs(n * c.hidden_size)?,
             qkv: f32s(n * self.heads.qkv_width())?,
-            attn: f32s(n * self.heads.q_width())?,
+            attn: inputs(n * self.heads.q_width())?,
             sub_out: f32s(n * c.hidden_size)?,
             gate_up: f32s(n * 2 * c.intermediate_size)?,
             act: inputs(n * c.intermediate_size)?,

@@ -75,8 +75,10 @@ pub(super) fn plan_splits(
 pub(super) struct DecodeRows {
     /// Queries, `[rows, qkv width]` f32 (the qkv activation).
     pub(super) q: u64,
-    /// Output, `[rows, q width]` f32.
+    /// Output, `[rows, q width]` f32, or bf16 when `out_bf16`.
     pub(super) out: u64,
+    /// Whether `out` is bf16 (the f32 results rounded as `cast_f32_bf16` rounds).
+    pub(super) out_bf16: bool,
     /// `[rows, max_blocks]` u32.
     pub(super) block_tables: u64,
     /// `[rows]` u32.
@@ -187,9 +189,16 @@ impl CudaBackend {
         } else {
             DType::BF16
         };
+        // The output in f32, or in bf16 for an output projection that multiplies in bf16
+        // (`matmul_input_dtype`; never in precise mode, whose products keep f32 inputs).
+        let out_dtype = if out.dtype == DType::BF16 && !self.precise {
+            DType::BF16
+        } else {
+            DType::F32
+        };
         let n = meta.n_tokens;
         check_buffer(op, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
-        check_buffer(op, "out", out, DType::F32, n * heads.q_width())?;
+        check_buffer(op, "out", out, out_dtype, n * heads.q_width())?;
         check_buffer(op, "k_cache", kv.k, kv_dtype, block_size * heads.kv_width())?;
         check_buffer(op, "v_cache", kv.v, kv_dtype, kv.k.len)?;
         check_buffer(op, "ctx_lens", &meta.ctx_lens, DType::U32, meta.n_seqs)?;
@@ -240,6 +249,7 @@ impl CudaBackend {
         let rows = DecodeRows {
             q: qkv.ptr(),
             out: out.ptr(),
+            out_bf16: out.dtype == DType::BF16,
             block_tables: meta.block_tables.ptr(),
             ctx_lens: meta.ctx_lens.ptr(),
             rows: meta.n_seqs,
@@ -326,6 +336,7 @@ impl CudaBackend {
             to_i32(heads.q_width(), "q width")?,
             to_i32(heads.qkv_width(), "qkv width")?,
         );
+        let out_bf16 = i32::from(rows.out_bf16);
         let max_blocks = to_i32(rows.max_blocks, "max blocks")?;
         let kvh = to_i32(heads.n_kv_heads, "kv heads")?;
         let bs = to_i32(block_size, "block size")?;
@@ -362,6 +373,7 @@ impl CudaBackend {
         let mut params = [
             arg(&o),
             arg(&out_stride),
+            arg(&out_bf16),
             arg(&q),
             arg(&q_stride),
             arg(&kc),
@@ -385,10 +397,10 @@ impl CudaBackend {
         let params = if mma {
             &mut params[..]
         } else {
-            &mut params[..17]
+            &mut params[..18]
         };
-        // SAFETY: the parameters are the chosen kernel's list in order (17 for the CUDA-core
-        // kernel, 21 for the tensor-core one); buffers checked by the caller (with the fused RoPE
+        // SAFETY: the parameters are the chosen kernel's list in order (18 for the CUDA-core
+        // kernel, 22 for the tensor-core one), `out` of the dtype `out_bf16` names; buffers checked by the caller (with the fused RoPE
         // also positions, slots and tables, whose rows the model sizes to its max position),
         // scratch sized for this plan above; block tables and slots reference blocks inside the
         // cache by the engine's contract; the tensor-core unit's dynamic shared memory limit was
@@ -432,6 +444,7 @@ impl CudaBackend {
         let max_blocks = to_i32(meta.max_blocks_per_seq, "max blocks")?;
         let kvh = to_i32(heads.n_kv_heads, "kv heads")?;
         let bs = to_i32(block_size, "block size")?;
+        let out_bf16 = i32::from(out.dtype == DType::BF16);
         let ptrs = [
             out.ptr(),
             qkv.ptr(),
@@ -453,6 +466,7 @@ impl CudaBackend {
         let mut b = self.stream.launch_builder(&f);
         b.arg(&ptrs[0])
             .arg(&out_stride)
+            .arg(&out_bf16)
             .arg(&ptrs[1])
             .arg(&q_stride);
         b.arg(&ptrs[2]).arg(&ptrs[3]).arg(&ptrs[4]).arg(&max_blocks);

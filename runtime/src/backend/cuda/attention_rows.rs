@@ -70,7 +70,8 @@ impl CudaBackend {
             unsafe { b.launch(cfg) }.map_err(driver_err)?;
             let rows = DecodeRows {
                 q: qkv.ptr() + (row0 * heads.qkv_width() * 4) as u64,
-                out: out.ptr() + (row0 * heads.q_width() * 4) as u64,
+                out: out.ptr_at(row0 * heads.q_width()),
+                out_bf16: out.dtype == DType::BF16,
                 block_tables: tables,
                 ctx_lens: ctx,
                 rows,

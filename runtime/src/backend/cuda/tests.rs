@@ -485,6 +485,28 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
         &download(b, &ob, n * heads.q_width()),
         &expect,
     );
+    // A bf16 output (an o product that multiplies in bf16 reads it without a cast) holds the f32
+    // result rounded to nearest even, bit for bit; precise mode (f32 cache) refuses one.
+    let mut ob16 = b.alloc(DType::BF16, n * heads.q_width()).unwrap();
+    let bf16_out = b.paged_attention(&qb, kv, &meta, &mut ob16, shape);
+    if b.kv_dtype() == DType::F32 {
+        assert!(
+            bf16_out.is_err(),
+            "precise mode took a bf16 attention output"
+        );
+        return;
+    }
+    bf16_out.unwrap();
+    let rounded: Vec<u8> = got
+        .iter()
+        .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+        .collect();
+    assert!(
+        b.read_bytes(&ob16, 0, n * heads.q_width()).unwrap() == rounded,
+        "paged_attention bf16 output != the f32 output rounded, h={h} kvh={kvh} d={d} bs={bs} \
+         seqs={:?}",
+        case.seqs
+    );
 }
 
 #[test]
@@ -653,6 +675,14 @@ fn prefill_attention_matches_cpu() {
     ];
     for (i, c) in cases.iter().enumerate() {
         run_attention(&b, c, 200 + i as u64);
+    }
+    // Deterministic mode runs a prefill through the decode kernel, one row a token, in chunks.
+    let Some(det) = device_with(|t| t.deterministic = true) else {
+        return;
+    };
+    println!("prefill attention in deterministic mode:");
+    for (i, c) in cases.iter().take(3).enumerate() {
+        run_attention(&det, c, 200 + i as u64);
     }
     let precise = b.with_precise(true);
     for (i, c) in cases.iter().take(2).enumerate() {
