@@ -12,13 +12,16 @@
 //! noise, another GPU) changes no token. Decided outside graph captures only (a step is captured
 //! after one eager run of it): an undecided product inside a capture takes cuBLASLt. Below compute
 //! capability 9.0 (no bulk copies) every product stays on cuBLASLt.
-//! On the H200 (`kernels/bench/logs/det-gemv-2026-12-03T0942.log`, Llama-3-8B shapes): at one row
-//! o and down take `det_gemv_8` and `det_gemv_16` (16.9 vs 23.8 us, 41.0 vs 57.7 us as timed
-//! here), at 16 rows o and down `det_gemv_32`; qkv, gate/up and the lm head stay on cuBLASLt.
+//! On the H200 (`kernels/bench/logs/det-gemv-2026-12-03T0942.log`, part 8, Llama-3-8B shapes):
+//! at one row o and down take a kernel (`det_gemv_16`: 14.3 vs 22.9 us, 34.4 vs 55.8 us as timed
+//! here), qkv either (18.1 vs 18.7 us), at 16 rows o takes `det_gemv_32` (19.7 vs 22.1 us); gate/up,
+//! the lm head and down at 16 rows (52.4 vs 53.3 us, inside the margin) stay on cuBLASLt.
 //! The eviction reads rather than writes: a memset (the first design) left the L2 full of dirty
-//! lines that every candidate paid to write back, unevenly (down at 16 rows: cuBLASLt 55.8 vs
-//! 50.5 us alone under Nsight Compute, `det_gemv_32` 54.8 vs 42.6 back to back), so it kept
-//! cuBLASLt where a kernel was faster in the step.
+//! lines that every candidate paid to write back, unevenly (down at 16 rows: cuBLASLt 55.8 vs 50.5
+//! us alone under Nsight Compute, `det_gemv_32` 54.8 vs 42.6 back to back). The picks came out the
+//! same but for which of the kernels; none of these single-launch times sees the overlap a
+//! kernel's early weight copies get in a step (programmatic dependent launch), which cuBLASLt has
+//! not.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::{DET_GEMV_KERNELS, DET_GEMV_MAX_ROWS, DetGemvKernel, KernelId};
