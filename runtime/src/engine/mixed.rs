@@ -105,12 +105,7 @@ impl<F: ForwardModel> EngineCore<F> {
                 rows.push((i, input));
             }
         }
-        self.offer_full_blocks();
-        let finished = self.advance_rows(&rows, now);
-        let t_retire = Instant::now();
-        self.decode_host.tokens += t_retire - t_tokens;
-        self.retire(finished);
-        self.decode_host.retire += t_retire.elapsed();
+        self.finish_step(&rows, now, t_tokens);
         Ok(())
     }
 }

@@ -151,13 +151,25 @@ impl<F: ForwardModel> EngineCore<F> {
             self.running[i].computed += 1;
             rows.push((i, input));
         }
+        self.finish_step(&rows, now, t_tokens);
+        Ok(())
+    }
+
+    /// The end of a forward step, shared by decode and mixed steps: offers the blocks that
+    /// filled to the prefix cache, advances `rows` ([`Self::advance_rows`]) and retires the
+    /// sequences that finished, counting the host time from `t_tokens` (the forward's end).
+    pub(super) fn finish_step(
+        &mut self,
+        rows: &[(usize, RowInput<'_>)],
+        now: Instant,
+        t_tokens: Instant,
+    ) {
         self.offer_full_blocks();
-        let finished = self.advance_rows(&rows, now);
+        let finished = self.advance_rows(rows, now);
         let t_retire = Instant::now();
         self.decode_host.tokens += t_retire - t_tokens;
         self.retire(finished);
         self.decode_host.retire += t_retire.elapsed();
-        Ok(())
     }
 
     /// How running sequence `i`'s next token is chosen: by the model where its logits are when
