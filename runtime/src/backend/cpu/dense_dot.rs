@@ -115,17 +115,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::DenseRow;
-
-    /// Sum of the eight lanes.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
-    }
+    use crate::backend::cpu::lanes_x86::hsum256;
 
     macro_rules! dot_kernel {
         ($name:ident, $elem:ty, $load:expr) => {
@@ -156,7 +146,7 @@ mod avx2 {
                 }
                 let mut out = [0f32; N];
                 for r in 0..N {
-                    out[r] = hsum(_mm256_add_ps(acc0[r], acc1[r]));
+                    out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r]));
                 }
                 while i < k {
                     let wv = DenseRow::from(&w[i..i + 1]).get(0);

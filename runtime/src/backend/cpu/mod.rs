@@ -12,6 +12,8 @@ pub mod attention;
 pub mod buffer;
 pub mod dense_dot;
 pub mod dot;
+#[cfg(target_arch = "x86_64")]
+mod lanes_x86;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

@@ -17,6 +17,7 @@
 
 use std::arch::x86_64::*;
 
+use super::lanes_x86::hsum256;
 use crate::loader::tensor::QuantType;
 
 /// The f16 at `p` (unaligned), widened.
@@ -28,17 +29,6 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: 2 readable bytes at `p` (caller contract).
     let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-}
-
-/// Sum of the eight lanes.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum256(v: __m256) -> f32 {
-    let lo = _mm256_castps256_ps128(v);
-    let hi = _mm256_extractf128_ps(v, 1);
-    let s = _mm_add_ps(lo, hi);
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
 }
 
 /// The 32 weights of block `p` of `ty` as two groups of 16 (elements 0..16 and 16..32).
