@@ -166,7 +166,7 @@ impl Drop for RunLock {
     }
 }
 
-/// Removes `dir` if it holds only [`SCRATCH_FILES`], and the `current-run` pointer two levels up
+/// Removes `dir` if it holds only `SCRATCH_FILES`, and the `current-run` pointer two levels up
 /// if it names `dir`; anything else (a journal, a checkpoint, a file the user put there) keeps the
 /// directory whole. Failures are logged, never raised: a leftover directory is harmless.
 pub fn remove_scratch_run_dir(dir: &Path) {

@@ -13,7 +13,7 @@ use crate::checkpoint::driver::{ReadyBlocks, StagedBlocks};
 
 /// How a backend moves many whole KV blocks between its caches and the host. Bytes of a block:
 /// for each layer its K block then its V block (`block_elems` elements each), as
-/// [`KvCache::read_block`]. The provided methods copy block by block, synchronously.
+/// the model's `KvCache::read_block`. The provided methods copy block by block, synchronously.
 pub trait KvStager: Backend {
     /// Starts copying `blocks` out of the per-layer caches `k` and `v`; the result holds the cache
     /// as it was when this was called, in stream order (later kernels may overwrite the blocks).

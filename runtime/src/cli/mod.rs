@@ -2,7 +2,7 @@
 //!
 //! - `generate`: run prompts, stream text ([`generate`])
 //! - `serve`: the OpenAI-compatible HTTP server ([`serve`])
-//! - `bench`: offline serving benchmark ([`bench`])
+//! - `bench`: offline serving benchmark ([`mod@bench`])
 //! - `slots get|set`: the live control surface of a running engine ([`slots`])
 //! - `spec check|graph`: the spec compiler without building ([`spec`])
 //! - `keygen`, `verify`: checkpoint receipt keys and chain verification ([`keygen`], [`verify`])

@@ -1,6 +1,6 @@
 //! The one call the engine makes into a model: a forward pass over a batch of sequence chunks on a
 //! paged KV cache the model owns. [`crate::model::LlamaModel`] implements it on every backend; tests
-//! of scheduling logic use [`super::fake::FakeModel`].
+//! of scheduling logic use `FakeModel` (the `fake` test module).
 
 use super::sampler::argmax;
 use crate::checkpoint::driver::KvBlockIo;

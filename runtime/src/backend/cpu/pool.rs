@@ -9,7 +9,7 @@
 //! does not hold the op up, since completion counts tasks, not workers. At decode size
 //! an op is tens of microseconds, so waking parked threads per op (rayon's `install` +
 //! `par_iter`) costs a sizeable share of a token; spinning between the ops of a step keeps the
-//! hand-off to a cache line. Workers park after [`SPIN_ROUNDS`] idle polls, so an idle server
+//! hand-off to a cache line. Workers park after `SPIN_ROUNDS` idle polls, so an idle server
 //! uses no CPU; a run makes the wake-up system call only when a worker is parked. Runs from two
 //! threads at once are serialized; a run from inside a task runs inline on that thread.
 

@@ -4,13 +4,13 @@
 //! stream (so a decode step can be captured into a CUDA graph), and host copies synchronise.
 //! Kernels are the `.cu` units of the `sov-kernels` crate, compiled with NVRTC on first use for the
 //! device's architecture (attention units once per head configuration) and cached for the process
-//! ([`modules`]). Matrix products go through cuBLAS with bf16 operands and f32 accumulation
-//! ([`gemm`]). Weights and the paged KV cache are bf16; activations are f32 as the Backend contract
-//! says. Decode attention is split-K with the merge done by the last CTA ([`attention`]); the
-//! next-token choice can run on the device so only token ids come back ([`sampling`]); a decode
-//! step can be captured once into a CUDA graph and replayed ([`graph`]); the batch-1 GEMV starts
-//! streaming its weights while the kernel before it finishes ([`pdl`]).
-//! Every performance choice that may be changed is a field of [`CudaTuning`] ([`tuning`]), passed
+//! (`modules.rs`). Matrix products go through cuBLAS with bf16 operands and f32 accumulation
+//! (`gemm.rs`). Weights and the paged KV cache are bf16; activations are f32 as the Backend contract
+//! says. Decode attention is split-K with the merge done by the last CTA (`attention.rs`); the
+//! next-token choice can run on the device so only token ids come back (`sampling.rs`); a decode
+//! step can be captured once into a CUDA graph and replayed (`graph.rs`); the batch-1 GEMV starts
+//! streaming its weights while the kernel before it finishes (`pdl.rs`).
+//! Every performance choice that may be changed is a field of [`CudaTuning`] (`tuning.rs`), passed
 //! to [`CudaBackend::with_tuning`]; no code of the backend reads the environment.
 //! Besides the [`crate::backend::Backend`] ops, a model runner that keeps a step's buffers at
 //! fixed addresses and replays graphs (the runner's `DecodeGraphs`) gets a small public
@@ -19,7 +19,7 @@
 //! copies ([`CudaBackend::upload_u32_many`], [`CudaBackend::download_f32_at`]) and the on-device
 //! argmax ([`CudaBackend::argmax_rows`]). This module knows nothing of the model.
 //! Under `--quantization fp8` the linear layers' weights are e4m3 with per-channel scales and
-//! their inputs are quantized per token before each product ([`fp8`], [`gemm_fp8`]).
+//! their inputs are quantized per token before each product (`fp8.rs`, `gemm_fp8.rs`).
 //! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
 //! [`CudaBackend::new`] then returns a clear error.
 
