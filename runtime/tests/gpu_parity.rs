@@ -9,7 +9,8 @@
 //! some tokens.
 //! The runner's GPU decode path ([`DecodeGraphs`]: padded batch buckets, CUDA graphs, argmax on
 //! the device) is held to the same CPU tokens, and its device argmax to the host argmax of the
-//! logits rows it leaves on the device.
+//! logits rows it leaves on the device, and a one-row step after a bigger batch keeps the one-row
+//! path (its own activations in `matmul_input_dtype(1)`), bit for bit a fresh runner's logits.
 //! Without a usable GPU every test prints why and returns, so CI without CUDA stays green; the GPU
 //! machine runs this target through `kernels/gpu-check.sh`.
 //! Fixture directory: `$SOV_FIXTURE_DIR`, else `runtime/tests/fixtures` of the source tree.
@@ -347,4 +348,91 @@ fn decode_graphs_greedy_tokens_match_cpu() {
         );
         println!("{name}: decode graphs (buckets 8 and 1) give the CPU's greedy tokens");
     }
+}
+
+/// One decode step of the last token of each of `seqs` (prefilled up to it) on `graphs`; the
+/// logits of row 0.
+fn decode_row0(
+    graphs: &mut DecodeGraphs,
+    model: &LlamaModel<CudaBackend>,
+    kv: &mut KvCache<CudaBackend>,
+    seqs: &[Vec<u32>],
+    tables: &[Vec<u32>],
+) -> Vec<f32> {
+    let chunks: Vec<SeqChunk<'_>> = seqs
+        .iter()
+        .zip(tables)
+        .map(|(s, t)| SeqChunk {
+            tokens: &s[s.len() - 1..],
+            start_pos: s.len() - 1,
+            block_table: t,
+        })
+        .collect();
+    graphs.step(model, kv, &chunks).expect("decode step");
+    let mut row = vec![0f32; model.config().vocab_size];
+    graphs
+        .download_logits_row(model.backend(), 0, &mut row)
+        .expect("logits row");
+    row
+}
+
+#[test]
+fn one_row_step_after_a_big_batch_keeps_the_one_row_path() {
+    if device().is_none() {
+        return;
+    }
+    let Some((config, weights)) = load("tiny_llama3") else {
+        return;
+    };
+    // Default mode: the few-row GEMV reads f32 rows, bigger products bf16 ones.
+    let backend = CudaBackend::new(0).expect("device opened above");
+    let model = LlamaModel::new(backend, &config, &weights).expect("cuda model");
+    let vocab = config.vocab_size as u32;
+    let seqs: Vec<Vec<u32>> = (0..17u32)
+        .map(|s| (0..9).map(|j| (s * 31 + j * 7 + 1) % vocab).collect())
+        .collect();
+    let (mut kv, tables) = cache_and_tables(&model, &seqs);
+    // Prefill every prompt but its last token.
+    let chunks: Vec<SeqChunk<'_>> = seqs
+        .iter()
+        .zip(&tables)
+        .map(|(s, t)| SeqChunk {
+            tokens: &s[..s.len() - 1],
+            start_pos: 0,
+            block_table: t,
+        })
+        .collect();
+    model.forward(&mut kv, &chunks).expect("prefill");
+    // Row 0 alone on a fresh runner, then on one that ran all 17 rows (bucket 32) first; each
+    // step writes row 0's K/V at the same slot from its own products, so the one-row steps see
+    // the same cache.
+    let fresh = decode_row0(
+        &mut DecodeGraphs::new(),
+        &model,
+        &mut kv,
+        &seqs[..1],
+        &tables,
+    );
+    let mut reused = DecodeGraphs::new();
+    decode_row0(&mut reused, &model, &mut kv, &seqs, &tables);
+    let after_big = decode_row0(&mut reused, &model, &mut kv, &seqs[..1], &tables);
+    let b = model.backend();
+    let (one, big) = (b.matmul_input_dtype(1), b.matmul_input_dtype(32));
+    let sets = reused.activation_sets();
+    assert!(
+        sets.iter().any(|&(d, rows)| d == one && rows >= 1)
+            && sets.iter().any(|&(d, rows)| d == big && rows >= 32)
+            && sets.len() == if one == big { 1 } else { 2 },
+        "activation sets {sets:?} for one-row inputs {one:?} and 32-row inputs {big:?}"
+    );
+    assert!(
+        fresh
+            .iter()
+            .zip(&after_big)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "a one-row step after a 17-row step gave other logits than on a fresh runner"
+    );
+    println!(
+        "one-row step after 17 rows: activation sets {sets:?}, logits bit for bit a fresh runner's"
+    );
 }

@@ -15,6 +15,10 @@
 //! scratch and the library workspaces), is captured the second time, and replayed from then on;
 //! every graph is dropped when the backend reallocates scratch
 //! ([`CudaBackend::scratch_generation`]) or these buffers grow.
+//! The activations come in one set per product-input dtype ([`Backend::matmul_input_dtype`] of
+//! the bucket: f32 rows for the few-row GEMV, bf16 above it), each sized to its largest bucket, so
+//! a batch-1 step after a batch of 256 still feeds the GEMV f32 rows (with one set sized for 256
+//! rows it took the bf16 GEMM path: 218 against 242 tok/s on an H200).
 //! The step ends with [`CudaBackend::argmax_rows`] into a `[bucket]` u32 buffer; logits rows stay
 //! on the device and are downloaded only for rows the engine samples on the host.
 //! Batches up to any size take graphs (up to 1024 and beyond: 64 buckets of 16 between 32 and
@@ -61,12 +65,19 @@ struct StepBuffers {
     ids: CudaBuffer,
     /// positions, slots, q_starts (`[rows + 1]` = 0..=rows), ctx_lens, block tables.
     meta: BatchMeta<CudaBackend>,
-    /// The forward pass's activations, `rows` token rows.
-    acts: Activations<CudaBackend>,
+    /// The forward pass's activations: one set per product-input dtype ([`ActSet`]).
+    acts: Vec<ActSet>,
     /// `[rows, vocab]`.
     logits: CudaBuffer,
     /// `[rows]` u32: argmax of each logits row.
     picked: CudaBuffer,
+}
+
+/// Activations for the buckets whose product inputs are `dtype`, sized for `rows` token rows.
+struct ActSet {
+    dtype: DType,
+    rows: usize,
+    acts: Activations<CudaBackend>,
 }
 
 /// The graph-replaying decode runner of one model and KV cache.
@@ -126,6 +137,14 @@ impl DecodeGraphs {
         self.graph_bytes
     }
 
+    /// The activation sets held now: (product-input dtype, rows) of each, in allocation order.
+    pub fn activation_sets(&self) -> Vec<(DType, usize)> {
+        self.bufs
+            .as_ref()
+            .map(|b| b.acts.iter().map(|a| (a.dtype, a.rows)).collect())
+            .unwrap_or_default()
+    }
+
     /// Whether this runner can take `chunks`: a pure decode step (one new token per sequence).
     pub fn accepts(chunks: &[SeqChunk<'_>]) -> bool {
         !chunks.is_empty() && chunks.iter().all(|c| c.tokens.len() == 1)
@@ -159,6 +178,7 @@ impl DecodeGraphs {
         let longest = c.max_position_embeddings.min(kv.num_blocks() * block_size);
         let max_stride = ctx_bucket(longest).div_ceil(block_size).max(stride);
         self.ensure_buffers(model, bucket, bucket * max_stride)?;
+        let set = self.ensure_acts(model, bucket)?;
         let Some(bufs) = self.bufs.as_mut() else {
             return Err(BackendError::Device("decode buffers missing".into()).into());
         };
@@ -199,11 +219,11 @@ impl DecodeGraphs {
         }
         self.steps += 1;
         if !self.use_graphs || !self.warm.contains(&key) {
-            enqueue_step(model, kv, bufs, bucket)?;
+            enqueue_step(model, kv, bufs, set, bucket)?;
             self.warm.insert(key);
         } else {
             if !self.graphs.contains_key(&key) {
-                match b.capture(|| enqueue_step(model, kv, bufs, bucket)) {
+                match b.capture(|| enqueue_step(model, kv, bufs, set, bucket)) {
                     Ok(g) if b.scratch_generation() == self.generation => {
                         keep(&mut self.graphs, &mut self.graph_bytes, self.steps, key, g)
                     }
@@ -220,7 +240,7 @@ impl DecodeGraphs {
                     *used = steps;
                     b.replay(g)?
                 }
-                None => enqueue_step(model, kv, bufs, bucket)?,
+                None => enqueue_step(model, kv, bufs, set, bucket)?,
             }
         }
         let mut picked = vec![0u32; n];
@@ -297,11 +317,49 @@ impl DecodeGraphs {
                 ctx_lens: u32s(rows)?,
                 block_tables: u32s(table_elems)?,
             },
-            acts: model.alloc_activations(rows)?,
+            acts: Vec::new(),
             logits: f32s(rows * c.vocab_size)?,
             picked: u32s(rows)?,
         });
         Ok(())
+    }
+
+    /// The index of the activation set a step of `bucket` rows uses (the one of
+    /// `matmul_input_dtype(bucket)`), allocated or grown to `bucket` rows first (growing one drops
+    /// every graph, as [`Self::ensure_buffers`] does). Call after `ensure_buffers`.
+    fn ensure_acts(
+        &mut self,
+        model: &LlamaModel<CudaBackend>,
+        bucket: usize,
+    ) -> Result<usize, ModelError> {
+        let dtype = model.backend().matmul_input_dtype(bucket);
+        let Some(bufs) = self.bufs.as_mut() else {
+            return Err(BackendError::Device("decode buffers missing".into()).into());
+        };
+        let found = bufs.acts.iter().position(|a| a.dtype == dtype);
+        if let Some(i) = found
+            && bufs.acts[i].rows >= bucket
+        {
+            return Ok(i);
+        }
+        let set = ActSet {
+            dtype,
+            rows: bucket,
+            acts: model.alloc_activations(bucket)?,
+        };
+        self.graphs.clear();
+        self.graph_bytes = 0;
+        self.warm.clear();
+        Ok(match found {
+            Some(i) => {
+                bufs.acts[i] = set;
+                i
+            }
+            None => {
+                bufs.acts.push(set);
+                bufs.acts.len() - 1
+            }
+        })
     }
 }
 
@@ -338,17 +396,21 @@ fn keep(
     graphs.insert(key, (g, now));
 }
 
-/// Enqueues one decode step of `n` rows (the bucket) on the fixed buffers: the model's forward
-/// pass into every row's logits ([`LlamaModel::forward_into`]), then the argmax of every logits
-/// row. Nothing is downloaded or allocated, so it can be captured.
+/// Enqueues one decode step of `n` rows (the bucket) on the fixed buffers and activation set
+/// `set`: the model's forward pass into every row's logits ([`LlamaModel::forward_into`]), then
+/// the argmax of every logits row. Nothing is downloaded or allocated, so it can be captured.
 fn enqueue_step(
     model: &LlamaModel<CudaBackend>,
     kv: &mut KvCache<CudaBackend>,
     a: &mut StepBuffers,
+    set: usize,
     n: usize,
 ) -> Result<(), BackendError> {
     let vocab = model.config().vocab_size;
-    model.forward_into(&a.ids, kv, &a.meta, &mut a.acts, &mut a.logits, n)?;
+    let Some(acts) = a.acts.get_mut(set) else {
+        return Err(BackendError::Device("decode activations missing".into()));
+    };
+    model.forward_into(&a.ids, kv, &a.meta, &mut acts.acts, &mut a.logits, n)?;
     model
         .backend()
         .argmax_rows(&a.logits, vocab, n, &mut a.picked)
