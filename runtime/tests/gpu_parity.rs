@@ -54,6 +54,7 @@ fn load(name: &str) -> Option<(LlamaConfig, HashMap<String, HostTensor>)> {
     read_safetensors(
         &dir.join("model.safetensors"),
         &mut tensors,
+        &mut HashMap::new(),
         &indicatif::ProgressBar::hidden(),
     )
     .expect("fixture weights read");

@@ -109,6 +109,7 @@ fn quantized_kernels_follow_the_f32_reference_at_least_as_long_as_f16_storage() 
             HostData::F32(v) => 4 * v.len(),
             HostData::F16(v) => 2 * v.len(),
             HostData::BF16(v) => 2 * v.len(),
+            HostData::Fp8(q) => q.codes.len() + 4 * q.scales.len(),
         })
         .sum();
     let ratio = host_bytes as f64 / file_bytes as f64;

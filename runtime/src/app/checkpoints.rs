@@ -156,6 +156,11 @@ pub fn model_digest(parts: &ModelParts) -> crate::checkpoint::Digest {
             HostData::F16(v) => (b"f16", bytemuck::cast_slice(v)),
             HostData::BF16(v) => (b"bf16", bytemuck::cast_slice(v)),
             HostData::Quant(q) => (q.ty.name().as_bytes(), &q.bytes),
+            HostData::Fp8(q) => {
+                h.update(b"f8e4m3 row scales");
+                h.update(bytemuck::cast_slice(&q.scales));
+                (b"f8e4m3", &q.codes)
+            }
         };
         h.update(dtype);
         h.update_rayon(bytes);

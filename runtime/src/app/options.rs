@@ -222,6 +222,13 @@ impl From<LoadedModel> for ModelParts {
 }
 
 impl ModelParts {
+    /// Whether any weight is stored in FP8 (a compressed-tensors FP8 checkpoint).
+    pub fn has_fp8_weights(&self) -> bool {
+        self.tensors
+            .values()
+            .any(|t| matches!(t.data, crate::loader::HostData::Fp8(_)))
+    }
+
     /// A random-weight model of shape `config` (see [`crate::model::random`]); text is bytes.
     pub fn random(config: LlamaConfig, seed: u64, dtype: WeightDtype, name: &str) -> Self {
         let tensors = random_weights(&config, seed, dtype);

@@ -58,7 +58,9 @@ pub struct ModelArgs {
     /// one scale per output channel (quantized at load), inputs quantized per token before each
     /// product, f32 accumulation; the embedding and lm head stay bf16. Needs compute capability
     /// 8.9; not with `--precision f32` or `--deterministic` (FP8 turns the deterministic default
-    /// off). Receipts name the precision `fp8-w8a8`.
+    /// off). Receipts name the precision `fp8-w8a8`. An FP8 checkpoint (compressed-tensors, e.g.
+    /// the FP8-dynamic Llamas) runs as `fp8` on CUDA whatever this says, its codes and scales
+    /// uploaded as they are; the CPU widens them to f32 (weight-only).
     #[arg(long, value_enum, env = "SOV_QUANTIZATION", default_value_t = QuantizationChoice::None)]
     pub quantization: QuantizationChoice,
     /// On CUDA, batch-invariant kernels: a request's tokens do not depend on the requests batched
@@ -286,8 +288,8 @@ impl ModelArgs {
     /// `--deterministic`, or its default for `opts`: on for a CUDA run whose checkpoints rebuild
     /// the KV by recomputation (measured on an H200: 16 of 16 such resumes exact with it, 0 of 16
     /// without, at 13-29% of throughput), off otherwise.
-    pub fn deterministic_for(&self, opts: &EngineOptions) -> bool {
-        if self.quantization == QuantizationChoice::Fp8 && self.deterministic.is_none() {
+    pub fn deterministic_for(&self, opts: &EngineOptions, fp8: bool) -> bool {
+        if fp8 && self.deterministic.is_none() {
             // FP8 products are not batch-invariant; an explicit --deterministic is refused when
             // the backend opens.
             return false;
@@ -379,20 +381,29 @@ impl ModelArgs {
             speculative_draft_len: self.speculative_draft_len,
             witnesses: extras.witnesses.clone(),
         };
-        let deterministic = self.deterministic_for(&opts);
+        // FP8 products: asked for, or an FP8 checkpoint on CUDA (its codes multiply as they are;
+        // the CPU widens them to f32).
+        let fp8_checkpoint = parts.has_fp8_weights() && matches!(device, Device::Cuda(_));
+        let fp8 = self.quantization == QuantizationChoice::Fp8 || fp8_checkpoint;
+        let deterministic = self.deterministic_for(&opts, fp8);
         opts.cuda_tuning.deterministic = deterministic;
-        if self.quantization == QuantizationChoice::Fp8 {
+        if fp8 {
+            let what = if fp8_checkpoint {
+                "an FP8 checkpoint on CUDA (its weights multiply in FP8)"
+            } else {
+                "--quantization fp8"
+            };
             anyhow::ensure!(
                 matches!(device, Device::Cuda(_)),
-                "--quantization fp8 needs a CUDA device (the CPU backend has no FP8 products)"
+                "{what} needs a CUDA device (the CPU backend has no FP8 products)"
             );
             anyhow::ensure!(
                 self.precision == PrecisionChoice::Bf16,
-                "--quantization fp8 cannot be combined with --precision f32"
+                "{what} cannot be combined with --precision f32"
             );
             anyhow::ensure!(
                 !deterministic,
-                "--quantization fp8 cannot be combined with --deterministic (FP8 products are not \
+                "{what} cannot be combined with --deterministic (FP8 products are not \
                  batch-invariant yet)"
             );
             opts.cuda_tuning.quantization = Quantization::Fp8W8A8;
@@ -430,7 +441,7 @@ impl ModelArgs {
             started.engine.slots().clone(),
         );
         let precision = match (device, self.precision, deterministic) {
-            _ if self.quantization == QuantizationChoice::Fp8 => " (fp8-w8a8)",
+            _ if fp8 => " (fp8-w8a8)",
             (Device::Cuda(_), PrecisionChoice::F32, false) => " (f32 precision)",
             (Device::Cuda(_), PrecisionChoice::F32, true) => " (f32 precision, deterministic)",
             (Device::Cuda(_), PrecisionChoice::Bf16, true) => " (deterministic)",

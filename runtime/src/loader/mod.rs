@@ -11,6 +11,7 @@ pub mod config;
 #[cfg(test)]
 mod default_model_tests;
 pub mod error;
+pub mod fp8;
 pub mod gguf;
 pub mod hf;
 pub mod progress;

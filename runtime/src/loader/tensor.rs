@@ -7,10 +7,12 @@
 
 use half::{bf16, f16};
 
+pub use super::fp8::Fp8Rows;
 pub use super::gguf::quant::{QuantData, QuantType};
 
 /// Element storage of a host tensor. Quantized GGUF types stay in their block format
-/// ([`HostData::Quant`]); backends that cannot compute with blocks widen them at upload.
+/// ([`HostData::Quant`]) and FP8 checkpoints in e4m3 ([`HostData::Fp8`]); backends that cannot
+/// compute with them widen them at upload.
 #[derive(Debug, Clone)]
 pub enum HostData {
     /// 32-bit floats.
@@ -21,6 +23,8 @@ pub enum HostData {
     BF16(Vec<bf16>),
     /// Quantized blocks (GGUF Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K), row-major.
     Quant(QuantData),
+    /// FP8 e4m3 codes with one scale per row (compressed-tensors FP8 checkpoints).
+    Fp8(Fp8Rows),
 }
 
 impl HostData {
@@ -31,6 +35,7 @@ impl HostData {
             HostData::F16(v) => v.len(),
             HostData::BF16(v) => v.len(),
             HostData::Quant(q) => q.numel(),
+            HostData::Fp8(q) => q.codes.len(),
         }
     }
 
@@ -55,13 +60,14 @@ impl HostTensor {
         self.shape.iter().product()
     }
 
-    /// The data as f32 (copies, widens 16-bit data, dequantizes blocks).
+    /// The data as f32 (copies, widens 16-bit data, dequantizes blocks and FP8 rows).
     pub fn to_f32(&self) -> Vec<f32> {
         match &self.data {
             HostData::F32(v) => v.clone(),
             HostData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             HostData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             HostData::Quant(q) => q.to_f32(),
+            HostData::Fp8(q) => q.to_f32(),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::backend::Backend;
-use crate::loader::tensor::{HostData, HostTensor, QuantData, QuantType};
+use crate::loader::tensor::{Fp8Rows, HostData, HostTensor, QuantData, QuantType};
 
 use super::config::LlamaConfig;
 use super::error::ModelError;
@@ -90,7 +90,8 @@ fn upload<B: Backend>(backend: &B, t: Cow<'_, HostTensor>) -> Result<B::Buffer, 
 
 /// Concatenates row-major tensors along their first axis (all share the trailing dims). Keeps the
 /// common dtype (quantized parts of one block type stay quantized: blocks run along rows, so rows
-/// of blocks concatenate like rows of values), or widens to f32 when the parts differ.
+/// of blocks concatenate like rows of values; FP8 rows keep their own scales), or widens to f32
+/// when the parts differ.
 fn concat_rows(parts: &[&HostTensor]) -> HostTensor {
     let rows: usize = parts.iter().map(|t| t.shape[0]).sum();
     let mut shape = parts[0].shape.clone();
@@ -142,6 +143,16 @@ fn concat_rows(parts: &[&HostTensor]) -> HostTensor {
                     .copied()
                     .collect(),
             })
+        }
+        all if all.iter().all(|d| matches!(d, HostData::Fp8(_))) => {
+            let rows: Vec<&Fp8Rows> = all
+                .iter()
+                .filter_map(|d| match d {
+                    HostData::Fp8(r) => Some(r),
+                    _ => None,
+                })
+                .collect();
+            HostData::Fp8(Fp8Rows::concat_rows(&rows))
         }
         _ => HostData::F32(parts.iter().flat_map(|t| t.to_f32()).collect()),
     };

@@ -129,6 +129,8 @@ impl Backend for CpuBackend {
             HostData::F16(v) => CpuBuffer::F16(v.clone()),
             HostData::BF16(v) => CpuBuffer::BF16(v.clone()),
             HostData::Quant(q) => CpuBuffer::Quant(q.clone()),
+            // No FP8 products on the CPU: the weight-only reading of an FP8 checkpoint.
+            HostData::Fp8(q) => CpuBuffer::F32(q.to_f32()),
         };
         if buf.len() != numel {
             return Err(shape_err(
@@ -150,6 +152,7 @@ impl Backend for CpuBackend {
             HostData::F16(v) => CpuBuffer::F16(v),
             HostData::BF16(v) => CpuBuffer::BF16(v),
             HostData::Quant(q) => CpuBuffer::Quant(q),
+            HostData::Fp8(q) => CpuBuffer::F32(q.to_f32()),
         };
         if buf.len() != numel {
             return Err(shape_err(

@@ -36,6 +36,9 @@ impl Backend for CudaBackend {
                 .into_iter()
                 .map(|x| bf16::from_f32(half::f16::from_f32(x).to_f32()))
                 .collect(),
+            // An FP8 checkpoint outside FP8 mode (`--quantization fp8` keeps its codes): bf16
+            // rounds `e4m3 * scale` (up to 12 significant bits) to 8.
+            HostData::Fp8(q) => q.to_f32().into_iter().map(bf16::from_f32).collect(),
         };
         if data.len() != tensor.numel() {
             return Err(BackendError::Shape {

@@ -5,7 +5,8 @@
 //! weight `[m, k]` (under [`Quantization::Fp8W8A8`], [`CudaBackend::upload_projection_impl`]) is
 //! uploaded in bf16, quantized on the device by `quantize_rows_bf16` and stored as one
 //! [`DType::F8E4M3`] buffer: `m*k` e4m3 bytes, then (from byte [`scales_offset`]) the `[m]` f32
-//! scales. A product `x[n, k] @ w^T` quantizes `x` (f32 or bf16) into the backend's scratch
+//! scales; an FP8 checkpoint's weight (compressed-tensors, `crate::loader::fp8`) is uploaded in
+//! that layout as it is ([`CudaBackend::upload_fp8_rows`]). A product `x[n, k] @ w^T` quantizes `x` (f32 or bf16) into the backend's scratch
 //! (`[n*k]` e4m3, then `[n]` f32 scales) and multiplies on one of three paths ([`Fp8Path`]):
 //! the small-M tensor-core kernel for `n <= CudaTuning::fp8_small_max_rows` (batch-1 decode:
 //! cuBLASLt FP8 is no GEMV), cuBLASLt ([`super::gemm_fp8`]) above that, and a scalar kernel for
@@ -23,7 +24,7 @@ use super::ops::to_i32;
 use super::pdl::arg;
 use super::tuning::Quantization;
 use crate::backend::{Backend, BackendError, DType, check_buffer};
-use crate::loader::tensor::HostTensor;
+use crate::loader::tensor::{Fp8Rows, HostData, HostTensor};
 
 /// Threads of a `quantize_rows_*` CTA (`QUANT_THREADS` in `fp8.cu`).
 const QUANT_THREADS: u32 = 256;
@@ -61,9 +62,42 @@ impl CudaBackend {
             return self.upload_weight_owned(tensor);
         }
         let (m, k) = (tensor.shape[0], tensor.shape[1]);
+        if let HostData::Fp8(rows) = &tensor.data {
+            return self.upload_fp8_rows(rows, m, k);
+        }
         let bf = self.upload_weight(&tensor)?;
         drop(tensor);
         self.quantize_weight(&bf, m, k)
+    }
+
+    /// Uploads an FP8 checkpoint's weight `[m, k]` as it is: its e4m3 codes, then (from
+    /// [`scales_offset`]) its `[m]` row scales, the layout [`Self::quantize_weight`] writes.
+    pub fn upload_fp8_rows(
+        &self,
+        rows: &Fp8Rows,
+        m: usize,
+        k: usize,
+    ) -> Result<CudaBuffer, BackendError> {
+        if rows.codes.len() != m * k || rows.scales.len() != m {
+            return Err(BackendError::Shape {
+                op: "upload_fp8_rows",
+                detail: format!(
+                    "[{m}, {k}] needs {} codes and {m} scales, got {} and {}",
+                    m * k,
+                    rows.codes.len(),
+                    rows.scales.len()
+                ),
+            });
+        }
+        let off = scales_offset(m * k);
+        // [off + 4*m] bytes: the codes, zeros up to `off`, the scales (little-endian f32).
+        let mut bytes = Vec::with_capacity(off + 4 * m);
+        bytes.extend_from_slice(&rows.codes);
+        bytes.resize(off, 0);
+        bytes.extend_from_slice(bytemuck::cast_slice(&rows.scales));
+        let mut q = self.upload_bytes(DType::F8E4M3, &bytes)?;
+        q.len = m * k;
+        Ok(q)
     }
 
     /// Quantizes a bf16 weight `[m, k]` into an FP8 buffer (e4m3 rows, then the row scales).

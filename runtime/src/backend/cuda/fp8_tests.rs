@@ -11,7 +11,9 @@
 //!   stays within 3e-8) (GPU);
 //! - the whole model (random bf16 weights, a SmolLM2-like shape, several layers) in FP8 against
 //!   bf16: last-token logits within 15% relative L2 (e4m3 keeps 3 mantissa bits: one rounding is
-//!   up to 6.25% of a value) (GPU).
+//!   up to 6.25% of a value) (GPU);
+//! - FP8 checkpoint weights (`HostData::Fp8`) upload byte for byte, and a model read from them
+//!   gives the logits, bit for bit, of bf16 weights that quantize at load to the same codes (GPU).
 //!
 //! GPU tests print why and return without a usable GPU.
 
@@ -22,17 +24,12 @@ use rand::{Rng, SeedableRng};
 use super::tests::device_with;
 use super::{CudaBackend, CudaBuffer, Fp8Path, Quantization};
 use crate::backend::{Backend, DType};
-use crate::loader::tensor::{HostData, HostTensor};
+use crate::loader::fp8::e4m3_to_f32;
+use crate::loader::tensor::{Fp8Rows, HostData, HostTensor};
 
-/// e4m3 byte to f32 (exact).
+/// e4m3 byte to f32 (exact; checked against ml_dtypes in `crate::loader::fp8`).
 fn decode(b: u8) -> f32 {
-    let (e, m) = (((b >> 3) & 0xf) as i32, (b & 7) as f32);
-    let v = if e == 0 {
-        m / 8.0 * 2f32.powi(-6)
-    } else {
-        (1.0 + m / 8.0) * 2f32.powi(e - 7)
-    };
-    if b & 0x80 != 0 { -v } else { v }
+    e4m3_to_f32(b)
 }
 
 /// f32 to e4m3: round to nearest, ties to the even code, saturated to +-448 (PTX
@@ -282,4 +279,114 @@ fn fp8_logits_stay_close_to_bf16() {
         .count();
     println!("fp8 vs bf16 logits: rel L2 {e:.4}, argmax equal {same}/3");
     assert!(e <= 0.15, "FP8 logits {e} from bf16's");
+}
+
+/// Codes of a `[rows, cols]` FP8 checkpoint weight: random finite codes with a +-448 code in
+/// every row, and power-of-two row scales, so `e4m3 * scale` is exact in bf16 and quantizing
+/// those bf16 values gives back these codes and scales.
+fn checkpoint_rows(rng: &mut StdRng, rows: usize, cols: usize) -> Fp8Rows {
+    let mut codes: Vec<u8> = (0..rows * cols)
+        .map(|_| {
+            let c: u8 = rng.r#gen();
+            if c & 0x7f == 0x7f { c ^ 1 } else { c }
+        })
+        .collect();
+    for r in 0..rows {
+        codes[r * cols + r % cols] = if r % 2 == 0 { 0x7e } else { 0xfe };
+    }
+    let scales = (0..rows).map(|r| 2f32.powi(-12 - (r % 5) as i32)).collect();
+    Fp8Rows { codes, scales }
+}
+
+#[test]
+fn checkpoint_weights_upload_as_they_are() {
+    let Some(b) = fp8_device() else { return };
+    let mut rng = StdRng::seed_from_u64(13);
+    for (m, k) in [(8, 64), (5, 1001), (37, 4096)] {
+        let rows = checkpoint_rows(&mut rng, m, k);
+        let t = HostTensor {
+            shape: vec![m, k],
+            data: HostData::Fp8(rows.clone()),
+        };
+        let w = b.upload_projection(t).expect("upload");
+        assert_eq!(w.dtype, DType::F8E4M3);
+        let (codes, scales) = b.download_fp8(&w, m).expect("download");
+        assert_eq!(codes, rows.codes, "{m}x{k} codes");
+        let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&scales), bits(&rows.scales), "{m}x{k} scales");
+    }
+}
+
+/// A model read from an FP8 checkpoint (q/k/v and gate/up concatenated as FP8 rows) gives the
+/// logits, bit for bit, of the same model quantized at load from bf16 weights that quantize to
+/// the checkpoint's codes and scales.
+#[test]
+fn checkpoint_model_matches_quantizing_at_load() {
+    use crate::model::LlamaModel;
+    use crate::model::batch::SeqChunk;
+    use crate::model::random::{WeightDtype, random_weights, tiny_config};
+    if fp8_device().is_none() {
+        return;
+    }
+    let c = crate::model::config::LlamaConfig {
+        vocab_size: 1031,
+        hidden_size: 256,
+        intermediate_size: 688,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        tie_word_embeddings: false,
+        ..tiny_config()
+    };
+    let mut checkpoint = random_weights(&c, 3, WeightDtype::BF16);
+    let mut dense = checkpoint.clone();
+    let mut rng = StdRng::seed_from_u64(17);
+    let mut names: Vec<String> = checkpoint
+        .keys()
+        .filter(|n| n.contains("_proj.weight"))
+        .cloned()
+        .collect();
+    names.sort();
+    for name in &names {
+        let shape = checkpoint[name].shape.clone();
+        let rows = checkpoint_rows(&mut rng, shape[0], shape[1]);
+        let values: Vec<bf16> = rows.to_f32().into_iter().map(bf16::from_f32).collect();
+        assert_eq!(
+            values.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+            rows.to_f32(),
+            "{name}: exact in bf16"
+        );
+        dense.insert(
+            name.clone(),
+            HostTensor {
+                shape: shape.clone(),
+                data: HostData::BF16(values),
+            },
+        );
+        checkpoint.insert(
+            name.clone(),
+            HostTensor {
+                shape,
+                data: HostData::Fp8(rows),
+            },
+        );
+    }
+    let run = |w: &std::collections::HashMap<String, HostTensor>| -> Vec<f32> {
+        let b = fp8_device().expect("the device opened once");
+        let model = LlamaModel::new(b, &c, w).expect("model");
+        let prompt: Vec<u32> = (0..37).map(|i| ((i * 131 + 5) % 1031) as u32).collect();
+        let table: Vec<u32> = (0..3).collect();
+        let mut kv = model.new_kv_cache(4, 16).expect("kv");
+        let chunk = SeqChunk {
+            tokens: &prompt,
+            start_pos: 0,
+            block_table: &table,
+        };
+        model.forward(&mut kv, &[chunk]).expect("forward")
+    };
+    let (a, d) = (run(&checkpoint), run(&dense));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(a.iter().all(|x| x.is_finite()));
+    assert_eq!(bits(&a), bits(&d), "checkpoint codes vs quantized at load");
 }

@@ -178,6 +178,11 @@ fn unpermute(data: HostData, rows: usize, cols: usize, heads: usize) -> Option<H
                 bytes: unpermute_rows(&q.bytes, rows, row_bytes, heads)?,
             })
         }
+        // GGUF has no FP8 type; kept total so every `HostData` unpermutes.
+        HostData::Fp8(q) => HostData::Fp8(crate::loader::fp8::Fp8Rows {
+            codes: unpermute_rows(&q.codes, rows, cols, heads)?,
+            scales: unpermute_rows(&q.scales, rows, 1, heads)?,
+        }),
     })
 }
 

@@ -49,6 +49,7 @@ fn assert_same(name: &str, data: &HostData, expected: &[f32]) {
             let got = q.to_f32();
             assert_eq!(&got[..expected.len()], expected, "{name}");
         }
+        HostData::Fp8(_) => panic!("{name}: GGUF has no FP8 tensors"),
     }
 }
 
@@ -86,6 +87,7 @@ fn dequantizes_every_supported_type_like_the_reference() {
             HostData::F16(_) => "F16",
             HostData::BF16(_) => "BF16",
             HostData::Quant(q) => q.ty.name(),
+            HostData::Fp8(_) => "FP8",
         };
         assert_eq!(kind, t.ggml_type.name(), "{}: every type is kept", t.name);
         assert_same(&t.name, &data, &floats(&e["values"]));
@@ -179,6 +181,7 @@ fn tiny_llama_loads_with_hf_names_unpermuted_qk_and_config() {
             HostData::F16(v) => HostData::F16(v[..want.len()].to_vec()),
             HostData::BF16(v) => HostData::BF16(v[..want.len()].to_vec()),
             HostData::Quant(q) => HostData::Quant(q.clone()),
+            HostData::Fp8(_) => panic!("{name}: GGUF has no FP8 tensors"),
         };
         assert_same(name, &prefix, &want);
     }

@@ -21,6 +21,7 @@ pub fn parse_config(path: &Path, text: &str) -> Result<LlamaConfig, LoadError> {
     let v: Value = serde_json::from_str(text)
         .map_err(|e| LoadError::metadata(path, format!("not valid JSON: {e}")))?;
     let bad = |m: String| LoadError::metadata(path, m);
+    super::quant_config::check_quantization_config(path, &v)?;
     if let Some(t) = v.get("model_type").and_then(Value::as_str)
         && !LLAMA_LIKE.contains(&t)
     {

@@ -1,11 +1,15 @@
 //! Hugging Face model folders: `config.json`, `model.safetensors` (or the shards of
 //! `model.safetensors.index.json`), `tokenizer.json`, `tokenizer_config.json`,
-//! `generation_config.json`, turned into a [`LoadedModel`].
+//! `generation_config.json`, turned into a [`LoadedModel`]. Weights are bf16, f16 or f32, or FP8
+//! in the compressed-tensors format ([`quant_config`], `crate::loader::fp8`).
 
 pub mod config;
+pub mod quant_config;
 pub mod special;
 pub mod weights;
 
+#[cfg(test)]
+mod fp8_tests;
 #[cfg(test)]
 mod tests;
 
@@ -15,7 +19,7 @@ use std::path::Path;
 use super::chat_template::ChatTemplate;
 use super::error::LoadError;
 use super::tokenizer::Tokenizer;
-use super::{LoadedModel, progress, validate};
+use super::{LoadedModel, fp8, progress, validate};
 
 /// Loads the Hugging Face folder `dir`; `progress` shows a progress bar on stderr.
 pub fn load_hf(dir: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
@@ -33,11 +37,12 @@ pub fn load_hf(dir: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let bar = progress::bytes_bar(weights::total_bytes(&files), &label, progress);
-    let mut tensors = HashMap::new();
+    let (mut tensors, mut fp8_codes) = (HashMap::new(), HashMap::new());
     for f in &files {
-        weights::read_safetensors(f, &mut tensors, &bar)?;
+        weights::read_safetensors(f, &mut tensors, &mut fp8_codes, &bar)?;
     }
     bar.finish_and_clear();
+    fp8::attach_scales(dir, fp8_codes, &mut tensors)?;
     validate::check_tensors(dir, &config, &tensors)?;
 
     let chat_template = special

@@ -12,7 +12,7 @@ use crate::loader::error::LoadError;
 use crate::loader::tensor::HostData;
 use crate::loader::{ChatMessage, load_model};
 
-const CONFIG: &str = r#"{
+pub(super) const CONFIG: &str = r#"{
   "architectures": ["LlamaForCausalLM"], "model_type": "llama",
   "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 263,
@@ -21,7 +21,7 @@ const CONFIG: &str = r#"{
 }"#;
 
 /// Name, shape and dtype of every tensor of the tiny model.
-fn tensor_specs() -> Vec<(String, Vec<usize>, Dtype)> {
+pub(super) fn tensor_specs() -> Vec<(String, Vec<usize>, Dtype)> {
     let p = "model.layers.0";
     vec![
         (
@@ -72,7 +72,7 @@ fn tensor_specs() -> Vec<(String, Vec<usize>, Dtype)> {
 }
 
 /// Element `i` of tensor number `t`: distinct, exactly representable in bf16.
-fn value(t: usize, i: usize) -> f32 {
+pub(super) fn value(t: usize, i: usize) -> f32 {
     ((t * 7 + i) % 64) as f32 / 16.0 - 2.0
 }
 
@@ -104,7 +104,7 @@ fn write_safetensors(path: &Path, specs: &[(usize, String, Vec<usize>, Dtype)]) 
 }
 
 /// A complete tiny model folder; `shards` > 1 splits the weights with an index.
-fn write_folder(dir: &Path, shards: usize) {
+pub(super) fn write_folder(dir: &Path, shards: usize) {
     std::fs::write(dir.join("config.json"), CONFIG).expect("config");
     let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/loader/fixtures/tiny_llama.gguf");
     let tiny = load_model(&gguf, false).expect("fixture loads");

@@ -2,7 +2,8 @@
 //! copied into [`HostTensor`]s.
 //!
 //! Design: the `safetensors` crate validates the header and offsets over an mmap; we convert F32,
-//! F16 and BF16 (little-endian, as the format defines) and name every other dtype in the error.
+//! F16 and BF16 (little-endian, as the format defines), keep F8_E4M3 codes apart until their
+//! scales are attached (`crate::loader::fp8`), and name every other dtype in the error.
 //! A file shorter than its header promises is reported as truncated with the byte count it needs.
 
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::Value;
 
 use crate::loader::error::LoadError;
+use crate::loader::fp8::Fp8Codes;
 use crate::loader::tensor::{HostData, HostTensor};
 
 /// The safetensors files of a model folder: the shards listed by `model.safetensors.index.json`
@@ -65,10 +67,12 @@ pub fn total_bytes(files: &[PathBuf]) -> u64 {
         .sum()
 }
 
-/// Reads every tensor of `path` into `out`, advancing `bar` by the bytes read.
+/// Reads every tensor of `path` into `out`, F8_E4M3 ones into `fp8` (their scales may sit in
+/// another shard), advancing `bar` by the bytes read.
 pub fn read_safetensors(
     path: &Path,
     out: &mut HashMap<String, HostTensor>,
+    fp8: &mut HashMap<String, Fp8Codes>,
     bar: &ProgressBar,
 ) -> Result<(), LoadError> {
     let file = File::open(path).map_err(|e| LoadError::io(path, e))?;
@@ -99,6 +103,15 @@ pub fn read_safetensors(
                     .map(|b| bf16::from_le_bytes([b[0], b[1]]))
                     .collect(),
             ),
+            Dtype::F8_E4M3 => {
+                let codes = Fp8Codes {
+                    shape: view.shape().to_vec(),
+                    codes: bytes.to_vec(),
+                };
+                fp8.insert(name.to_string(), codes);
+                bar.inc(bytes.len() as u64);
+                continue;
+            }
             other => {
                 return Err(LoadError::Dtype {
                     path: path.to_path_buf(),

@@ -120,6 +120,8 @@ fn shard_tensor(name: &str, t: &HostTensor, split: Split) -> Result<HostTensor, 
         // Quantized blocks run along rows and a column split would cut them: a split tensor is
         // dequantized to f32 first (replicated ones stay quantized).
         HostData::Quant(_) => HostData::F32(slice2d(&t.to_f32(), cols, &r, &c)),
+        // FP8 rows likewise (the CPU, the only backend that shards, widens them to f32 anyway).
+        HostData::Fp8(_) => HostData::F32(slice2d(&t.to_f32(), cols, &r, &c)),
     };
     let shape = if t.shape.len() == 1 {
         vec![r.len()]
