@@ -71,7 +71,7 @@ impl CudaBackend {
     }
 
     /// Uploads an FP8 checkpoint's weight `[m, k]` as it is: its e4m3 codes, then (from
-    /// [`scales_offset`]) its `[m]` row scales, the layout [`Self::quantize_weight`] writes.
+    /// `scales_offset`) its `[m]` row scales, the layout [`Self::quantize_weight`] writes.
     pub fn upload_fp8_rows(
         &self,
         rows: &Fp8Rows,
