@@ -10,7 +10,8 @@
 //! `x` (f32 or bf16) into the backend's scratch (`[n*k]` e4m3, then `[n]` f32 scales) and
 //! multiplies on one of three paths ([`Fp8Path`]): the small-M tensor-core kernel for
 //! `n <= CudaTuning::fp8_small_max_rows` (batch-1 decode: cuBLASLt FP8 is no GEMV), cuBLASLt
-//! ([`super::gemm_fp8`]) above that, and a scalar kernel for shapes neither takes (`k % 16 != 0`, or `m % 4 != 0` for cuBLASLt). The lm head and the
+//! ([`super::gemm_fp8`]) above that, and a scalar kernel for shapes neither takes
+//! (`k % 16 != 0`, or `m % 4 != 0` for cuBLASLt). The lm head and the
 //! embedding stay bf16, as in the FP8-dynamic checkpoints.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
