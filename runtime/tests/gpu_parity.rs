@@ -11,6 +11,8 @@
 //! the device) is held to the same CPU tokens, and its device argmax to the host argmax of the
 //! logits rows it leaves on the device, and a one-row step after a bigger batch keeps the one-row
 //! path (its own activations in `matmul_input_dtype(1)`), bit for bit a fresh runner's logits.
+//! Eager steps (prefill passes, mixed steps) that choose greedy ids on the device and download
+//! only the rows the host samples give what downloading every row and picking on the host gives.
 //! Without a usable GPU every test prints why and returns, so CI without CUDA stays green; the GPU
 //! machine runs this target through `kernels/gpu-check.sh`.
 //! Fixture directory: `$SOV_FIXTURE_DIR`, else `runtime/tests/fixtures` of the source tree.
@@ -23,12 +25,13 @@ use half::bf16;
 use sov::backend::cpu::CpuBackend;
 use sov::backend::cuda::CudaBackend;
 use sov::backend::{Backend, DType};
+use sov::engine::forward::{ForwardModel, PickedRows, RowPick, pick_on_host};
 use sov::loader::hf::{config::parse_config, weights::read_safetensors};
 use sov::loader::tensor::{HostData, HostTensor};
 use sov::model::batch::SeqChunk;
 use sov::model::config::LlamaConfig;
 use sov::model::{KvCache, LlamaModel};
-use sov::runner::DecodeGraphs;
+use sov::runner::{DecodeGraphs, LlamaRunner};
 
 const BLOCK: usize = 16;
 const NEW: usize = 32;
@@ -435,5 +438,108 @@ fn one_row_step_after_a_big_batch_keeps_the_one_row_path() {
     );
     println!(
         "one-row step after 17 rows: activation sets {sets:?}, logits bit for bit a fresh runner's"
+    );
+}
+
+/// One eager step of `chunks` on `runner`, answered as `picks` asks: through the runner's own
+/// `forward_pick` (`device`: on CUDA the ids are chosen on the device) or through `forward` and
+/// the engine's host pick.
+fn picked(
+    runner: &mut LlamaRunner<CudaBackend>,
+    chunks: &[SeqChunk<'_>],
+    picks: &[RowPick],
+    device: bool,
+) -> PickedRows {
+    if device {
+        runner
+            .forward_pick(chunks, picks)
+            .expect("step on the device")
+    } else {
+        let logits = runner.forward(chunks).expect("step");
+        pick_on_host(runner.vocab_size(), logits, picks).expect("host pick")
+    }
+}
+
+#[test]
+fn eager_steps_pick_on_the_device_as_the_host_would() {
+    if device().is_none() {
+        return;
+    }
+    let Some((config, weights)) = load("tiny_llama3") else {
+        return;
+    };
+    let vocab = config.vocab_size as u32;
+    let seqs: Vec<Vec<u32>> = (0..6u32)
+        .map(|s| (0..12).map(|j| (s * 37 + j * 11 + 3) % vocab).collect())
+        .collect();
+    // Two runners of the same weights, each with its own cache, fed the same steps: one picks
+    // through its device path, the other downloads every row and picks on the host.
+    let mut runners: Vec<LlamaRunner<CudaBackend>> = (0..2)
+        .map(|_| {
+            let backend = CudaBackend::new(0).expect("device opened above");
+            let model = LlamaModel::new(backend, &config, &weights).expect("cuda model");
+            let (_, tables) = cache_and_tables(&model, &seqs);
+            let blocks = tables.iter().map(Vec::len).sum();
+            LlamaRunner::new(model, blocks, BLOCK).expect("runner")
+        })
+        .collect();
+    let (_, tables) = cache_and_tables(&runners[0].model, &seqs);
+    let chunk = |s: usize, from: usize, to: usize| SeqChunk {
+        tokens: &seqs[s][from..to],
+        start_pos: from,
+        block_table: &tables[s],
+    };
+    use RowPick::{Argmax, Logits, Skip};
+    // A prefill pass of three whole prompts (less their last token); then a mixed step: those
+    // three decode while three prompts run a chunk each (one ends its prompt); then a pass whose
+    // rows are all sampled on the host, and one of prompt chunks only.
+    let steps: Vec<(Vec<SeqChunk<'_>>, Vec<RowPick>)> = vec![
+        (
+            vec![chunk(0, 0, 11), chunk(1, 0, 11), chunk(2, 0, 11)],
+            vec![Argmax, Logits, Argmax],
+        ),
+        (
+            vec![
+                chunk(0, 11, 12),
+                chunk(1, 11, 12),
+                chunk(2, 11, 12),
+                chunk(3, 0, 5),
+                chunk(4, 0, 12),
+                chunk(5, 0, 2),
+            ],
+            vec![Argmax, Logits, Argmax, Skip, Argmax, Logits],
+        ),
+        (vec![chunk(3, 5, 12), chunk(5, 2, 12)], vec![Logits, Logits]),
+        (vec![chunk(3, 5, 9), chunk(5, 2, 7)], vec![Skip, Skip]),
+    ];
+    for (i, (chunks, picks)) in steps.iter().enumerate() {
+        let on_device = picked(&mut runners[0], chunks, picks, true);
+        let on_host = picked(&mut runners[1], chunks, picks, false);
+        assert_eq!(
+            on_device.tokens, on_host.tokens,
+            "step {i}: greedy ids differ"
+        );
+        assert!(
+            on_device.logits.len() == on_host.logits.len()
+                && on_device
+                    .logits
+                    .iter()
+                    .zip(&on_host.logits)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "step {i}: the sampled rows' logits differ"
+        );
+        assert!(
+            on_device
+                .tokens
+                .iter()
+                .zip(picks)
+                .all(|(t, p)| t.is_some() == (*p == Argmax)),
+            "step {i}: ids {:?} for picks {picks:?}",
+            on_device.tokens
+        );
+    }
+    println!(
+        "eager steps: device picks equal host picks over {} steps",
+        steps.len()
     );
 }

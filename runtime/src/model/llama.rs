@@ -230,14 +230,32 @@ impl<B: Backend> LlamaModel<B> {
         self.run(kv, chunks, true)
     }
 
+    /// As [`LlamaModel::forward`], but the logits stay on the backend: `[chunks.len(), vocab]`
+    /// f32 (each chunk's last new token a row, the same values [`LlamaModel::forward`] returns),
+    /// for a caller that chooses tokens where the logits are and downloads only what it needs.
+    pub fn forward_on_backend(
+        &self,
+        kv: &mut KvCache<B>,
+        chunks: &[SeqChunk<'_>],
+    ) -> Result<B::Buffer, ModelError> {
+        self.backend.run_step(|| {
+            self.logits_in_step(kv, chunks, false)
+                .map(|(logits, _)| logits)
+        })
+    }
+
     fn run(
         &self,
         kv: &mut KvCache<B>,
         chunks: &[SeqChunk<'_>],
         all_rows: bool,
     ) -> Result<Vec<f32>, ModelError> {
-        self.backend
-            .run_step(|| self.run_in_step(kv, chunks, all_rows))
+        self.backend.run_step(|| {
+            let (logits, rows) = self.logits_in_step(kv, chunks, all_rows)?;
+            let mut out = vec![0f32; rows * self.config.vocab_size]; // [rows, vocab]
+            self.backend.download_f32(&logits, &mut out)?;
+            Ok(out)
+        })
     }
 
     /// Checks `chunks` against this model and `kv` (the cache's shape, token ids, positions, block
@@ -288,13 +306,14 @@ impl<B: Backend> LlamaModel<B> {
             .matmul(&a.normed, head, logits, n, c.hidden_size, c.vocab_size)
     }
 
-    /// The forward pass proper, inside the backend's step context.
-    fn run_in_step(
+    /// The forward pass proper, inside the backend's step context: the logits of every new token
+    /// (`all_rows`) or of each chunk's last one, on the backend, and their row count.
+    fn logits_in_step(
         &self,
         kv: &mut KvCache<B>,
         chunks: &[SeqChunk<'_>],
         all_rows: bool,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<(B::Buffer, usize), ModelError> {
         let c = &self.config;
         let step = self.plan_step(kv, chunks)?;
         let meta = self.upload_meta(&step)?;
@@ -323,9 +342,7 @@ impl<B: Backend> LlamaModel<B> {
             hidden,
             c.vocab_size,
         )?;
-        let mut out = vec![0f32; rows * c.vocab_size];
-        b.download_f32(&logits, &mut out)?;
-        Ok(out)
+        Ok((logits, rows))
     }
 
     /// The forward pass from token ids to the final normalized hidden states: the embedding of

@@ -1,9 +1,13 @@
-//! The CUDA backend's decode fast path: a decode step through [`DecodeGraphs`] (graph replay,
-//! greedy ids chosen on the device), then the logits rows of the sequences the host samples.
+//! The CUDA backend's fast paths: a decode step through [`DecodeGraphs`] (graph replay, greedy
+//! ids chosen on the device), then the logits rows of the sequences the host samples; any other
+//! step (a prefill pass, a mixed step) eagerly through the model's forward pass with the same
+//! device-side choice ([`step_pick`]), so a mixed step of a thousand decode rows downloads a
+//! thousand ids, not a thousand vocabulary-wide rows (128256 x 4 bytes each at Llama-3's size).
 
 use super::decode_graphs::DecodeGraphs;
 use super::{RunnerBackend, RunnerOptions};
-use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::{CudaBackend, CudaBuffer};
+use crate::backend::{Backend, DType};
 use crate::engine::forward::{PickedRows, RowPick};
 use crate::model::batch::SeqChunk;
 use crate::model::{KvCache, LlamaModel, ModelError};
@@ -41,4 +45,71 @@ impl RunnerBackend for CudaBackend {
         };
         Some(run())
     }
+
+    fn step_pick(
+        model: &LlamaModel<Self>,
+        kv: &mut KvCache<Self>,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+    ) -> Option<Result<PickedRows, ModelError>> {
+        (picks.len() == chunks.len()).then(|| step_pick(model, kv, chunks, picks))
+    }
+}
+
+/// One eager step whose logits stay on the device: the greedy id of every `Argmax` row chosen
+/// there ([`CudaBackend::argmax_rows`], the host `argmax`'s rule), the rows the host samples
+/// downloaded, nothing of the `Skip` rows (prompt chunks that do not end their prompt).
+fn step_pick(
+    model: &LlamaModel<CudaBackend>,
+    kv: &mut KvCache<CudaBackend>,
+    chunks: &[SeqChunk<'_>],
+    picks: &[RowPick],
+) -> Result<PickedRows, ModelError> {
+    let b = model.backend();
+    let vocab = model.config().vocab_size;
+    let rows = chunks.len();
+    let logits = model.forward_on_backend(kv, chunks)?; // [rows, vocab] f32
+    let mut out = PickedRows {
+        tokens: vec![None; rows],
+        logits: Vec::new(),
+    };
+    if picks.contains(&RowPick::Argmax) {
+        let ids = argmax_ids(b, &logits, vocab, rows)?;
+        for ((token, pick), id) in out.tokens.iter_mut().zip(picks).zip(ids) {
+            *token = (*pick == RowPick::Argmax).then_some(id);
+        }
+    }
+    let sampled = picks.iter().filter(|p| **p == RowPick::Logits).count();
+    if sampled == rows {
+        out.logits = vec![0.0; rows * vocab]; // [rows, vocab]
+        b.download_f32(&logits, &mut out.logits)?;
+    } else if sampled > 0 {
+        out.logits = vec![0.0; sampled * vocab]; // [sampled rows, vocab]
+        let mut dst = out.logits.chunks_exact_mut(vocab.max(1));
+        for (row, _) in picks
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| **p == RowPick::Logits)
+        {
+            if let Some(dst) = dst.next() {
+                b.download_f32_at(&logits, row * vocab, dst)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The greedy id of each of the `rows` rows of `logits` (`[rows, vocab]` f32), chosen on the
+/// device; only the ids come back.
+fn argmax_ids(
+    b: &CudaBackend,
+    logits: &CudaBuffer,
+    vocab: usize,
+    rows: usize,
+) -> Result<Vec<u32>, ModelError> {
+    let mut ids_dev = b.alloc(DType::U32, rows)?; // [rows] u32
+    b.argmax_rows(logits, vocab, rows, &mut ids_dev)?;
+    let mut ids = vec![0u32; rows]; // [rows]
+    b.download_u32(&ids_dev, &mut ids)?;
+    Ok(ids)
 }

@@ -1,6 +1,7 @@
 //! [`LlamaRunner`]: a [`LlamaModel`] and the paged [`KvCache`] it owns, as the engine's
 //! [`ForwardModel`]. Decode steps take the backend's fast path ([`RunnerBackend::decode_pick`])
-//! where it has one; every other step runs [`LlamaModel::forward`] and picks on the host.
+//! where it has one; every other step runs [`LlamaModel::forward`]'s pass and picks where the
+//! backend says ([`RunnerBackend::step_pick`]: on a GPU, on the device), else on the host.
 
 use super::{RunnerBackend, RunnerOptions};
 use crate::checkpoint::driver::KvBlockIo;
@@ -73,6 +74,9 @@ impl<B: RunnerBackend> ForwardModel for LlamaRunner<B> {
             && let Some(out) =
                 B::decode_pick(&mut self.decode, &self.model, &mut self.kv, chunks, picks)
         {
+            return out.map_err(|e| e.to_string());
+        }
+        if let Some(out) = B::step_pick(&self.model, &mut self.kv, chunks, picks) {
             return out.map_err(|e| e.to_string());
         }
         pick_on_host(self.vocab_size(), self.forward(chunks)?, picks)
