@@ -10,7 +10,7 @@
 // A warp takes chunks of 16 tokens. Its lanes copy the chunk's K and V rows (16-byte pieces, each
 // token row contiguous) into a private ring of STAGES slots in shared memory with cp.async, STAGES
 // - 1 chunks in flight; a piece lands at column (piece ^ (token & 7)) so that ldmatrix reads 8 rows
-// without bank conflicts. Per chunk:
+// without bank conflicts (mma_tiles.cuh). Per chunk:
 //   S [16 heads x 16 tokens] = Q [16 x D] . K^T  -- Q in registers as the A operand (query heads
 //       0..G-1 in rows 0..G-1, zero rows above), K^T from ldmatrix as the B operand, D/16 k-steps
 //       for each of 2 n-tiles of 8 tokens;
@@ -60,41 +60,10 @@
 #include "decode_merge.cuh"
 
 #define SLOT_BYTES (SLOT * 2)
-// Byte offset of (token row, 16-byte piece) inside a ring slot, swizzled against bank conflicts.
-// Shared-memory addresses are kept as 32-bit shared-window offsets throughout (no 64-bit math).
-__device__ __forceinline__ u32 slot_offset(int tok, int piece) { return (u32)(tok * D * 2 + ((piece ^ (tok & 7)) << 4)); }
+#include "mma_tiles.cuh"
 
-// .ca rather than .cg: through L1 a warp's 16-byte pieces reach L2 as whole 128-byte requests (with
-// .cg each sector was requested twice; measured with ncu on the H200).
-__device__ __forceinline__ void cp_async16(u32 dst, const void* gmem, bool valid) {
-    const int src_size = valid ? 16 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_size) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_stages() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-// Four 8x8 b16 matrices from shared memory; lane l gives the row address of matrix l / 8, row l % 8.
-__device__ __forceinline__ void ldsm_x4(u32* r, u32 a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(u32* r, u32 a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-
-// Two f32 -> one register of two bf16 (round to nearest even), `lo` in the low half.
-__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
 }
 
 // c[0..1] += A . B for the rows groupID of a 16x8 tile (f32 accumulate). A's rows groupID + 8 are

@@ -16,11 +16,16 @@ pub const COMMON_HEADER: &str = include_str!("../cuda/common.cuh");
 /// The end of a decode-attention CTA (warp and split merge), shared by both decode units.
 pub const DECODE_MERGE_HEADER: &str = include_str!("../cuda/decode_merge.cuh");
 
+/// The tensor-core attention units' shared pieces: swizzled cp.async copies of K/V rows,
+/// ldmatrix reads and bf16 operand packing.
+pub const MMA_TILES_HEADER: &str = include_str!("../cuda/mma_tiles.cuh");
+
 /// Headers a unit may include: (file name, embedded text). Each `#include "<name>"` line is
 /// replaced by the header's text.
-const HEADERS: [(&str, &str); 2] = [
+const HEADERS: [(&str, &str); 3] = [
     ("common.cuh", COMMON_HEADER),
     ("decode_merge.cuh", DECODE_MERGE_HEADER),
+    ("mma_tiles.cuh", MMA_TILES_HEADER),
 ];
 
 /// Ring depth (chunks per warp, `STAGES`) of the tensor-core decode kernel that sov compiles
@@ -36,6 +41,12 @@ pub const DECODE_MMA_STAGES: std::ops::RangeInclusive<usize> = 2..=4;
 /// needs for `head_dim`: `stages` chunks of 16 K and 16 V rows (bf16) for each of its 4 warps.
 pub fn decode_mma_shared_bytes(head_dim: usize, stages: usize) -> usize {
     4 * stages * 2 * 16 * head_dim * 2
+}
+
+/// Bytes of dynamic shared memory `prefill_attention_mma` needs for `head_dim`: two stages of 32
+/// K and 32 V rows (bf16).
+pub fn prefill_mma_shared_bytes(head_dim: usize) -> usize {
+    2 * 2 * 32 * head_dim * 2
 }
 
 /// A deterministic-mode small-row kernel of `gemv.cu` (`det_gemv_*`): its warps, the chains a
@@ -146,6 +157,9 @@ pub enum KernelId {
     DecodeAttentionMma,
     /// Causal prefill attention over the paged cache, varlen batch; needs head defines.
     PrefillAttention,
+    /// The same prefill attention on tensor cores (bf16 cache, head_dim 64/128/256); needs head
+    /// defines and [`prefill_mma_shared_bytes`] of dynamic shared memory.
+    PrefillAttentionMma,
     /// RMSNorm fused with the residual add, SiLU-mul, embedding and row gathers, bias, bf16 cast.
     Elementwise,
     /// RoPE (rotate_half, precomputed Llama-3.1 frequencies) and KV-cache writes.
@@ -201,10 +215,11 @@ impl HeadConfig {
 
 impl KernelId {
     /// Every unit, for tools that compile them all.
-    pub const ALL: [KernelId; 8] = [
+    pub const ALL: [KernelId; 9] = [
         KernelId::DecodeAttention,
         KernelId::DecodeAttentionMma,
         KernelId::PrefillAttention,
+        KernelId::PrefillAttentionMma,
         KernelId::Elementwise,
         KernelId::RopeKv,
         KernelId::Sampling,
@@ -218,6 +233,7 @@ impl KernelId {
             KernelId::DecodeAttention => "decode_attention.cu",
             KernelId::DecodeAttentionMma => "decode_attention_mma.cu",
             KernelId::PrefillAttention => "prefill_attention.cu",
+            KernelId::PrefillAttentionMma => "prefill_attention_mma.cu",
             KernelId::Elementwise => "elementwise.cu",
             KernelId::RopeKv => "rope_kv.cu",
             KernelId::Sampling => "sampling.cu",
@@ -231,6 +247,7 @@ impl KernelId {
             KernelId::DecodeAttention => include_str!("../cuda/decode_attention.cu"),
             KernelId::DecodeAttentionMma => include_str!("../cuda/decode_attention_mma.cu"),
             KernelId::PrefillAttention => include_str!("../cuda/prefill_attention.cu"),
+            KernelId::PrefillAttentionMma => include_str!("../cuda/prefill_attention_mma.cu"),
             KernelId::Elementwise => include_str!("../cuda/elementwise.cu"),
             KernelId::RopeKv => include_str!("../cuda/rope_kv.cu"),
             KernelId::Sampling => include_str!("../cuda/sampling.cu"),
@@ -263,10 +280,10 @@ impl KernelId {
     /// Whether the unit can be compiled for `heads` (always, for units without head defines).
     pub fn supports(self, heads: Option<HeadConfig>) -> bool {
         match (self, heads) {
-            (KernelId::DecodeAttentionMma, Some(h)) => {
+            (KernelId::DecodeAttentionMma | KernelId::PrefillAttentionMma, Some(h)) => {
                 !h.kv_f32 && matches!(h.head_dim, 64 | 128 | 256) && (1..=8).contains(&h.group)
             }
-            (KernelId::DecodeAttentionMma, None) => false,
+            (KernelId::DecodeAttentionMma | KernelId::PrefillAttentionMma, None) => false,
             (id, Some(h)) if id.needs_heads() => h.validate().is_ok(),
             (id, _) => !id.needs_heads(),
         }
@@ -281,6 +298,7 @@ impl KernelId {
                 "paged_decode_attention_mma_few",
             ],
             KernelId::PrefillAttention => &["prefill_attention"],
+            KernelId::PrefillAttentionMma => &["prefill_attention_mma"],
             KernelId::Elementwise => &[
                 "rmsnorm_residual",
                 "rmsnorm_residual_bf16",
@@ -334,7 +352,10 @@ impl KernelId {
     pub fn needs_heads(self) -> bool {
         matches!(
             self,
-            KernelId::DecodeAttention | KernelId::DecodeAttentionMma | KernelId::PrefillAttention
+            KernelId::DecodeAttention
+                | KernelId::DecodeAttentionMma
+                | KernelId::PrefillAttention
+                | KernelId::PrefillAttentionMma
         )
     }
 
@@ -411,7 +432,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tensor_core_decode_unit_takes_bf16_caches_of_wide_heads_only() {
+    fn the_tensor_core_units_take_bf16_caches_of_wide_heads_only() {
         let h = |head_dim, group, kv_f32| {
             Some(HeadConfig {
                 head_dim,
@@ -423,6 +444,10 @@ mod tests {
         assert!(KernelId::DecodeAttentionMma.supports(h(64, 3, false)));
         assert!(!KernelId::DecodeAttentionMma.supports(h(128, 4, true)));
         assert!(!KernelId::DecodeAttentionMma.supports(h(32, 4, false)));
+        assert!(KernelId::PrefillAttentionMma.supports(h(256, 1, false)));
+        assert!(!KernelId::PrefillAttentionMma.supports(h(128, 4, true)));
+        assert!(!KernelId::PrefillAttentionMma.supports(h(16, 2, false)));
+        assert!(!KernelId::PrefillAttentionMma.supports(None));
         assert!(KernelId::DecodeAttention.supports(h(32, 4, true)));
         assert!(!KernelId::DecodeAttention.supports(None));
         assert!(KernelId::Gemv.supports(None));

@@ -1,6 +1,8 @@
 //! Paged attention launches: split-K decode when every sequence brings one new token -- on tensor
 //! cores (`decode_attention_mma.cu`) for a bf16 cache with head_dim 64/128/256, else on CUDA cores
-//! (`decode_attention.cu`) -- and the tiled causal kernel (`prefill_attention.cu`) otherwise.
+//! (`decode_attention.cu`) -- and the tiled causal kernel otherwise, on tensor cores
+//! (`prefill_attention_mma.cu`) for the same shapes, else on CUDA cores (`prefill_attention.cu`);
+//! the two prefill kernels take the same arguments and grid.
 //!
 //! Split-K planning: one CTA per (split, kv head, sequence). The context is cut into splits of a
 //! multiple of 64 tokens: with few sequences, enough of them that about
@@ -433,9 +435,23 @@ impl CudaBackend {
         } = shape;
         let cfg = self.attention_config(heads)?;
         let (k_cache, v_cache) = (kv.k, kv.v);
-        let f =
-            self.modules
-                .function(KernelId::PrefillAttention, Some(cfg), "prefill_attention")?;
+        let mma =
+            self.tuning.prefill_tensor_cores && KernelId::PrefillAttentionMma.supports(Some(cfg));
+        let (f, shared_mem_bytes) = if mma {
+            let f = self.modules.function(
+                KernelId::PrefillAttentionMma,
+                Some(cfg),
+                "prefill_attention_mma",
+            )?;
+            (f, sov_kernels::prefill_mma_shared_bytes(cfg.head_dim))
+        } else {
+            let f = self.modules.function(
+                KernelId::PrefillAttention,
+                Some(cfg),
+                "prefill_attention",
+            )?;
+            (f, sov_kernels::prefill_shared_bytes(cfg.head_dim))
+        };
         let q_tile = 64 / cfg.group;
         let (out_stride, q_stride) = (
             to_i32(heads.q_width(), "q width")?,
@@ -461,7 +477,7 @@ impl CudaBackend {
                 meta.n_seqs as u32,
             ),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: sov_kernels::prefill_shared_bytes(cfg.head_dim) as u32,
+            shared_mem_bytes: shared_mem_bytes as u32,
         };
         let mut b = self.stream.launch_builder(&f);
         b.arg(&ptrs[0])
@@ -471,7 +487,9 @@ impl CudaBackend {
             .arg(&q_stride);
         b.arg(&ptrs[2]).arg(&ptrs[3]).arg(&ptrs[4]).arg(&max_blocks);
         b.arg(&ptrs[5]).arg(&ptrs[6]).arg(&kvh).arg(&bs).arg(&scale);
-        // SAFETY: as for decode; the dynamic shared memory limit was raised when the unit loaded.
+        // SAFETY: both kernels take these arguments in this order (the cache as bf16 for the
+        // tensor-core one, which `supports` limits to bf16 caches); buffers checked by the caller;
+        // the dynamic shared memory limit was raised to this size when the unit loaded.
         unsafe { b.launch(launch) }.map_err(driver_err)?;
         Ok(())
     }

@@ -142,6 +142,7 @@ impl ModuleCache {
             let head_dim = heads.map(|h| h.head_dim).unwrap_or(0);
             let dynamic_shared = match id {
                 KernelId::PrefillAttention => sov_kernels::prefill_shared_bytes(head_dim),
+                KernelId::PrefillAttentionMma => sov_kernels::prefill_mma_shared_bytes(head_dim),
                 KernelId::DecodeAttentionMma => {
                     sov_kernels::decode_mma_shared_bytes(head_dim, build.decode_stages)
                 }

@@ -672,9 +672,24 @@ fn prefill_attention_matches_cpu() {
             block_size: 16,
             seqs: vec![(66, 66), (20, 3)],
         },
+        // Long chunks over prefixes (many key stages, partial last tiles) beside a long decode row.
+        AttnCase {
+            heads: llama8b,
+            block_size: 16,
+            seqs: vec![(600, 200), (1000, 1), (97, 97)],
+        },
     ];
+    // Tensor-core kernel where the shape allows (bf16 cache, head_dim >= 64), then the CUDA-core
+    // kernel on every shape.
     for (i, c) in cases.iter().enumerate() {
         run_attention(&b, c, 200 + i as u64);
+    }
+    let Some(cuda_cores) = device_with(|t| t.prefill_tensor_cores = false) else {
+        return;
+    };
+    println!("prefill attention on CUDA cores:");
+    for (i, c) in cases.iter().enumerate() {
+        run_attention(&cuda_cores, c, 200 + i as u64);
     }
     // Deterministic mode runs a prefill through the decode kernel, one row a token, in chunks.
     let Some(det) = device_with(|t| t.deterministic = true) else {

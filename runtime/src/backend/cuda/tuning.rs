@@ -38,6 +38,12 @@ pub struct CudaTuning {
     /// checking that kernel on shapes the tensor-core one would take; it is the only kernel for f32
     /// caches and head_dim 16/32 either way.
     pub decode_tensor_cores: bool,
+    /// Prefill attention (prompt chunks, and the decode rows of a mixed step) on tensor cores
+    /// (`prefill_attention_mma.cu`) where the head shape allows (`SOV_PREFILL_MMA`, a switch).
+    /// Default on. Off keeps the CUDA-core kernel (`prefill_attention.cu`), which took 14.5 ms of
+    /// a 61.7 ms step of 2048 prompt tokens at the Llama-3-8B shape on the H200 (Nsight Compute);
+    /// that kernel is also the only one for f32 caches and head_dim 16/32.
+    pub prefill_tensor_cores: bool,
     /// Products of at most this many rows use `gemv.cu` instead of cuBLAS in fast mode (`SOV_GEMV`;
     /// 0 = cuBLAS always; values above the kernel's 4 act as 4). Default 1: at one row the GEMV
     /// beat cuBLAS on every Llama-3-8B decode product on the H200 (`bench_decode_matmuls`); at four
@@ -177,6 +183,7 @@ impl Default for CudaTuning {
             decode_min_split_tokens: 64,
             decode_max_split_tokens: None,
             decode_tensor_cores: true,
+            prefill_tensor_cores: true,
             gemv_max_rows: 1,
             gemv_split: None,
             deterministic: false,
@@ -282,6 +289,7 @@ const CTAS_VAR: &str = "SOV_DECODE_CTAS_PER_SM";
 const MIN_SPLIT_VAR: &str = "SOV_DECODE_MIN_SPLIT_TOKENS";
 const MAX_SPLIT_VAR: &str = "SOV_DECODE_SPLIT_TOKENS";
 const MMA_VAR: &str = "SOV_DECODE_MMA";
+const PREFILL_MMA_VAR: &str = "SOV_PREFILL_MMA";
 const GEMV_VAR: &str = "SOV_GEMV";
 const GEMV_SPLIT_VAR: &str = "SOV_GEMV_SPLIT";
 const STAGES_VAR: &str = "SOV_DECODE_STAGES";
@@ -302,6 +310,7 @@ const DEFAULT_DETERMINISTIC_KERNEL_MARGIN: i32 = 3;
 const DET_SPLIT_EXPECTED: &str = "a positive multiple of 64";
 const FP8_SMALL_VAR: &str = "SOV_FP8_SMALL_ROWS";
 const FP8_SMALL_EXPECTED: &str = "a whole number 0..=32";
+
 /// Most rows `fp8.cu`'s small-M kernel takes (4 tiles of 8).
 pub(super) const FP8_SMALL_LIMIT: usize = 32;
 
@@ -312,11 +321,12 @@ const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (th
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 15] = [
+    pub const VARS: [&str; 16] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
         MMA_VAR,
+        PREFILL_MMA_VAR,
         GEMV_VAR,
         GEMV_SPLIT_VAR,
         STAGES_VAR,
@@ -347,6 +357,9 @@ impl CudaTuning {
         }
         if let Some(v) = lookup(&get, MMA_VAR) {
             t.decode_tensor_cores = parse_switch(MMA_VAR, &v)?;
+        }
+        if let Some(v) = lookup(&get, PREFILL_MMA_VAR) {
+            t.prefill_tensor_cores = parse_switch(PREFILL_MMA_VAR, &v)?;
         }
         if let Some(v) = lookup(&get, GEMV_VAR) {
             t.gemv_max_rows = parse_count(GEMV_VAR, &v, 0)?;
@@ -538,6 +551,7 @@ mod tests {
             ("SOV_DECODE_MIN_SPLIT_TOKENS", "256"),
             ("SOV_DECODE_SPLIT_TOKENS", " 512 "),
             ("SOV_DECODE_MMA", "off"),
+            ("SOV_PREFILL_MMA", "0"),
             ("SOV_GEMV", "0"),
             ("SOV_GEMV_SPLIT", "8"),
             ("SOV_DECODE_STAGES", "3"),
@@ -556,6 +570,7 @@ mod tests {
             decode_min_split_tokens: 256,
             decode_max_split_tokens: Some(512),
             decode_tensor_cores: false,
+            prefill_tensor_cores: false,
             gemv_max_rows: 0,
             gemv_split: Some(8),
             deterministic: false,
