@@ -5,7 +5,8 @@
 //!
 //! Design (nano-vllm's `ModelRunner`, which owns its CUDA graphs): the model is written once over
 //! the [`Backend`] ops, and the runner decides how each step runs. Prefill and mixed steps go
-//! through [`LlamaModel::forward`]; a pure decode step (one new token per sequence) goes through
+//! through [`LlamaModel::forward`]'s pass, their greedy ids chosen on the device where the backend
+//! can ([`RunnerBackend::step_pick`]); a pure decode step (one new token per sequence) goes through
 //! the backend's fast path where it has one: on CUDA, [`DecodeGraphs`] replays the model's own
 //! layer stack from CUDA graphs per batch bucket and chooses greedy tokens on the device. The path
 //! is picked by the backend type at compile time ([`RunnerBackend`]), not by a run-time downcast,
