@@ -85,17 +85,21 @@ pub trait RunnerBackend: Backend + crate::backend::kv_stage::KvStager {
     /// Runs any other step (a prefill, a mixed step; one pick per chunk) through
     /// [`LlamaModel::forward`]'s pass and returns what `picks` asks of each row, choosing the
     /// greedy ids where the logits are so only the ids and the sampled rows travel; None when
-    /// the backend gains nothing over downloading every row (the runner then picks on the host).
+    /// the backend gains nothing over downloading every row (the runner then picks on the host),
+    /// which is the default.
     fn step_pick(
         model: &LlamaModel<Self>,
         kv: &mut KvCache<Self>,
         chunks: &[SeqChunk<'_>],
         picks: &[RowPick],
-    ) -> Option<Result<PickedRows, ModelError>>;
+    ) -> Option<Result<PickedRows, ModelError>> {
+        let _ = (model, kv, chunks, picks);
+        None
+    }
 }
 
-/// The CPU runs every step through [`LlamaModel::forward`]: a host backend has no launch cost a
-/// graph would save and no device round trip an on-device argmax would.
+/// The CPU runs every step through [`LlamaModel::forward`] and picks on the host: a host backend
+/// has no launch cost a graph would save and no device round trip an on-device argmax would.
 impl RunnerBackend for CpuBackend {
     type Decode = ();
 
@@ -103,15 +107,6 @@ impl RunnerBackend for CpuBackend {
 
     fn decode_pick(
         _decode: &mut (),
-        _model: &LlamaModel<Self>,
-        _kv: &mut KvCache<Self>,
-        _chunks: &[SeqChunk<'_>],
-        _picks: &[RowPick],
-    ) -> Option<Result<PickedRows, ModelError>> {
-        None
-    }
-
-    fn step_pick(
         _model: &LlamaModel<Self>,
         _kv: &mut KvCache<Self>,
         _chunks: &[SeqChunk<'_>],
