@@ -12,6 +12,7 @@ pub mod checkpoints;
 pub mod dirs;
 mod launch;
 pub mod options;
+pub mod perplexity;
 pub mod reproduce;
 pub mod run_dir;
 pub mod runs;

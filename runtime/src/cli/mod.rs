@@ -18,6 +18,7 @@ pub mod bench_stats;
 pub mod generate;
 pub mod keygen;
 pub mod model_args;
+pub mod perplexity;
 pub mod runs;
 pub mod serve;
 pub mod settings;
@@ -64,6 +65,8 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// Re-execute every finished request of a run and compare it token for token.
     Audit(audit::AuditArgs),
+    /// Score a text file: the model's perplexity, to compare precisions and quantizations.
+    Perplexity(perplexity::PerplexityArgs),
     /// List or prune the run directories in sov's state directory.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
@@ -95,6 +98,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Keygen(a) => keygen::run(a, &cli.global.dirs()?),
         Command::Verify(a) => verify::run(a),
         Command::Audit(a) => audit::run(a, &cli.global.dirs()?),
+        Command::Perplexity(a) => perplexity::run(a, &cli.global.dirs()?),
         Command::Runs(c) => runs::run(c, &cli.global.dirs()?),
         Command::Witness(a) => witness::run(a),
     }

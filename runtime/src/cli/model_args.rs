@@ -308,6 +308,56 @@ impl ModelArgs {
         })
     }
 
+    /// Whether the linear layers multiply in FP8: `--quantization fp8`, or an FP8 checkpoint on
+    /// CUDA (its codes multiply as they are; the CPU widens them to f32).
+    fn fp8_products(&self, parts: &ModelParts, device: Device) -> bool {
+        let fp8_checkpoint = parts.has_fp8_weights() && matches!(device, Device::Cuda(_));
+        self.quantization == QuantizationChoice::Fp8 || fp8_checkpoint
+    }
+
+    /// The products' format for `parts` on `device` ([`Self::fp8_products`]), or why FP8 cannot
+    /// run with the other options.
+    fn quantization_for(
+        &self,
+        parts: &ModelParts,
+        device: Device,
+        deterministic: bool,
+    ) -> anyhow::Result<Quantization> {
+        if !self.fp8_products(parts, device) {
+            return Ok(Quantization::None);
+        }
+        let what = if parts.has_fp8_weights() && matches!(device, Device::Cuda(_)) {
+            "an FP8 checkpoint on CUDA (its weights multiply in FP8)"
+        } else {
+            "--quantization fp8"
+        };
+        anyhow::ensure!(
+            matches!(device, Device::Cuda(_)),
+            "{what} needs a CUDA device (the CPU backend has no FP8 products)"
+        );
+        anyhow::ensure!(
+            self.precision == PrecisionChoice::Bf16,
+            "{what} cannot be combined with --precision f32"
+        );
+        anyhow::ensure!(
+            !deterministic,
+            "{what} cannot be combined with --deterministic (FP8 products are not \
+             batch-invariant yet)"
+        );
+        Ok(Quantization::Fp8W8A8)
+    }
+
+    /// The backend of a run that opens `parts` without an engine (`sov perplexity`): the device,
+    /// whether it computes in f32 (`--precision f32`), and the CUDA tuning from the environment
+    /// with `--deterministic` (off unless given) and the products' format applied.
+    pub fn backend_choice(&self, parts: &ModelParts) -> anyhow::Result<(Device, bool, CudaTuning)> {
+        let device = self.device();
+        let mut tuning = cuda_tuning_from_env()?;
+        tuning.deterministic = self.deterministic.unwrap_or(false);
+        tuning.quantization = self.quantization_for(parts, device, tuning.deterministic)?;
+        Ok((device, self.precision == PrecisionChoice::F32, tuning))
+    }
+
     /// Starts an engine on `parts` (loaded at `t0`) as the other options say.
     pub fn start_parts(
         &self,
@@ -381,33 +431,10 @@ impl ModelArgs {
             speculative_draft_len: self.speculative_draft_len,
             witnesses: extras.witnesses.clone(),
         };
-        // FP8 products: asked for, or an FP8 checkpoint on CUDA (its codes multiply as they are;
-        // the CPU widens them to f32).
-        let fp8_checkpoint = parts.has_fp8_weights() && matches!(device, Device::Cuda(_));
-        let fp8 = self.quantization == QuantizationChoice::Fp8 || fp8_checkpoint;
+        let fp8 = self.fp8_products(&parts, device);
         let deterministic = self.deterministic_for(&opts, fp8);
         opts.cuda_tuning.deterministic = deterministic;
-        if fp8 {
-            let what = if fp8_checkpoint {
-                "an FP8 checkpoint on CUDA (its weights multiply in FP8)"
-            } else {
-                "--quantization fp8"
-            };
-            anyhow::ensure!(
-                matches!(device, Device::Cuda(_)),
-                "{what} needs a CUDA device (the CPU backend has no FP8 products)"
-            );
-            anyhow::ensure!(
-                self.precision == PrecisionChoice::Bf16,
-                "{what} cannot be combined with --precision f32"
-            );
-            anyhow::ensure!(
-                !deterministic,
-                "{what} cannot be combined with --deterministic (FP8 products are not \
-                 batch-invariant yet)"
-            );
-            opts.cuda_tuning.quantization = Quantization::Fp8W8A8;
-        }
+        opts.cuda_tuning.quantization = self.quantization_for(&parts, device, deterministic)?;
         anyhow::ensure!(
             opts.witnesses.is_none() || opts.checkpoints.is_some(),
             "--witness needs checkpoints (drop --checkpoint off)"
