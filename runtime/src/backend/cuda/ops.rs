@@ -357,9 +357,16 @@ impl CudaBackend {
         let (ni, fi) = (to_i32(n, "n")?, to_i32(f, "f")?);
         let (o, g) = (out.ptr(), gate_up.ptr());
         let mut params = [arg(&o), arg(&g), arg(&ni), arg(&fi)];
+        // Rows along y (the kernel strides past the grid's 65535), a row's columns along x, four a
+        // thread.
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(f.div_ceil(4), 256), n.min(65535) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: sizes checked above.
         // The kernel waits for its prerequisites before touching them (super::pdl).
-        unsafe { self.launch_overlapping(&func, grid_stride(n * f), &mut params) }?;
+        unsafe { self.launch_overlapping(&func, cfg, &mut params) }?;
         Ok(())
     }
 

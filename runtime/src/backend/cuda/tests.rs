@@ -62,7 +62,12 @@ fn check(what: &str, out: &[f32], reference: &[f32]) {
 #[test]
 fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
     let Some(b) = device() else { return };
-    for (n, d, vocab, f) in [(1, 64, 256, 8), (7, 576, 1000, 1536), (33, 4096, 517, 77)] {
+    for (n, d, vocab, f) in [
+        (1, 64, 256, 8),
+        (7, 576, 1000, 1536),
+        (33, 4096, 517, 77),
+        (300, 64, 256, 14336),
+    ] {
         let seed = (n * 1000 + d) as u64;
         let table = cpu::round_bf16(&cpu::random(vocab * d, 1.0, seed));
         let mut rng = StdRng::seed_from_u64(seed);
@@ -118,10 +123,27 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
         let gub = b.upload_f32(&gu).unwrap();
         let mut sb = b.alloc(DType::F32, n * f).unwrap();
         b.silu_mul(&gub, &mut sb, n, f).unwrap();
+        let silu = download(&b, &sb, n * f);
         check(
             &format!("silu_mul n={n} f={f}"),
-            &download(&b, &sb, n * f),
+            &silu,
             &cpu::silu_mul(&gu, n, f),
+        );
+        // The bf16 output (the input of a product that multiplies in bf16) is the f32 one rounded.
+        let mut sbb = b.alloc(DType::BF16, n * f).unwrap();
+        b.silu_mul(&gub, &mut sbb, n, f).unwrap();
+        let mut raw = vec![0u8; n * f * 2];
+        b.download_raw(&sbb, 0, &mut raw).unwrap();
+        let got: Vec<f32> = raw
+            .chunks_exact(2)
+            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+            .collect();
+        let want = cpu::round_bf16(&silu);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, c)| a.to_bits() == c.to_bits()),
+            "silu_mul n={n} f={f}: bf16 output is not the f32 output rounded"
         );
 
         let rows: Vec<u32> = (0..n as u32).rev().step_by(2).collect();
