@@ -161,7 +161,9 @@ gemv_swiglu_1(float* __restrict__ out, const float* __restrict__ x, const bf16_t
 // ---------------------------------------------------------------------------------------------
 // Deterministic mode's reference order (det_mma_16 / _32 / _64: up to 16, 32, 64 rows of x):
 // out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16), each output element one accumulator chain of
-// tensor-core steps mma.sync m16n8k16 over k ascending in k16 steps, nothing split. On the H200
+// tensor-core steps mma.sync m16n8k16 over k ascending in k16 steps, nothing split; rows of x and
+// w are ld elements apart (ld >= k: a product over the first k columns of wider rows, one half of
+// a K-split product, see det_gemv_rows). On the H200
 // (cuBLASLt 13.1) every cuBLASLt algorithm that does not split K gives exactly these bits
 // (kernels/bench/logs/det-probe-2026-12-03T0457.log), so the host checks each algorithm it means to
 // use against det_mma_16 on a probe product (gemm.rs, det_algo) and then may pick any of them per
@@ -174,7 +176,7 @@ gemv_swiglu_1(float* __restrict__ out, const float* __restrict__ x, const bf16_t
 // 0 differing elements) and lets a lane load its part of a weight row with one 8-byte load.
 // DET_G steps per round; the next round's weights are loaded before this round's mma, so two rounds
 // are in flight. Weights with the streaming hint (read once); x through L1 (every warp of the SM
-// reads the same rows). Requires k % 16 == 0 and 8-byte aligned x and w. Grid: ceil(m / 8) warps,
+// reads the same rows). Requires k % 16 == 0, ld % 4 == 0 and 8-byte aligned x and w. Grid: ceil(m / 8) warps,
 // any number of warps per CTA. Programmatic dependent launch as the GEMVs above.
 #ifndef DET_G
 #define DET_G 16
@@ -198,7 +200,7 @@ __device__ __forceinline__ void mma_bf16_16816(float* d, u32 a0, u32 a1, u32 a2,
 
 template <int NT>
 __device__ __forceinline__ void det_mma_rows(float* __restrict__ out, const bf16_t* __restrict__ x,
-                                             const bf16_t* __restrict__ w, int n, int k, int m) {
+                                             const bf16_t* __restrict__ w, int n, int k, int m, int ld) {
     const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     if (warp * 8 >= m) {
@@ -207,7 +209,7 @@ __device__ __forceinline__ void det_mma_rows(float* __restrict__ out, const bf16
         return;
     }
     const int wrow = min(warp * 8 + g, m - 1);  // rows past m load row m - 1 and store nothing
-    const uint2* wp = (const uint2*)(w + (size_t)wrow * k) + t;  // k16 step j at wp[4 * j]
+    const uint2* wp = (const uint2*)(w + (size_t)wrow * ld) + t;  // k16 step j at wp[4 * j]
     const int steps = k / 16;
     uint2 cur[DET_G], nxt[DET_G];
 #pragma unroll
@@ -219,7 +221,7 @@ __device__ __forceinline__ void det_mma_rows(float* __restrict__ out, const bf16
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int r = 16 * i + g + 8 * h;
-            xp[i][h] = r < n ? (const uint2*)(x + (size_t)r * k) + t : nullptr;
+            xp[i][h] = r < n ? (const uint2*)(x + (size_t)r * ld) + t : nullptr;
         }
     float d[NT][4];
 #pragma unroll
@@ -254,8 +256,8 @@ __device__ __forceinline__ void det_mma_rows(float* __restrict__ out, const bf16
 }
 
 extern "C" __global__ void det_mma_16(float* __restrict__ out, const bf16_t* __restrict__ x,
-                                      const bf16_t* __restrict__ w, int n, int k, int m) {
-    det_mma_rows<1>(out, x, w, n, k, m);
+                                      const bf16_t* __restrict__ w, int n, int k, int m, int ld) {
+    det_mma_rows<1>(out, x, w, n, k, m, ld);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,7 +282,14 @@ extern "C" __global__ void det_mma_16(float* __restrict__ out, const bf16_t* __r
 // x, x is as many bytes a stage as 16 weight rows, and total bytes in (L2 hits included) bounded
 // every tiling at ~4.5 TB/s (det-gemv-2026-12-03T0734.log). Rows past m copy row m - 1 and store
 // nothing; x rows past n read a zero row. Requires k % 16 == 0, 16-byte aligned rows of x and w
-// (k % 8 == 0, aligned bases), n <= 16.
+// (ld % 8 == 0, aligned bases), n <= 16.
+// K split (gridDim.y == 2, launched in clusters of the two CTAs (1, 2, 1)): CTA y reduces columns
+// [y * k, (y + 1) * k) of rows ld apart -- twice the CTAs, each chain half as long, where few
+// output rows and a long k leave too few CTAs to fill the GPU (Llama-3-8B's down: 512 chains of
+// 896 k16 steps; the host splits k >= 2m, det_split.rs). The CTA of half 1 leaves its accumulators in its
+// shared memory; the CTA of half 0 reads them over the cluster (distributed shared memory) and
+// stores d1 + (d0 + beta * out), the order of two split-K-1 cuBLASLt products over the halves,
+// the second with beta 1 (gemm.rs): the same bits at every row count.
 // Dynamic shared memory: DetGemvKernel::shared_bytes in kernels/src/lib.rs (barriers, stages, zero
 // row); the host's DET_GEMV_KERNELS lists the instantiations below with their template arguments.
 // CLUSTER > 1 (launched in clusters of that many CTAs; the grid a whole number of them): each x
@@ -366,16 +375,16 @@ __device__ __forceinline__ void fence_proxy_async() {
 // i = q, q + CLUSTER, ... into every CTA of its cluster (multicast); its own weight rows as before.
 template <int R, int KC, int CLUSTER>
 __device__ __forceinline__ void dg_copy_rows(bf16_t* stage, u64* bar, const bf16_t* __restrict__ x,
-                                             const bf16_t* __restrict__ w, int row0, int m, int k, int k0,
+                                             const bf16_t* __restrict__ w, int row0, int m, int k, int ld, int k0,
                                              int r_begin, int r_end, u32 rank) {
     const u32 bytes = (u32)min(KC, k - k0) * 2;
     for (int r = r_begin + (int)(threadIdx.x & 31); r < r_end; r += 32) {
         if (r < R) {
-            bulk_copy(stage + r * (KC + 16), w + (size_t)min(row0 + r, m - 1) * k + k0, bytes, bar);
+            bulk_copy(stage + r * (KC + 16), w + (size_t)min(row0 + r, m - 1) * ld + k0, bytes, bar);
         } else if (CLUSTER == 1) {
-            bulk_copy(stage + r * (KC + 16), x + (size_t)(r - R) * k + k0, bytes, bar);
+            bulk_copy(stage + r * (KC + 16), x + (size_t)(r - R) * ld + k0, bytes, bar);
         } else if ((u32)(r - R) % CLUSTER == rank) {
-            bulk_copy_multicast(stage + r * (KC + 16), x + (size_t)(r - R) * k + k0, bytes, bar,
+            bulk_copy_multicast(stage + r * (KC + 16), x + (size_t)(r - R) * ld + k0, bytes, bar,
                                 (unsigned short)((1u << CLUSTER) - 1));
         }
     }
@@ -395,10 +404,28 @@ __device__ __forceinline__ void dg_step(float (&d)[CHAINS][4], const uint2* xa, 
     }
 }
 
+// Reads the float4 at the same shared-memory offset as `p` in the cluster's CTA of rank `peer`.
+__device__ __forceinline__ float4 ld_peer_f32x4(const float4* p, u32 peer) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if __CUDA_ARCH__ >= 900
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(p)), "r"(peer));
+    asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(remote)
+                 : "memory");
+#endif
+    return v;
+}
+
 template <int WARPS, int CHAINS, int KC, int STAGES, int CLUSTER = 1>
 __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf16_t* __restrict__ x,
-                                              const bf16_t* __restrict__ w, int n, int k, int m, float beta) {
+                                              const bf16_t* __restrict__ w, int n, int k, int m, float beta,
+                                              int ld) {
     constexpr int R = WARPS * 8 * CHAINS, PITCH = KC + 16;
+    // K split: this CTA's half of every row (gridDim.y == 1: all of it).
+    x += (size_t)blockIdx.y * k;
+    w += (size_t)blockIdx.y * k;
     extern __shared__ __align__(128) unsigned char dg_smem[];
     u64* bars = (u64*)dg_smem;                             // [STAGES]
     bf16_t* ring = (bf16_t*)(dg_smem + DG_BAR_BYTES);      // [STAGES][R + n][PITCH] bf16
@@ -423,12 +450,12 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
         for (int s = 0; s < STAGES && s < nst; s++) {
             if (lane == 0) mbar_expect(&bars[s], stage_bytes(s));
             __syncwarp();
-            dg_copy_rows<R, KC, CLUSTER>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, s * KC, 0, R, rank);
+            dg_copy_rows<R, KC, CLUSTER>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, ld, s * KC, 0, R, rank);
         }
     wait_for_prerequisites();
     if (warp == 0)
         for (int s = 0; s < STAGES && s < nst; s++)
-            dg_copy_rows<R, KC, CLUSTER>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, s * KC, R, R + n, rank);
+            dg_copy_rows<R, KC, CLUSTER>(ring + s * stage_elems, &bars[s], x, w, row0, m, k, ld, s * KC, R, R + n, rank);
     float d[CHAINS][4];
 #pragma unroll
     for (int c = 0; c < CHAINS; c++) d[c][0] = d[c][1] = d[c][2] = d[c][3] = 0.f;
@@ -459,12 +486,30 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
             const int b = st % STAGES;
             if (lane == 0) mbar_expect(&bars[b], stage_bytes(nx));
             __syncwarp();
-            dg_copy_rows<R, KC, CLUSTER>(ring + b * stage_elems, &bars[b], x, w, row0, m, k, nx * KC, 0, R + n, rank);
+            dg_copy_rows<R, KC, CLUSTER>(ring + b * stage_elems, &bars[b], x, w, row0, m, k, ld, nx * KC, 0, R + n, rank);
         }
     }
     allow_dependents_early();
     // No CTA leaves while a copy it issued may still be writing into another's shared memory.
     if (CLUSTER > 1) cluster_sync();
+    // K split: half 1's accumulators (each thread's at its own slot; the ring is idle: every stage
+    // was waited for and the loop's last barrier passed) to half 0, which stores the sums.
+    float d1[CHAINS][4] = {};  // half 1's accumulators (K split only)
+    if (gridDim.y == 2) {
+        float4* slot = (float4*)(dg_smem + DG_BAR_BYTES) + threadIdx.x * CHAINS;  // [threads][CHAINS]
+        if (blockIdx.y == 1)
+#pragma unroll
+            for (int c = 0; c < CHAINS; c++) slot[c] = make_float4(d[c][0], d[c][1], d[c][2], d[c][3]);
+        cluster_sync();  // half 1's slots written and visible to half 0
+        if (blockIdx.y == 0)
+#pragma unroll
+            for (int c = 0; c < CHAINS; c++) {
+                const float4 v = ld_peer_f32x4(slot + c, cluster_rank() ^ 1u);
+                d1[c][0] = v.x, d1[c][1] = v.y, d1[c][2] = v.z, d1[c][3] = v.w;
+            }
+        cluster_sync();  // half 0 has read them: half 1 may leave
+        if (blockIdx.y == 1) return;
+    }
 #pragma unroll
     for (int c = 0; c < CHAINS; c++)
 #pragma unroll
@@ -474,7 +519,8 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
             const int xr = g + (q >= 2 ? 8 : 0), wr = row0 + (warp * CHAINS + c) * 8 + 2 * t + (q & 1);
             if (xr < n && wr < m) {
                 float* o = out + (size_t)xr * m + wr;
-                *o = beta == 0.f ? d[c][q] : d[c][q] + beta * *o;
+                const float first = beta == 0.f ? d[c][q] : d[c][q] + beta * *o;
+                *o = gridDim.y == 2 ? __fadd_rn(d1[c][q], first) : first;
             }
         }
 }
@@ -486,28 +532,44 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
 // 8 rows: one warp, one chain, 4 stages of 512 columns (1-4 rows of x, short k: o at one row).
 extern "C" __global__ void __launch_bounds__(32)
 det_gemv_8(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k, int m,
-           float beta) {
-    det_gemv_rows<1, 1, 512, 4>(out, x, w, n, k, m, beta);
+           float beta, int ld) {
+    det_gemv_rows<1, 1, 512, 4>(out, x, w, n, k, m, beta, ld);
 }
 
 // 16 rows: two warps of one chain (x rows shared by both), 2 stages of 1024 columns (1-8 rows).
 extern "C" __global__ void __launch_bounds__(64)
 det_gemv_16(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k, int m,
-            float beta) {
-    det_gemv_rows<2, 1, 1024, 2>(out, x, w, n, k, m, beta);
+            float beta, int ld) {
+    det_gemv_rows<2, 1, 1024, 2>(out, x, w, n, k, m, beta, ld);
 }
 
 // 16 rows: one warp of two chains, 2 stages of 1024 columns (1-8 rows, long k: down at one row).
 extern "C" __global__ void __launch_bounds__(32)
 det_gemv_16_w1(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
-               int m, float beta) {
-    det_gemv_rows<1, 2, 1024, 2>(out, x, w, n, k, m, beta);
+               int m, float beta, int ld) {
+    det_gemv_rows<1, 2, 1024, 2>(out, x, w, n, k, m, beta, ld);
 }
 
 // 32 rows: four warps of one chain, 2 stages of 1024 columns (8-16 rows: x is then a third of
 // the bytes in, against half with 16 rows a CTA).
 extern "C" __global__ void __launch_bounds__(128)
 det_gemv_32(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k, int m,
-            float beta) {
-    det_gemv_rows<4, 1, 1024, 2>(out, x, w, n, k, m, beta);
+            float beta, int ld) {
+    det_gemv_rows<4, 1, 1024, 2>(out, x, w, n, k, m, beta, ld);
+}
+
+// 32 rows in stages of 512 columns: half the shared memory of det_gemv_32, so two CTAs an SM,
+// and with K in two parts (twice the CTAs) the grid still one wave at 16 rows of x.
+extern "C" __global__ void __launch_bounds__(128)
+det_gemv_32_k512(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k,
+                 int m, float beta, int ld) {
+    det_gemv_rows<4, 1, 512, 2>(out, x, w, n, k, m, beta, ld);
+}
+
+// 64 rows: eight warps of one chain, 2 stages of 512 columns (x a fifth of the bytes in at 16
+// rows; one CTA an SM, so with K in two parts Llama's o and down are 128 CTAs, one wave).
+extern "C" __global__ void __launch_bounds__(256)
+det_gemv_64(float* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int n, int k, int m,
+            float beta, int ld) {
+    det_gemv_rows<8, 1, 512, 2>(out, x, w, n, k, m, beta, ld);
 }

@@ -71,7 +71,7 @@ pub const DET_GEMV_MAX_ROWS: usize = 16;
 
 /// The deterministic small-row kernels, as `gemv.cu` instantiates them; the host times them all
 /// per product shape and keeps the fastest (`runtime/src/backend/cuda/det_gemv.rs`).
-pub const DET_GEMV_KERNELS: [DetGemvKernel; 4] = [
+pub const DET_GEMV_KERNELS: [DetGemvKernel; 6] = [
     DetGemvKernel {
         name: "det_gemv_8",
         warps: 1,
@@ -98,6 +98,20 @@ pub const DET_GEMV_KERNELS: [DetGemvKernel; 4] = [
         warps: 4,
         chains: 1,
         stage_cols: 1024,
+        stages: 2,
+    },
+    DetGemvKernel {
+        name: "det_gemv_32_k512",
+        warps: 4,
+        chains: 1,
+        stage_cols: 512,
+        stages: 2,
+    },
+    DetGemvKernel {
+        name: "det_gemv_64",
+        warps: 8,
+        chains: 1,
+        stage_cols: 512,
         stages: 2,
     },
 ];
@@ -332,6 +346,8 @@ impl KernelId {
                 "det_gemv_16",
                 "det_gemv_16_w1",
                 "det_gemv_32",
+                "det_gemv_32_k512",
+                "det_gemv_64",
             ],
             KernelId::Fp8 => &[
                 "quantize_rows_f32",

@@ -41,7 +41,7 @@ __global__ void fill_bf16(bf16_t* p, float* pf, size_t n, u64 seed) {
 template <int W, int C, int KC, int S, int CL = 1>
 __global__ void __launch_bounds__(32 * W) dg_var(float* out, const bf16_t* x, const bf16_t* w, int n, int k, int m,
                                                 float beta) {
-    det_gemv_rows<W, C, KC, S, CL>(out, x, w, n, k, m, beta);
+    det_gemv_rows<W, C, KC, S, CL>(out, x, w, n, k, m, beta, k);
 }
 typedef void (*DgFn)(float*, const bf16_t*, const bf16_t*, int, int, int, float);
 struct Var {
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
         printf("\n## %s m=%d k=%d\n", s.name, m, k);
         // Reference: det_mma_16 at 16 rows.
         const size_t on = (size_t)NX * m;
-        det_mma_16<<<((m + 7) / 8 + 1) / 2, 64>>>(o, x, w, NX, k, m);
+        det_mma_16<<<((m + 7) / 8 + 1) / 2, 64>>>(o, x, w, NX, k, m, k);
         CK(cudaGetLastError());
         auto ref = host(o, on);
         cublasLtMatmulAlgo_t al;
@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
             }
             printf("\ntime det_mma_16:");
             for (int n : ns) {
-                float us = timeit([&](int c) { det_mma_16<<<((m + 7) / 8 + 1) / 2, 64>>>(o, x, w + (size_t)c * wn, n, k, m); });
+                float us = timeit([&](int c) { det_mma_16<<<((m + 7) / 8 + 1) / 2, 64>>>(o, x, w + (size_t)c * wn, n, k, m, k); });
                 printf(" n%d=%.1fus(%.2fTB/s)", n, us, bytes / us / 1e6);
             }
             printf("\n");

@@ -23,9 +23,7 @@ use crate::app::start::platform_of;
 use crate::app::{SovDirs, model_digest};
 use crate::backend::cuda::CudaTuning;
 use crate::checkpoint::digest::to_hex;
-use crate::checkpoint::head::TreeHead;
 use crate::checkpoint::journal::{self, JournalRecord};
-use crate::checkpoint::{Platform, note, tlog};
 
 /// Arguments of `sov audit`.
 #[derive(clap::Args, Debug, Clone)]
@@ -35,20 +33,6 @@ pub struct AuditArgs {
     /// The model and engine to replay with: the run's model (the journal's digest must match).
     #[command(flatten)]
     pub model: ModelArgs,
-}
-
-/// The backend and precision the run's newest signed head names (none: an older run's heads).
-fn signed_platform(dir: &std::path::Path) -> anyhow::Result<Platform> {
-    let heads = tlog::scan(dir).with_context(|| format!("reading {}", dir.display()))?;
-    let Some((_, newest)) = heads.records.last() else {
-        return Ok(Platform::default());
-    };
-    let body = note::parse(&newest.note)?.body;
-    let h = TreeHead::parse(&body)?;
-    Ok(Platform {
-        backend: h.backend,
-        precision: h.precision,
-    })
 }
 
 /// Runs `sov audit`.
@@ -81,31 +65,36 @@ pub fn run(args: AuditArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         to_hex(&args.model.spec_digest())
     );
     let plan = plan(&scan);
-    let run_on = signed_platform(&dir)?;
-    // A GPU run in batch-invariant mode is replayed in that mode unless told otherwise.
+    let run_on = super::model_args::signed_platform(&dir)?;
+    // A GPU run in batch-invariant mode is replayed in that mode, in the order its heads name
+    // (attention split length, parts of K), unless told otherwise.
+    let order = run_on
+        .precision
+        .as_deref()
+        .and_then(CudaTuning::deterministic_order);
     let mut model = args.model.clone();
     if model.deterministic.is_none() {
-        model.deterministic = Some(
-            run_on
-                .precision
-                .as_deref()
-                .is_some_and(|p| p.ends_with("-deterministic")),
-        );
+        model.deterministic = Some(order.is_some());
     }
     let started = model.start_parts(
         parts,
         dirs,
         StartExtras {
             ephemeral: true,
+            deterministic_order: order,
             ..StartExtras::default()
         },
         t_load,
     )?;
     let device = model.device();
-    let tuning = CudaTuning {
+    let mut tuning = CudaTuning {
         deterministic: model.deterministic == Some(true),
         ..CudaTuning::default()
     };
+    if let Some((split, parts)) = order {
+        tuning.deterministic_split_tokens = split;
+        tuning.deterministic_k_split = parts;
+    }
     let replay_on = platform_of(
         device,
         model.precision == PrecisionChoice::F32,

@@ -192,6 +192,42 @@ pub struct StartExtras {
     pub ephemeral: bool,
     /// Submit every signed head to these witnesses (needs checkpoints).
     pub witnesses: Option<crate::app::witnesses::WitnessConfig>,
+    /// In deterministic mode on CUDA, the attention split length and parts of K to use instead of
+    /// the environment's ([`CudaTuning::deterministic_order`]: `sov audit` replays a run in the
+    /// order its heads name).
+    pub deterministic_order: Option<(usize, usize)>,
+}
+
+/// The backend and precision a run's newest signed head names (none: an older run's heads, or
+/// none yet). `dir` is the run's checkpoint directory.
+pub fn signed_platform(dir: &std::path::Path) -> anyhow::Result<crate::checkpoint::Platform> {
+    use crate::checkpoint::{head::TreeHead, note, tlog};
+    let heads = tlog::scan(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let Some((_, newest)) = heads.records.last() else {
+        return Ok(crate::checkpoint::Platform::default());
+    };
+    let body = note::parse(&newest.note)?.body;
+    let h = TreeHead::parse(&body)?;
+    Ok(crate::checkpoint::Platform {
+        backend: h.backend,
+        precision: h.precision,
+    })
+}
+
+/// The deterministic order (attention split length, parts of K) the newest signed head of the
+/// run at `resume` names, so that a resumed run keeps the arithmetic it started with whatever
+/// this build's defaults (None: no run to resume, or not a deterministic run).
+pub fn resume_order(resume: Option<&std::path::Path>) -> anyhow::Result<Option<(usize, usize)>> {
+    let Some(run) = resume else { return Ok(None) };
+    let dir = crate::app::run_dir::checkpoint_dir(run);
+    if !dir.is_dir() {
+        return Ok(None); // start_parts says what is wrong with the directory
+    }
+    let platform = signed_platform(&dir)?;
+    Ok(platform
+        .precision
+        .as_deref()
+        .and_then(CudaTuning::deterministic_order))
 }
 
 impl ModelArgs {
@@ -434,6 +470,10 @@ impl ModelArgs {
         let fp8 = self.fp8_products(&parts, device);
         let deterministic = self.deterministic_for(&opts, fp8);
         opts.cuda_tuning.deterministic = deterministic;
+        if let (true, Some((split, parts))) = (deterministic, extras.deterministic_order) {
+            opts.cuda_tuning.deterministic_split_tokens = split;
+            opts.cuda_tuning.deterministic_k_split = parts;
+        }
         opts.cuda_tuning.quantization = self.quantization_for(&parts, device, deterministic)?;
         anyhow::ensure!(
             opts.witnesses.is_none() || opts.checkpoints.is_some(),

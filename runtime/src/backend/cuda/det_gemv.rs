@@ -12,10 +12,12 @@
 //! noise, another GPU) changes no token. Decided outside graph captures only (a step is captured
 //! after one eager run of it): an undecided product inside a capture takes cuBLASLt. Below compute
 //! capability 9.0 (no bulk copies) every product stays on cuBLASLt.
-//! On the H200 (`kernels/bench/logs/det-gemv-2026-12-03T0942.log`, part 8, Llama-3-8B shapes):
-//! at one row o and down take a kernel (`det_gemv_16`: 14.3 vs 22.9 us, 34.4 vs 55.8 us as timed
-//! here), qkv either (18.1 vs 18.7 us), at 16 rows o takes `det_gemv_32` (19.7 vs 22.1 us); gate/up,
-//! the lm head and down at 16 rows (52.4 vs 53.3 us, inside the margin) stay on cuBLASLt.
+//! On the H200 (2026-12-04, Llama-3-8B shapes, down in two parts of K, `det_split.rs`): at one
+//! row o takes `det_gemv_16` (14.2 vs 22.6 us as timed here) and down `det_gemv_32_k512` (34.3
+//! vs 68.6 us for cuBLASLt's two products), at 16 rows o `det_gemv_32` (19.3 vs 21.7 us) and down
+//! `det_gemv_32_k512` (39.6-39.8 vs 51.0-55.7 us); qkv, gate/up and the lm head stay on cuBLASLt.
+//! A product in two parts of K times its candidates that way: cuBLASLt as the two products, a
+//! kernel as its one launch over both halves.
 //! The eviction reads rather than writes: a memset (the first design) left the L2 full of dirty
 //! lines that every candidate paid to write back, unevenly (down at 16 rows: cuBLASLt 55.8 vs 50.5
 //! us alone under Nsight Compute, `det_gemv_32` 54.8 vs 42.6 back to back). The picks came out the
@@ -42,7 +44,8 @@ const TIMED_LAUNCHES: usize = 5;
 
 impl CudaBackend {
     /// The kernel that serves this deterministic product, or `None` for cuBLASLt (with `algo`,
-    /// `det_algo`'s choice): see the module doc. `x` and `w` are device addresses.
+    /// `det_algo`'s choice): see the module doc. `x` and `w` are device addresses; `dims` is one
+    /// of the product's `split` parts along K (`det_split.rs`; 1: the whole product).
     pub(super) fn det_small_pick(
         &self,
         pinned: &PinnedGemm,
@@ -50,15 +53,18 @@ impl CudaBackend {
         x: u64,
         w: u64,
         dims: ProductDims,
+        split: usize,
     ) -> Result<SmallPick, BackendError> {
-        let ProductDims { n, k, m } = dims;
-        // The bulk copies need 16-byte aligned rows; the chain needs k in k16 steps.
+        let ProductDims { n, k, ld, .. } = dims;
+        // The bulk copies need 16-byte aligned rows and parts; the chain needs k in k16 steps.
         if n == 0
             || n > DET_GEMV_MAX_ROWS
             || !k.is_multiple_of(16)
+            || !ld.is_multiple_of(8)
             || !x.is_multiple_of(16)
             || !w.is_multiple_of(16)
-            || pinned.chain_ok(m, k)? != Some(true)
+            || !(1..=2).contains(&split)
+            || pinned.chain_ok(dims.weight())? != Some(true)
         {
             return Ok(None);
         }
@@ -71,7 +77,7 @@ impl CudaBackend {
         // The kernels' bulk copies and mbarriers need compute capability 9.0.
         let (major, _) = self.ctx.compute_capability().map_err(driver_err)?;
         let pick = if major >= 9 {
-            self.time_small_candidates(pinned, algo, x, w, dims)?
+            self.time_small_candidates(pinned, algo, (x, w), dims, split)?
         } else {
             None
         };
@@ -84,11 +90,12 @@ impl CudaBackend {
         &self,
         pinned: &PinnedGemm,
         algo: Option<cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
-        x: u64,
-        w: u64,
+        (x, w): (u64, u64),
         dims: ProductDims,
+        split: usize,
     ) -> Result<SmallPick, BackendError> {
-        let ProductDims { n, k, m } = dims;
+        let ProductDims { n, m, .. } = dims;
+        let shape = dims.weight();
         // Without room for the timing buffers (a KV cache sized to fill the device), keep cuBLASLt.
         let buffers = self
             .alloc_zeroed(DType::F32, n * m)
@@ -97,8 +104,8 @@ impl CudaBackend {
             Ok(b) => b, // [n, m] f32 output, [FLUSH_BYTES / 4 + 4] u32 (zeros, then the sink)
             Err(BackendError::OutOfMemory { bytes }) => {
                 tracing::debug!(
-                    "deterministic product {n}x{k} @ {m}x{k}^T: no room to time the kernels \
-                     ({bytes} bytes); cuBLASLt kept"
+                    "deterministic product {n} rows @ {shape} in {split}: no room to time the \
+                     kernels ({bytes} bytes); cuBLASLt kept"
                 );
                 return Ok(None);
             }
@@ -108,21 +115,13 @@ impl CudaBackend {
         let mut times = Vec::with_capacity(1 + DET_GEMV_KERNELS.len());
         for pick in std::iter::once(None).chain(DET_GEMV_KERNELS.iter().copied().map(Some)) {
             let mut launch = || match pick {
-                // SAFETY: x holds n*k bf16 and w m*k bf16 (the caller's contract), out n*m f32;
+                // SAFETY: x and w hold the product's rows (the caller's contract), out n*m f32;
                 // all live until the synchronisation in `median_ms`.
-                None => unsafe {
-                    pinned.matmul(
-                        self.stream.cu_stream() as _,
-                        x,
-                        w,
-                        out,
-                        (n, k, m),
-                        0.0,
-                        algo,
-                    )
-                },
+                None => unsafe { self.det_lt_parts(pinned, algo, (x, w, out), dims, 0.0, split) },
                 // SAFETY: as above; the kernel's conditions were checked by the caller.
-                Some(kernel) => unsafe { self.launch_det_gemv(kernel, x, w, out, dims, 0.0) },
+                Some(kernel) => unsafe {
+                    self.launch_det_gemv(kernel, (x, w, out), dims, 0.0, split)
+                },
             };
             match (self.median_ms(&flush, &mut launch), pick) {
                 (Ok(ms), _) => times.push((pick, ms)),
@@ -130,7 +129,7 @@ impl CudaBackend {
                 // row count) is no candidate; cuBLASLt failing is an error.
                 (Err(e), Some(kernel)) => {
                     tracing::debug!(
-                        "deterministic product {n}x{k} @ {m}x{k}^T: {} not launched: {e}",
+                        "deterministic product {n} rows @ {shape} in {split}: {} not launched: {e}",
                         kernel.name
                     )
                 }
@@ -149,7 +148,7 @@ impl CudaBackend {
             .map(|(p, t)| format!("{} {t:.4} ms", p.map_or("cuBLASLt", |k| k.name)))
             .collect();
         tracing::debug!(
-            "deterministic product {n}x{k} @ {m}x{k}^T: {}; picked {}",
+            "deterministic product {n} rows @ {shape} in {split}: {}; picked {}",
             timed.join(", "),
             pick.map_or("cuBLASLt", |p| p.name)
         );
@@ -201,27 +200,36 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (+ beta * out)` through `kernel`.
+    /// `out[n, m] (f32) = x @ w^T (+ beta * out)` through `kernel`, over `split` consecutive
+    /// parts of `dims.k` columns of rows `dims.ld` apart (1: one chain; 2: two halves added as
+    /// `d1 + (d0 + beta * out)`, `det_split.rs`).
     ///
     /// # Safety
-    /// `x`, `w`, `out` must be device addresses of `n*k` bf16, `m*k` bf16 and `n*m` f32 elements,
-    /// live until the kernel has run; `1 <= n <= 16`, `k % 16 == 0`, x and w 16-byte aligned.
+    /// `x`, `w`, `out` must be device addresses of `(n-1)*ld + split*k` bf16,
+    /// `(m-1)*ld + split*k` bf16 and `n*m` f32 elements, live until the kernel has run;
+    /// `1 <= n <= 16`, `k % 16 == 0`, `ld % 8 == 0`, x and w 16-byte aligned, `split` 1 or 2
+    /// (2: compute capability 9.0, as every `det_gemv_*` launch).
     pub(super) unsafe fn launch_det_gemv(
         &self,
         kernel: DetGemvKernel,
-        x: u64,
-        w: u64,
-        out: u64,
+        (x, w, out): (u64, u64, u64),
         dims: ProductDims,
         beta: f32,
+        split: usize,
     ) -> Result<(), BackendError> {
-        let ProductDims { n, k, m } = dims;
+        let ProductDims { n, k, m, ld } = dims;
+        if !(1..=2).contains(&split) {
+            return Err(BackendError::Unsupported(format!(
+                "det_gemv takes K in 1 or 2 parts, not {split}"
+            )));
+        }
         let f = self.modules.function(KernelId::Gemv, None, kernel.name)?;
         let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
+        let ldi = to_i32(ld, "ld")?;
         let cfg = LaunchConfig {
             grid_dim: (
                 to_i32(m.div_ceil(kernel.rows_per_cta()), "grid")? as u32,
-                1,
+                split as u32,
                 1,
             ),
             block_dim: (kernel.threads() as u32, 1, 1),
@@ -235,11 +243,19 @@ impl CudaBackend {
             arg(&ki),
             arg(&mi),
             arg(&beta),
+            arg(&ldi),
         ];
-        // SAFETY: the parameters are the kernel's (out, x, w, n, k, m, beta) in order, alive for
-        // the call; the sizes are the caller's contract; the shared memory was allowed at load
-        // (modules.rs, for 16 rows); before its wait for the prerequisites the kernel reads only
-        // w, which no kernel writes.
-        unsafe { self.launch_overlapping(&f, cfg, &mut params) }
+        // SAFETY: the parameters are the kernel's (out, x, w, n, k, m, beta, ld) in order, alive
+        // for the call; the sizes are the caller's contract; the shared memory was allowed at
+        // load (modules.rs, for 16 rows); before its wait for the prerequisites the kernel reads
+        // only w, which no kernel writes. With two parts the grid is a whole number of clusters of
+        // the two (its y dimension), as the kernel's exchange requires.
+        unsafe {
+            if split == 2 {
+                self.launch_overlapping_in_clusters(&f, cfg, &mut params, (1, 2, 1))
+            } else {
+                self.launch_overlapping(&f, cfg, &mut params)
+            }
+        }
     }
 }

@@ -108,17 +108,22 @@ fn products_are_batch_invariant() {
             oo.iter().zip(&bo).all(|(a, c)| a.to_bits() == c.to_bits()),
             "{k}x{m}: rows of a {odd}-row product differ from the same rows in 2048"
         );
+        let split = b.det_k_split(k, m);
+        let part = ProductDims {
+            k: k / split,
+            ..ProductDims::new(1, k, m)
+        };
         let small = b
             .pinned
             .as_ref()
-            .map(|p| p.chain_ok(m, k))
+            .map(|p| p.chain_ok(part.weight()))
             .transpose()
             .unwrap()
             .flatten();
         println!(
-            "deterministic products {k}x{m}: 1..=256, {LONG:?}, 1500 and 2048 rows equal bit \
-             for bit (rel err {e:.2e}); reference chain {}; default mode differs from them at \
-             {fast_differs} of {fast_counts} row counts",
+            "deterministic products {k}x{m} (K in {split}): 1..=256, {LONG:?}, 1500 and 2048 rows \
+             equal bit for bit (rel err {e:.2e}); reference chain {}; default mode differs from \
+             them at {fast_differs} of {fast_counts} row counts",
             match small {
                 Some(true) =>
                     "equal to the pinned algorithm on the probe (per-row-count algorithms on)",
@@ -131,71 +136,126 @@ fn products_are_batch_invariant() {
 
 /// Every small-row kernel (`DET_GEMV_KERNELS`), whichever the timing would pick, gives the
 /// reference chain's bits (`det_mma_16`) at every row count 1..=16, with beta 0 and 1, on
-/// Llama-3-8B's o shape and odd ones (k not a multiple of the 512- or 1024-column stage, m not of
-/// the CTA's rows); and the chain is within bf16 bounds of the CPU product.
+/// Llama-3-8B's o and down shapes and odd ones (k not a multiple of the 512- or 1024-column
+/// stage, m not of the CTA's rows); with K in two parts (where `k % 32 == 0`) it gives
+/// `r1 + (r0 + beta * out)` of the reference chains over the halves, the order cuBLASLt's two
+/// products give (`det_split.rs`); and both are within bf16 bounds of the CPU product.
 #[test]
 fn small_row_kernels_give_the_reference_chain() {
     let Some(b) = deterministic() else { return };
-    for (k, m) in [(4096, 4096), (1008, 1000), (1040, 333), (576, 3072)] {
+    for (k, m) in [
+        (4096, 4096),
+        (14336, 4096),
+        (1008, 1000),
+        (1040, 333),
+        (1088, 1000),
+        (576, 3072),
+    ] {
         let seed = (k * 7 + m) as u64;
         let x = cpu::round_bf16(&cpu::random(16 * k, 1.0, seed)); // [16, k]
         let w = cpu::round_bf16(&cpu::random(m * k, 0.5, seed + 1)); // [m, k]
         let (xb, wb) = (weight(&b, &x, vec![16, k]), weight(&b, &w, vec![m, k]));
-        let reference = b.alloc(DType::F32, 16 * m).unwrap(); // [16, m]
-        let dims = |n| ProductDims { n, k, m };
-        // SAFETY: xb holds 16*k bf16, wb m*k, reference 16*m f32; k % 16 == 0; fresh allocations
-        // are aligned; all live until the download below waits for the stream.
-        unsafe { b.launch_reference_chain(xb.ptr(), wb.ptr(), reference.ptr(), dims(16)) }.unwrap();
-        let want = f32s(&b, &reference, 16 * m);
-        let e = cpu::rel_err(&want, &cpu::matmul(&x, &w, 16, k, m));
-        assert!(e <= 1e-2, "{k}x{m}: reference chain off the CPU by {e}");
-        let old = cpu::random(16 * m, 1.0, seed + 2); // [16, m]: what beta = 1 adds
-        for kernel in sov_kernels::DET_GEMV_KERNELS {
-            for rows in 1..=16 {
-                for beta in [0.0f32, 1.0] {
-                    let start: Vec<f32> = if beta == 0.0 {
-                        vec![f32::NAN; rows * m] // never read
-                    } else {
-                        old[..rows * m].to_vec()
+        let cpu_product = cpu::matmul(&x, &w, 16, k, m); // [16, m]
+        // The reference chain over `parts` consecutive parts of K: one [16, m] result a part.
+        let chains = |parts: usize| -> Vec<Vec<f32>> {
+            (0..parts)
+                .map(|p| {
+                    let reference = b.alloc(DType::F32, 16 * m).unwrap(); // [16, m]
+                    let dims = ProductDims {
+                        k: k / parts,
+                        ..ProductDims::new(16, k, m)
                     };
-                    let out = b.upload_f32(&start).unwrap(); // [rows, m]
-                    // SAFETY: as above, for `rows` rows; rows <= 16.
+                    let offset = (p * dims.k * 2) as u64;
+                    // SAFETY: xb holds 16*k bf16, wb m*k, reference 16*m f32; part p's columns
+                    // lie inside every row; k / parts % 16 == 0; fresh allocations are aligned;
+                    // all live until the download below waits for the stream.
                     unsafe {
-                        b.launch_det_gemv(kernel, xb.ptr(), wb.ptr(), out.ptr(), dims(rows), beta)
+                        b.launch_reference_chain(
+                            xb.ptr() + offset,
+                            wb.ptr() + offset,
+                            reference.ptr(),
+                            dims,
+                        )
                     }
                     .unwrap();
-                    let got = f32s(&b, &out, rows * m);
-                    let bad = (0..rows * m).find(|&i| {
-                        let expect = if beta == 0.0 {
-                            want[i]
+                    f32s(&b, &reference, 16 * m)
+                })
+                .collect()
+        };
+        let old = cpu::random(16 * m, 1.0, seed + 2); // [16, m]: what beta = 1 adds
+        let splits: &[usize] = if k % 32 == 0 { &[1, 2] } else { &[1] };
+        for &split in splits {
+            let parts = chains(split);
+            // What the kernels must store at element i with `beta`.
+            let expect = |i: usize, beta: f32| {
+                let first = if beta == 0.0 {
+                    parts[0][i]
+                } else {
+                    parts[0][i] + old[i]
+                };
+                if split == 2 {
+                    parts[1][i] + first
+                } else {
+                    first
+                }
+            };
+            let whole: Vec<f32> = (0..16 * m).map(|i| expect(i, 0.0)).collect();
+            let e = cpu::rel_err(&whole, &cpu_product);
+            assert!(
+                e <= 1e-2,
+                "{k}x{m} in {split}: reference chains off the CPU by {e}"
+            );
+            let dims = |n| ProductDims {
+                k: k / split,
+                ..ProductDims::new(n, k, m)
+            };
+            for kernel in sov_kernels::DET_GEMV_KERNELS {
+                for rows in 1..=16 {
+                    for beta in [0.0f32, 1.0] {
+                        let start: Vec<f32> = if beta == 0.0 {
+                            vec![f32::NAN; rows * m] // never read
                         } else {
-                            want[i] + old[i]
+                            old[..rows * m].to_vec()
                         };
-                        got[i].to_bits() != expect.to_bits()
-                    });
-                    if let Some(i) = bad {
-                        panic!(
-                            "{} {k}x{m}, {rows} rows, beta {beta}: row {} col {} is {}, the \
-                             reference chain gives {}",
-                            kernel.name,
-                            i / m,
-                            i % m,
-                            got[i],
-                            want[i]
-                        );
+                        let out = b.upload_f32(&start).unwrap(); // [rows, m]
+                        // SAFETY: as above, for `rows` rows; rows <= 16, ld = k % 8 == 0.
+                        unsafe {
+                            b.launch_det_gemv(
+                                kernel,
+                                (xb.ptr(), wb.ptr(), out.ptr()),
+                                dims(rows),
+                                beta,
+                                split,
+                            )
+                        }
+                        .unwrap();
+                        let got = f32s(&b, &out, rows * m);
+                        let bad =
+                            (0..rows * m).find(|&i| got[i].to_bits() != expect(i, beta).to_bits());
+                        if let Some(i) = bad {
+                            panic!(
+                                "{} {k}x{m} in {split}, {rows} rows, beta {beta}: row {} col {} \
+                                 is {}, the reference chains give {}",
+                                kernel.name,
+                                i / m,
+                                i % m,
+                                got[i],
+                                expect(i, beta)
+                            );
+                        }
                     }
                 }
             }
+            let names: Vec<&str> = sov_kernels::DET_GEMV_KERNELS
+                .iter()
+                .map(|d| d.name)
+                .collect();
+            println!(
+                "{} {k}x{m}, K in {split}: 1..=16 rows, beta 0 and 1, equal to the reference \
+                 chains bit for bit (chains vs CPU: rel err {e:.2e})",
+                names.join(", ")
+            );
         }
-        let names: Vec<&str> = sov_kernels::DET_GEMV_KERNELS
-            .iter()
-            .map(|d| d.name)
-            .collect();
-        println!(
-            "{} {k}x{m}: 1..=16 rows, beta 0 and 1, equal to the reference chain bit for bit \
-             (chain vs CPU: rel err {e:.2e})",
-            names.join(", ")
-        );
     }
 }
 

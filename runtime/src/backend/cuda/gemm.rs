@@ -23,7 +23,8 @@
 //! (`det_mma_16` in `gemv.cu`) on a probe product, else the pinned one. Every algorithm used gives
 //! the same bits, so a row's result does not depend on the rows beside it. Products of up to 16
 //! rows may instead run on sov's own kernels of the same bits where they are faster
-//! ([`super::det_gemv`]).
+//! ([`super::det_gemv`]). Weights with `k >= 2m` (the down projection) are reduced in two fixed
+//! halves of K, each such a chain, added in one order ([`super::det_split`]).
 //! A weight stored in FP8 (`--quantization fp8`, [`crate::backend::DType::F8E4M3`]) goes to the
 //! FP8 W8A8 path instead ([`super::fp8`]), at any row count.
 
@@ -39,7 +40,7 @@ use super::driver_error::driver_err;
 use super::gemm_pinned::{CANDIDATE_LAUNCH_ROWS, PinnedGemm};
 use super::ops::to_i32;
 use super::pdl::arg;
-use super::product_dims::ProductDims;
+use super::product_dims::{ProductDims, WeightSlice};
 use crate::backend::{BackendError, DType, SwiGluShape, check_buffer};
 
 /// Most rows of x the GEMV kernel takes (`GEMV_MAX_N` in `gemv.cu`).
@@ -136,7 +137,7 @@ impl CudaBackend {
         if n == 0 || m == 0 {
             return Ok(());
         }
-        let dims = ProductDims { n, k, m };
+        let dims = ProductDims::new(n, k, m);
         if x_bf16 {
             // Exact in bf16, so also what precise mode's hi term would be (its lo term is zero).
             return self.gemm_bf16_f32(x.ptr(), w.ptr(), out.ptr(), dims, 0.0);
@@ -219,7 +220,7 @@ impl CudaBackend {
         };
         // SAFETY: the SwiGLU kernels' arguments are (out, x, w, n, k, f) with w holding 2f rows;
         // the buffers were checked above.
-        unsafe { self.launch_gemv(name, out, x, w, ProductDims { n, k, m: f }) }
+        unsafe { self.launch_gemv(name, out, x, w, ProductDims::new(n, k, f)) }
     }
 
     /// `out = x @ w^T` for `n <= GEMV_MAX_N` rows with `gemv.cu` (weights streamed once), straight
@@ -258,7 +259,7 @@ impl CudaBackend {
         w: &CudaBuffer,
         dims: ProductDims,
     ) -> Result<(), BackendError> {
-        let ProductDims { n, k, m: units } = dims;
+        let ProductDims { n, k, m: units, .. } = dims;
         let f = self.modules.function(KernelId::Gemv, None, name)?;
         // Warps per row: the SwiGLU kernels give each unit two warps (its gate and up rows).
         let split = if name.starts_with("gemv_swiglu") {
@@ -339,37 +340,37 @@ impl CudaBackend {
     /// depend on the row count that chose it. Each verdict is reached once per process, outside a
     /// stream capture; during one, an undecided case takes the pinned algorithm (the same bits
     /// where the verdict will be yes).
-    fn det_algo(
+    pub(super) fn det_algo(
         &self,
         pinned: &PinnedGemm,
         w: u64,
         dims: ProductDims,
     ) -> Result<Option<cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>, BackendError> {
-        let ProductDims { n, k, m } = dims;
-        if !k.is_multiple_of(16) || !w.is_multiple_of(8) {
+        let (n, shape) = (dims.n, dims.weight());
+        if !shape.k.is_multiple_of(16) || !shape.ld.is_multiple_of(4) || !w.is_multiple_of(8) {
             return Ok(None);
         }
-        let shape_ok = match pinned.chain_ok(m, k)? {
+        let shape_ok = match pinned.chain_ok(shape)? {
             Some(v) => v,
             None if self.stream_capturing()? => return Ok(None),
             None => {
-                let v = self.det_chain_probe(pinned, w, m, k, None)?;
-                pinned.set_chain_ok(m, k, v)?;
+                let v = self.det_chain_probe(pinned, w, shape, None)?;
+                pinned.set_chain_ok(shape, v)?;
                 v
             }
         };
         if !shape_ok {
             return Ok(None);
         }
-        let Some(cand) = pinned.candidate(m, k, n.min(CANDIDATE_LAUNCH_ROWS))? else {
+        let Some(cand) = pinned.candidate(shape, n.min(CANDIDATE_LAUNCH_ROWS))? else {
             return Ok(None);
         };
-        match pinned.verified(m, k, &cand)? {
+        match pinned.verified(shape, &cand)? {
             Some(ok) => Ok(ok.then_some(cand)),
             None if self.stream_capturing()? => Ok(None),
             None => {
-                let ok = self.det_chain_probe(pinned, w, m, k, Some(cand))?;
-                pinned.set_verified(m, k, &cand, ok)?;
+                let ok = self.det_chain_probe(pinned, w, shape, Some(cand))?;
+                pinned.set_verified(shape, &cand, ok)?;
                 Ok(ok.then_some(cand))
             }
         }
@@ -385,7 +386,7 @@ impl CudaBackend {
         Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
-    /// The probe of weight shape `(m, k)`: [`DET_PROBE_ROWS`] fixed rows of x (random signs and
+    /// The probe of weight shape `shape`: [`DET_PROBE_ROWS`] fixed rows of x (random signs and
     /// magnitudes 2^-4..2^4, the same in every process) times the weight at `w`, through `algo`
     /// (None: the pinned algorithm) and through `det_mma_16`, the reference chain; true if every
     /// bit agrees. A pinned algorithm that splits K, or a cuBLAS version whose kernels sum in
@@ -395,33 +396,31 @@ impl CudaBackend {
         &self,
         pinned: &PinnedGemm,
         w: u64,
-        m: usize,
-        k: usize,
+        shape: WeightSlice,
         algo: Option<cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
     ) -> Result<bool, BackendError> {
-        let split = pinned.pinned_split_k(m, k)?;
+        let WeightSlice { m, k, ld } = shape;
+        let split = pinned.pinned_split_k(shape)?;
         if algo.is_none() && split != Some(1) {
             tracing::warn!(
-                "deterministic mode: the pinned cuBLASLt algorithm of {m}x{k} splits K ({split:?}); \
+                "deterministic mode: the pinned cuBLASLt algorithm of {shape} splits K ({split:?}); \
                  its products keep cuBLASLt at every row count"
             );
             return Ok(false);
         }
         let rows = DET_PROBE_ROWS;
-        let xs: Vec<u16> = (0..rows * k).map(|i| probe_bf16(i as u64)).collect(); // [rows, k]
+        let xs: Vec<u16> = (0..rows * ld).map(|i| probe_bf16(i as u64)).collect(); // [rows, ld]
         let x = self.upload_bytes(DType::BF16, bytemuck::cast_slice(&xs))?;
         let want = self.alloc_zeroed(DType::F32, rows * m)?; // [rows, m]
         let got = self.alloc_zeroed(DType::F32, rows * m)?; // [rows, m]
-        let dims = ProductDims { n: rows, k, m };
-        // SAFETY: x holds rows*k bf16, both outputs rows*m f32, w is the caller's m*k weight; all
-        // live until the downloads below, which wait for the stream.
+        let dims = ProductDims { n: rows, k, m, ld };
+        // SAFETY: x holds rows*ld bf16, both outputs rows*m f32, w is the caller's weight of m
+        // rows ld apart; all live until the downloads below, which wait for the stream.
         let ran = unsafe {
             pinned.matmul(
                 self.stream.cu_stream() as _,
-                x.ptr(),
-                w,
-                want.ptr(),
-                (rows, k, m),
+                (x.ptr(), w, want.ptr()),
+                dims,
                 0.0,
                 algo,
             )
@@ -430,7 +429,7 @@ impl CudaBackend {
             Ok(()) => {}
             // A candidate that refuses the probe's row count is simply not used.
             Err(e) if algo.is_some() => {
-                tracing::warn!("deterministic mode: candidate algorithm for {m}x{k} refused: {e}");
+                tracing::warn!("deterministic mode: candidate algorithm for {shape} refused: {e}");
                 return Ok(false);
             }
             Err(e) => return Err(e),
@@ -449,7 +448,7 @@ impl CudaBackend {
             .count();
         if differ > 0 {
             tracing::warn!(
-                "deterministic mode: cuBLASLt ({}) differs from the reference chain on {m}x{k} \
+                "deterministic mode: cuBLASLt ({}) differs from the reference chain on {shape} \
                  at {differ} of {} elements; the shape keeps its pinned algorithm",
                 if algo.is_some() {
                     "a per-row-count candidate"
@@ -463,11 +462,12 @@ impl CudaBackend {
     }
 
     /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T` through `det_mma_16` (`gemv.cu`), the
-    /// reference chain the probe compares cuBLASLt with.
+    /// reference chain the probe compares cuBLASLt with; rows of x and w `dims.ld` apart.
     ///
     /// # Safety
-    /// `x`, `w`, `out` must be device addresses of `n*k` bf16, `m*k` bf16 and `n*m` f32 elements,
-    /// live until the kernel has run; `n <= 16`, `k % 16 == 0`, x and w 8-byte aligned.
+    /// `x`, `w`, `out` must be device addresses of `(n-1)*ld + k` bf16, `(m-1)*ld + k` bf16 and
+    /// `n*m` f32 elements, live until the kernel has run; `n <= 16`, `k % 16 == 0`,
+    /// `ld % 4 == 0`, x and w 8-byte aligned.
     pub(super) unsafe fn launch_reference_chain(
         &self,
         x: u64,
@@ -475,7 +475,7 @@ impl CudaBackend {
         out: u64,
         dims: ProductDims,
     ) -> Result<(), BackendError> {
-        let ProductDims { n, k, m } = dims;
+        let ProductDims { n, k, m, ld } = dims;
         if n > 16 {
             return Err(BackendError::Unsupported(format!(
                 "the reference chain takes at most 16 rows, not {n}"
@@ -483,6 +483,7 @@ impl CudaBackend {
         }
         let f = self.modules.function(KernelId::Gemv, None, "det_mma_16")?;
         let (ni, ki, mi) = (to_i32(n, "n")?, to_i32(k, "k")?, to_i32(m, "m")?);
+        let ldi = to_i32(ld, "ld")?;
         let warps = m.div_ceil(8);
         let cfg = LaunchConfig {
             grid_dim: (
@@ -493,8 +494,16 @@ impl CudaBackend {
             block_dim: (32 * DET_WARPS_PER_CTA as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut params = [arg(&out), arg(&x), arg(&w), arg(&ni), arg(&ki), arg(&mi)];
-        // SAFETY: the parameters are det_mma's (out, x, w, n, k, m) in order, alive for the call;
+        let mut params = [
+            arg(&out),
+            arg(&x),
+            arg(&w),
+            arg(&ni),
+            arg(&ki),
+            arg(&mi),
+            arg(&ldi),
+        ];
+        // SAFETY: the parameters are det_mma's (out, x, w, n, k, m, ld) in order, alive for the call;
         // the sizes are the caller's contract; before its wait for the prerequisites the kernel
         // reads only w, which no kernel writes.
         unsafe { self.launch_overlapping(&f, cfg, &mut params) }
@@ -509,30 +518,14 @@ impl CudaBackend {
         dims: ProductDims,
         beta: f32,
     ) -> Result<(), BackendError> {
-        let ProductDims { n, k, m } = dims;
+        let ProductDims { n, k, m, .. } = dims;
         let to_dim = |v: usize| {
             i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("matmul dimension {v}")))
         };
         let (mi, ni, ki) = (to_dim(m)?, to_dim(n)?, to_dim(k)?);
         if let Some(pinned) = &self.pinned {
-            let algo = self.det_algo(pinned, w, dims)?;
-            if let Some(kernel) = self.det_small_pick(pinned, algo, x, w, dims)? {
-                // SAFETY: as below; det_small_pick checked the kernel's conditions (n <= 16,
-                // k % 16 == 0, 16-byte aligned x and w).
-                return unsafe { self.launch_det_gemv(kernel, x, w, out, dims, beta) };
-            }
-            // SAFETY: as below; the product runs on this backend's stream.
-            return unsafe {
-                pinned.matmul(
-                    self.stream.cu_stream() as _,
-                    x,
-                    w,
-                    out,
-                    (n, k, m),
-                    beta,
-                    algo,
-                )
-            };
+            // SAFETY: as below (the caller's buffers, this backend's stream).
+            return unsafe { self.det_product(pinned, (x, w, out), dims, beta) };
         }
         let alpha = 1.0f32;
         // SAFETY: the three addresses point at live buffers of at least m*k, n*k (bf16) and n*m

@@ -25,6 +25,7 @@ use cudarc::cublaslt::{result as lt, sys};
 
 use super::buffer::CudaBuffer;
 use super::lt_problem::LtProblem;
+use super::product_dims::{ProductDims, WeightSlice};
 use crate::backend::BackendError;
 
 /// Workspace bytes a pinned algorithm may use (NVIDIA's recommendation for Hopper).
@@ -50,18 +51,20 @@ pub(super) struct PinnedGemm {
     workspace: CudaBuffer,
     /// The heuristic's rows for choosing an algorithm.
     pick_rows: usize,
-    algos: Mutex<HashMap<(usize, usize), sys::cublasLtMatmulAlgo_t>>,
-    /// Per weight shape `(m, k)`: whether the pinned algorithm's bits equalled the reference chain's
+    algos: Mutex<HashMap<WeightSlice, sys::cublasLtMatmulAlgo_t>>,
+    /// Per weight shape: whether the pinned algorithm's bits equalled the reference chain's
     /// (`det_mma_16` in `gemv.cu`) on the probe product (see [`super::gemm`]).
-    pinned_chain: Mutex<HashMap<(usize, usize), bool>>,
-    /// Per `(m, k, rows)`: the heuristic's first candidate for `rows` rows that does not split K.
-    per_rows: Mutex<HashMap<(usize, usize, usize), Option<sys::cublasLtMatmulAlgo_t>>>,
-    /// Per `(m, k, algorithm bytes)`: whether that algorithm's bits equalled the reference chain.
+    pinned_chain: Mutex<HashMap<WeightSlice, bool>>,
+    /// Per weight shape and rows: the heuristic's first candidate for `rows` rows that does not
+    /// split K.
+    per_rows: Mutex<HashMap<(WeightSlice, usize), Option<sys::cublasLtMatmulAlgo_t>>>,
+    /// Per weight shape and algorithm bytes: whether that algorithm's bits equalled the reference
+    /// chain.
     verified: Mutex<HashMap<AlgoKey, bool>>,
 }
 
-/// A weight shape `(m, k)` and an algorithm's opaque bytes.
-type AlgoKey = (usize, usize, [u64; 8]);
+/// A weight shape and an algorithm's opaque bytes.
+type AlgoKey = (WeightSlice, [u64; 8]);
 
 /// Heuristic candidates read for a weight shape; the pinned one is the first whose K is not split
 /// (see [`PinnedGemm::algo`]), or the first if none is.
@@ -120,34 +123,33 @@ impl PinnedGemm {
         })
     }
 
-    /// Whether weight shape `(m, k)`'s pinned algorithm gave the reference chain's bits
+    /// Whether weight shape `w`'s pinned algorithm gave the reference chain's bits
     /// (`det_mma_16` in `gemv.cu`) on the probe product: `None` until decided
     /// ([`Self::set_chain_ok`]).
-    pub(super) fn chain_ok(&self, m: usize, k: usize) -> Result<Option<bool>, BackendError> {
+    pub(super) fn chain_ok(&self, w: WeightSlice) -> Result<Option<bool>, BackendError> {
         let verdicts = self
             .pinned_chain
             .lock()
             .map_err(|_| BackendError::Device("reference-chain cache poisoned".into()))?;
-        Ok(verdicts.get(&(m, k)).copied())
+        Ok(verdicts.get(&w).copied())
     }
 
-    /// Records [`Self::chain_ok`] for weight shape `(m, k)` (decided once per process).
-    pub(super) fn set_chain_ok(&self, m: usize, k: usize, on: bool) -> Result<(), BackendError> {
+    /// Records [`Self::chain_ok`] for weight shape `w` (decided once per process).
+    pub(super) fn set_chain_ok(&self, w: WeightSlice, on: bool) -> Result<(), BackendError> {
         self.pinned_chain
             .lock()
             .map_err(|_| BackendError::Device("reference-chain cache poisoned".into()))?
-            .insert((m, k), on);
+            .insert(w, on);
         Ok(())
     }
 
-    /// The heuristic's first algorithm for a product of `rows` rows of weight shape `(m, k)` that
+    /// The heuristic's first algorithm for a product of `rows` rows of weight shape `w` that
     /// does not split K (None: none among its first [`CANDIDATES`]). Every such algorithm seen on
     /// the H200 gave the bits of one chain of m16n8k16 steps over K (kernels/README.md), so the
     /// caller may use it in place of the pinned one once [`Self::verified`] says so.
     pub(super) fn candidate(
         &self,
-        m: usize,
-        k: usize,
+        w: WeightSlice,
         rows: usize,
     ) -> Result<Option<sys::cublasLtMatmulAlgo_t>, BackendError> {
         let poisoned = || BackendError::Device("cuBLASLt candidate cache poisoned".into());
@@ -155,64 +157,62 @@ impl PinnedGemm {
             .per_rows
             .lock()
             .map_err(|_| poisoned())?
-            .get(&(m, k, rows))
+            .get(&(w, rows))
         {
             return Ok(*c);
         }
-        let got = self.heuristic(m, rows, k, false)?;
+        let got = self.heuristic(w, rows, false)?;
         let pick = got.iter().copied().find(|a| split_k(a) == Some(1));
         self.per_rows
             .lock()
             .map_err(|_| poisoned())?
-            .insert((m, k, rows), pick);
+            .insert((w, rows), pick);
         Ok(pick)
     }
 
-    /// Whether `algo` gave the reference chain's bits for weight shape `(m, k)` (None: untested).
+    /// Whether `algo` gave the reference chain's bits for weight shape `w` (None: untested).
     pub(super) fn verified(
         &self,
-        m: usize,
-        k: usize,
+        w: WeightSlice,
         algo: &sys::cublasLtMatmulAlgo_t,
     ) -> Result<Option<bool>, BackendError> {
         let v = self
             .verified
             .lock()
             .map_err(|_| BackendError::Device("cuBLASLt verification cache poisoned".into()))?;
-        Ok(v.get(&(m, k, algo.data)).copied())
+        Ok(v.get(&(w, algo.data)).copied())
     }
 
-    /// Records whether `algo` gave the reference chain's bits for weight shape `(m, k)`.
+    /// Records whether `algo` gave the reference chain's bits for weight shape `w`.
     pub(super) fn set_verified(
         &self,
-        m: usize,
-        k: usize,
+        w: WeightSlice,
         algo: &sys::cublasLtMatmulAlgo_t,
         ok: bool,
     ) -> Result<(), BackendError> {
         self.verified
             .lock()
             .map_err(|_| BackendError::Device("cuBLASLt verification cache poisoned".into()))?
-            .insert((m, k, algo.data), ok);
+            .insert((w, algo.data), ok);
         Ok(())
     }
 
-    /// The split-K factor of weight shape `(m, k)`'s pinned algorithm (choosing it if needed).
-    pub(super) fn pinned_split_k(&self, m: usize, k: usize) -> Result<Option<u32>, BackendError> {
-        Ok(split_k(&self.algo(m, k)?))
+    /// The split-K factor of weight shape `w`'s pinned algorithm (choosing it if needed).
+    pub(super) fn pinned_split_k(&self, w: WeightSlice) -> Result<Option<u32>, BackendError> {
+        Ok(split_k(&self.algo(w)?))
     }
 
-    /// The pinned algorithm of weight shape `(m, k)`, chosen on first use: the heuristic's first
+    /// The pinned algorithm of weight shape `w`, chosen on first use: the heuristic's first
     /// candidate for `pick_rows` rows that does not split K, or its first if all do.
-    fn algo(&self, m: usize, k: usize) -> Result<sys::cublasLtMatmulAlgo_t, BackendError> {
+    fn algo(&self, w: WeightSlice) -> Result<sys::cublasLtMatmulAlgo_t, BackendError> {
         let mut algos = self
             .algos
             .lock()
             .map_err(|_| BackendError::Device("cuBLASLt algorithm cache poisoned".into()))?;
-        if let Some(a) = algos.get(&(m, k)) {
+        if let Some(a) = algos.get(&w) {
             return Ok(*a);
         }
-        let got = self.heuristic(m, self.pick_rows, k, true)?;
+        let got = self.heuristic(w, self.pick_rows, true)?;
         // The first candidate that does not split K: each output element is then one chain of
         // k16 tensor-core steps, the order of the reference kernel (det_mma in gemv.cu).
         let found = got
@@ -220,24 +220,25 @@ impl PinnedGemm {
             .find(|a| split_k(a) == Some(1))
             .or(got.first())
             .copied()
-            .ok_or_else(|| BackendError::Device(format!("cuBLASLt: no algorithm for {m}x{k}")))?;
-        algos.insert((m, k), found);
+            .ok_or_else(|| BackendError::Device(format!("cuBLASLt: no algorithm for {w}")))?;
+        algos.insert(w, found);
         Ok(found)
     }
 
-    /// The heuristic's first [`CANDIDATES`] algorithms for `rows` rows of weight shape `(m, k)`;
+    /// The heuristic's first [`CANDIDATES`] algorithms for `rows` rows of weight shape `w`;
     /// with `inplace_only`, split-K only with the in-place reduction (the splits added into the
     /// output in order, counters in the workspace): a reduction through a workspace buffer needs
     /// room growing with the row count, so an algorithm picked at `pick_rows` could not run a
     /// long prefill (2048 rows of the 14336-wide down projection failed so).
     fn heuristic(
         &self,
-        m: usize,
+        w: WeightSlice,
         rows: usize,
-        k: usize,
         inplace_only: bool,
     ) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, BackendError> {
-        let p = LtProblem::tn((m, rows, k), sys::cudaDataType_t::CUDA_R_16BF, "cuBLASLt")?;
+        let WeightSlice { m, k, ld } = w;
+        let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
+        let p = LtProblem::tn_strided((m, rows, k), ld, bf16, "cuBLASLt")?;
         let pref = lt::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
         let ws = WORKSPACE_BYTES;
         // SAFETY: `pref` was just created; the buffers are a usize and a u32, of the sizes given.
@@ -287,38 +288,38 @@ impl PinnedGemm {
                     .collect::<Vec<_>>()
             })
         }
-        .map_err(|e| lt_err(&format!("no algorithm for {rows}x{k} @ {m}x{k}^T"), e))?;
+        .map_err(|e| lt_err(&format!("no algorithm for {rows} rows @ {w}"), e))?;
         Ok(found)
     }
 
     /// `out[n, m] (f32) = x[n, k] (bf16) @ w[m, k]^T (bf16) + beta * out` on `stream` with `algo`
     /// (one of [`Self::candidate`]'s, verified by the caller) or else the pinned algorithm of
-    /// `(m, k)`, in launches of at most [`CANDIDATE_LAUNCH_ROWS`] rows with `algo` (it was chosen
-    /// for that many) or [`MAX_LAUNCH_ROWS`] with the pinned algorithm.
+    /// the weight shape, in launches of at most [`CANDIDATE_LAUNCH_ROWS`] rows with `algo` (it was
+    /// chosen for that many) or [`MAX_LAUNCH_ROWS`] with the pinned algorithm. Rows of `x` and `w`
+    /// lie `dims.ld` elements apart.
     ///
     /// # Safety
-    /// `x`, `w` and `out` must be device addresses of at least `n*k`, `m*k` bf16 and `n*m` f32
-    /// elements, live until the product has run on `stream`.
-    #[allow(clippy::too_many_arguments)]
+    /// `x`, `w` and `out` must be device addresses of at least `(n-1)*ld + k`, `(m-1)*ld + k` bf16
+    /// and `n*m` f32 elements, live until the product has run on `stream`.
     pub(super) unsafe fn matmul(
         &self,
         stream: sys::cudaStream_t,
-        x: u64,
-        w: u64,
-        out: u64,
-        (n, k, m): (usize, usize, usize),
+        (x, w, out): (u64, u64, u64),
+        dims: ProductDims,
         beta: f32,
         algo: Option<sys::cublasLtMatmulAlgo_t>,
     ) -> Result<(), BackendError> {
+        let ProductDims { n, k, m, ld } = dims;
         let (algo, launch_rows) = match algo {
             Some(a) => (a, CANDIDATE_LAUNCH_ROWS),
-            None => (self.algo(m, k)?, MAX_LAUNCH_ROWS),
+            None => (self.algo(dims.weight())?, MAX_LAUNCH_ROWS),
         };
         let alpha = 1.0f32;
         for row0 in (0..n).step_by(launch_rows) {
             let rows = launch_rows.min(n - row0);
-            let p = LtProblem::tn((m, rows, k), sys::cudaDataType_t::CUDA_R_16BF, "cuBLASLt")?;
-            let (xs, outs) = (x + (row0 * k * 2) as u64, out + (row0 * m * 4) as u64);
+            let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
+            let p = LtProblem::tn_strided((m, rows, k), ld, bf16, "cuBLASLt")?;
+            let (xs, outs) = (x + (row0 * ld * 2) as u64, out + (row0 * m * 4) as u64);
             // SAFETY: descriptors and algorithm are live; rows row0..row0 + rows of x (bf16) and
             // out (f32) lie inside the caller's buffers (its contract); the workspace holds
             // WORKSPACE_BYTES, the most the heuristic was allowed.

@@ -28,7 +28,18 @@ impl LtProblem {
     /// `C[m, n]` (f32) `= W^T · X` with `W: [k, m]` (ld k) and `X: [k, n]` (ld k), both of
     /// `input` type, f32 compute; `label` names the path in errors.
     pub(super) fn tn(
+        mnk: (usize, usize, usize),
+        input: sys::cudaDataType_t,
+        label: &'static str,
+    ) -> Result<Self, BackendError> {
+        Self::tn_strided(mnk, mnk.2, input, label)
+    }
+
+    /// As [`Self::tn`] with the columns of `W` and `X` `ld` elements apart (`ld >= k`: the first
+    /// `k` of each row's `ld` elements, one part of a K-split product).
+    pub(super) fn tn_strided(
         (m, n, k): (usize, usize, usize),
+        ld: usize,
         input: sys::cudaDataType_t,
         label: &'static str,
     ) -> Result<Self, BackendError> {
@@ -56,7 +67,7 @@ impl LtProblem {
             )?
         };
         let (m, n, k) = (m as u64, n as u64, k as u64);
-        let ld = k as i64;
+        let ld = ld as i64;
         p.a = lt::create_matrix_layout(input, k, m, ld).map_err(|e| err("layout", e))?;
         p.b = lt::create_matrix_layout(input, k, n, ld).map_err(|e| err("layout", e))?;
         p.c = lt::create_matrix_layout(sys::cudaDataType_t::CUDA_R_32F, m, n, m as i64)

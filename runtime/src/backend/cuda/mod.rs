@@ -30,6 +30,7 @@ mod buffer;
 mod decode_scratch;
 mod det_gemv;
 mod det_picks;
+mod det_split;
 mod device;
 mod driver_error;
 mod fp8;

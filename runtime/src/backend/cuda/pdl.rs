@@ -43,7 +43,24 @@ impl CudaBackend {
         params: &mut [*mut c_void],
     ) -> Result<(), BackendError> {
         // SAFETY: the caller's contract.
-        unsafe { self.launch_ex(f, cfg, params, self.pdl) }
+        unsafe { self.launch_ex(f, cfg, params, self.pdl, None) }
+    }
+
+    /// [`Self::launch_overlapping`] in thread-block clusters of `cluster` CTAs (each grid
+    /// dimension a whole number of them; compute capability 9.0), co-scheduled so that a CTA may
+    /// read the shared memory of the others in its cluster.
+    ///
+    /// # Safety
+    /// As [`Self::launch_overlapping`].
+    pub(super) unsafe fn launch_overlapping_in_clusters(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+        cluster: (u32, u32, u32),
+    ) -> Result<(), BackendError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_ex(f, cfg, params, self.pdl, Some(cluster)) }
     }
 
     /// [`Self::launch_overlapping`] without the programmatic serialization: the kernel starts
@@ -59,10 +76,11 @@ impl CudaBackend {
         params: &mut [*mut c_void],
     ) -> Result<(), BackendError> {
         // SAFETY: the caller's contract; without the attribute the launch is an ordinary one.
-        unsafe { self.launch_ex(f, cfg, params, false) }
+        unsafe { self.launch_ex(f, cfg, params, false, None) }
     }
 
-    /// `cuLaunchKernelEx` of `f`, with programmatic stream serialization when `overlap`.
+    /// `cuLaunchKernelEx` of `f`, with programmatic stream serialization when `overlap` and in
+    /// clusters of `cluster` CTAs when given.
     ///
     /// # Safety
     /// As [`Self::launch_overlapping`] when `overlap`, else as [`Self::launch_serial`].
@@ -72,13 +90,27 @@ impl CudaBackend {
         cfg: LaunchConfig,
         params: &mut [*mut c_void],
         overlap: bool,
+        cluster: Option<(u32, u32, u32)>,
     ) -> Result<(), BackendError> {
         self.ctx.bind_to_thread().map_err(driver_err)?;
         // SAFETY: an all-zero CUlaunchAttribute is a valid value (id 0 = ignore, zero padding); the
         // fields used are set below.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut count = 0;
+        if overlap {
+            let a = &mut attrs[count];
+            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            a.value.programmaticStreamSerializationAllowed = 1;
+            count += 1;
+        }
+        if let Some((x, y, z)) = cluster {
+            let a = &mut attrs[count];
+            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            a.value.clusterDim.x = x;
+            a.value.clusterDim.y = y;
+            a.value.clusterDim.z = z;
+            count += 1;
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -88,10 +120,10 @@ impl CudaBackend {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(overlap),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: count as u32,
         };
-        // SAFETY: the config points at `attr`, alive for the call; the function belongs to a loaded
+        // SAFETY: the config points at `attrs` (its first `count` set), alive for the call; the function belongs to a loaded
         // module of this context (bound above); `params` is the caller's contract.
         unsafe {
             sys::cuLaunchKernelEx(

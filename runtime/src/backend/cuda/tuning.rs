@@ -79,6 +79,15 @@ pub struct CudaTuning {
     /// H200 margins of -10 and -100 moved qkv, gate/up and the lm head to kernels and lost 3.7%
     /// and 5.5% at batch 1, and -100 27% at batch 16 (`kernels/README.md`, deterministic mode).
     pub deterministic_kernel_margin: i32,
+    /// Parts along K of deterministic mode's products whose weight has at least twice as many
+    /// columns as rows (`SOV_DETERMINISTIC_K_SPLIT`, 1 or 2; Llama's down projection): 2 reduces
+    /// each half of K in its own chain and adds them in a fixed order, at every row count
+    /// (`det_split.rs`), so that products of few rows run on twice the CTAs. Default 2: on the
+    /// H200 (Llama-3-8B shape) batch 16 gained 6.7-10.4% over 1, batch 64, 256 and 1000 requests
+    /// lost 1.1-2.4% (`kernels/README.md`, deterministic mode). It changes the bits of those
+    /// products, so it is part of the precision the heads record ([`Self::precision_name`]); 1 is
+    /// the order of every run before it was named.
+    pub deterministic_k_split: usize,
     /// Weight and activation format of the linear layers (`sov --quantization`; not an
     /// environment variable of this struct, the command line sets it). Default
     /// [`Quantization::None`]: bf16 weights.
@@ -190,6 +199,7 @@ impl Default for CudaTuning {
             deterministic_split_tokens: DEFAULT_DETERMINISTIC_SPLIT_TOKENS,
             deterministic_gemm_rows: 128,
             deterministic_kernel_margin: DEFAULT_DETERMINISTIC_KERNEL_MARGIN,
+            deterministic_k_split: DEFAULT_DETERMINISTIC_K_SPLIT,
             quantization: Quantization::None,
             fp8_small_max_rows: 16,
             kernels: KernelBuild::default(),
@@ -308,6 +318,10 @@ const DET_MARGIN_EXPECTED: &str = "a whole percent -100..=100";
 /// [`CudaTuning::deterministic_kernel_margin`]'s default.
 const DEFAULT_DETERMINISTIC_KERNEL_MARGIN: i32 = 3;
 const DET_SPLIT_EXPECTED: &str = "a positive multiple of 64";
+const DET_K_SPLIT_VAR: &str = "SOV_DETERMINISTIC_K_SPLIT";
+const DET_K_SPLIT_EXPECTED: &str = "1 or 2";
+/// [`CudaTuning::deterministic_k_split`]'s default.
+const DEFAULT_DETERMINISTIC_K_SPLIT: usize = 2;
 const FP8_SMALL_VAR: &str = "SOV_FP8_SMALL_ROWS";
 const FP8_SMALL_EXPECTED: &str = "a whole number 0..=32";
 
@@ -321,7 +335,7 @@ const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (th
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 16] = [
+    pub const VARS: [&str; 17] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -337,6 +351,7 @@ impl CudaTuning {
         DET_SPLIT_VAR,
         DET_ROWS_VAR,
         DET_MARGIN_VAR,
+        DET_K_SPLIT_VAR,
         FP8_SMALL_VAR,
     ];
 
@@ -385,6 +400,12 @@ impl CudaTuning {
                 _ => return Err(invalid(DET_MARGIN_VAR, &v, DET_MARGIN_EXPECTED)),
             }
         }
+        if let Some(v) = lookup(&get, DET_K_SPLIT_VAR) {
+            match v.parse::<usize>() {
+                Ok(s @ 1..=2) => t.deterministic_k_split = s,
+                _ => return Err(invalid(DET_K_SPLIT_VAR, &v, DET_K_SPLIT_EXPECTED)),
+            }
+        }
         if let Some(v) = lookup(&get, FP8_SMALL_VAR) {
             match v.parse::<usize>() {
                 Ok(r) if r <= FP8_SMALL_LIMIT => t.fp8_small_max_rows = r,
@@ -425,7 +446,8 @@ impl CudaTuning {
 
     /// The precision name a receipt records for a backend of this tuning: `bf16` or `f32`
     /// (`precise`, [`super::CudaBackend::with_precise`]), with `-deterministic` appended in
-    /// deterministic mode, and `-split{N}` after it unless attention splits at 128 tokens;
+    /// deterministic mode, `-split{N}` after it unless attention splits at 128 tokens, and
+    /// `-ksplit{K}` after that unless products reduce K in one part;
     /// `fp8-w8a8` with [`Quantization::Fp8W8A8`] (which [`Self::validate`] refuses with either of
     /// the others).
     pub fn precision_name(&self, precise: bool) -> String {
@@ -438,10 +460,40 @@ impl CudaTuning {
         }
         // The split length decides how attention rounds. Runs before it was named all split at
         // 128 tokens and say only "-deterministic"; a replay at 128 keeps that name.
-        match self.deterministic_split_tokens {
+        let attention = match self.deterministic_split_tokens {
             UNNAMED_DETERMINISTIC_SPLIT_TOKENS => format!("{base}-deterministic"),
             split => format!("{base}-deterministic-split{split}"),
+        };
+        // Likewise the parts of K: every run before the name carried them reduced K in one.
+        match self.deterministic_k_split {
+            1 => attention,
+            parts => format!("{attention}-ksplit{parts}"),
         }
+    }
+
+    /// The attention split length and the parts of K that a deterministic precision name
+    /// ([`Self::precision_name`]) says its run used: `bf16-deterministic-split256-ksplit2` gives
+    /// `(256, 2)`, the bare `-deterministic` of older runs `(128, 1)`. None for a name that is not
+    /// a deterministic one (`bf16`, `fp8-w8a8`, a name this build does not know): `sov audit`
+    /// replays a run in the order its heads name.
+    pub fn deterministic_order(name: &str) -> Option<(usize, usize)> {
+        let rest = ["bf16", "f32"]
+            .iter()
+            .find_map(|base| name.strip_prefix(base))?
+            .strip_prefix("-deterministic")?;
+        let (split, rest) = match rest.strip_prefix("-split") {
+            Some(r) => {
+                let digits = r.find(|c: char| !c.is_ascii_digit()).unwrap_or(r.len());
+                (r[..digits].parse().ok()?, &r[digits..])
+            }
+            None => (UNNAMED_DETERMINISTIC_SPLIT_TOKENS, rest),
+        };
+        let parts = match rest {
+            "" => 1,
+            r => r.strip_prefix("-ksplit")?.parse().ok()?,
+        };
+        let valid = split > 0 && split % 64 == 0 && (1..=2).contains(&parts);
+        valid.then_some((split, parts))
     }
 
     /// Checks values set in code against what each setting accepts (the ranges
@@ -471,6 +523,10 @@ impl CudaTuning {
         if !(-100..=100).contains(&margin) {
             let m = margin.to_string();
             return Err(invalid(DET_MARGIN_VAR, &m, DET_MARGIN_EXPECTED));
+        }
+        if !(1..=2).contains(&self.deterministic_k_split) {
+            let s = self.deterministic_k_split.to_string();
+            return Err(invalid(DET_K_SPLIT_VAR, &s, DET_K_SPLIT_EXPECTED));
         }
         if self.fp8_small_max_rows > FP8_SMALL_LIMIT {
             let r = self.fp8_small_max_rows.to_string();
@@ -562,6 +618,7 @@ mod tests {
             ("SOV_DETERMINISTIC_SPLIT_TOKENS", "512"),
             ("SOV_DETERMINISTIC_GEMM_ROWS", "64"),
             ("SOV_DETERMINISTIC_KERNEL_MARGIN", "-20"),
+            ("SOV_DETERMINISTIC_K_SPLIT", "1"),
             ("SOV_FP8_SMALL_ROWS", "4"),
         ]))
         .unwrap();
@@ -577,6 +634,7 @@ mod tests {
             deterministic_split_tokens: 512,
             deterministic_gemm_rows: 64,
             deterministic_kernel_margin: -20,
+            deterministic_k_split: 1,
             quantization: Quantization::None,
             fp8_small_max_rows: 4,
             kernels: KernelBuild {
@@ -624,6 +682,8 @@ mod tests {
             ("SOV_DETERMINISTIC_GEMM_ROWS", "0"),
             ("SOV_DETERMINISTIC_KERNEL_MARGIN", "101"),
             ("SOV_DETERMINISTIC_KERNEL_MARGIN", "-3.5"),
+            ("SOV_DETERMINISTIC_K_SPLIT", "3"),
+            ("SOV_DETERMINISTIC_K_SPLIT", "0"),
         ] {
             let err = CudaTuning::from_vars(vars(&[(var, value)])).unwrap_err();
             assert_eq!(err.var, var, "{value}");
@@ -656,6 +716,10 @@ mod tests {
                 ..Default::default()
             },
             CudaTuning {
+                deterministic_k_split: 4,
+                ..Default::default()
+            },
+            CudaTuning {
                 kernels: KernelBuild {
                     decode_stages: 7,
                     ..Default::default()
@@ -681,6 +745,7 @@ mod tests {
                 "SOV_DECODE_SPLIT_TOKENS",
                 "SOV_GEMV_SPLIT",
                 "SOV_DETERMINISTIC_KERNEL_MARGIN",
+                "SOV_DETERMINISTIC_K_SPLIT",
                 "SOV_DECODE_STAGES",
                 "SOV_DECODE_CARVEOUT"
             ]
@@ -698,13 +763,56 @@ mod tests {
             ("bf16", "f32")
         );
         t.deterministic = true;
+        assert_eq!(
+            t.precision_name(false),
+            "bf16-deterministic-split256-ksplit2"
+        );
+        assert_eq!(t.precision_name(true), "f32-deterministic-split256-ksplit2");
+        // The splits every run made before the name carried them.
+        t.deterministic_k_split = 1;
         assert_eq!(t.precision_name(false), "bf16-deterministic-split256");
-        assert_eq!(t.precision_name(true), "f32-deterministic-split256");
-        // The split every run made before the name carried it.
         t.deterministic_split_tokens = 128;
         assert_eq!(t.precision_name(false), "bf16-deterministic");
         t.deterministic_split_tokens = 64;
         assert_eq!(t.precision_name(false), "bf16-deterministic-split64");
+        t.deterministic_k_split = 2;
+        assert_eq!(
+            t.precision_name(false),
+            "bf16-deterministic-split64-ksplit2"
+        );
+    }
+
+    #[test]
+    fn precision_names_give_back_their_order() {
+        for (split, parts) in [(256, 2), (256, 1), (128, 1), (128, 2), (64, 2), (512, 1)] {
+            let t = CudaTuning {
+                deterministic: true,
+                deterministic_split_tokens: split,
+                deterministic_k_split: parts,
+                ..Default::default()
+            };
+            for precise in [false, true] {
+                let name = t.precision_name(precise);
+                assert_eq!(
+                    CudaTuning::deterministic_order(&name),
+                    Some((split, parts)),
+                    "{name}"
+                );
+            }
+        }
+        for name in [
+            "bf16",
+            "f32",
+            "fp8-w8a8",
+            "bf16-deterministic-split",
+            "bf16-deterministic-split100",
+            "bf16-deterministic-ksplit3",
+            "bf16-deterministic-split256-ksplit",
+            "bf16-deterministic-split256-extra",
+            "int4-deterministic",
+        ] {
+            assert_eq!(CudaTuning::deterministic_order(name), None, "{name}");
+        }
     }
 
     #[test]
