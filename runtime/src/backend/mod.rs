@@ -34,6 +34,24 @@ pub mod kv_stage;
 
 use crate::loader::tensor::HostTensor;
 
+/// Where a linear product's weight sits in the model: its layer among `layers`. A backend that
+/// quantizes may keep some layers in full precision ([`Backend::upload_projection`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProjectionSite {
+    /// The layer, from 0.
+    pub layer: usize,
+    /// Layers in the model.
+    pub layers: usize,
+}
+
+impl ProjectionSite {
+    /// Layers between this one and the nearer end of the stack: 0 for the first and the last.
+    pub fn from_edge(self) -> usize {
+        self.layer
+            .min(self.layers.saturating_sub(1).saturating_sub(self.layer))
+    }
+}
+
 /// Element type of a device buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -292,9 +310,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.upload_weight(&tensor)
     }
     /// Uploads the weight of one of a layer's linear products (qkv, o, gate/up, down), which a
-    /// backend may store quantized (CUDA under `--quantization fp8`); the result is what
+    /// backend may store quantized (CUDA under `--quantization fp8`, except in the layers its
+    /// tuning keeps in bf16: `site` says which layer this is); the result is what
     /// [`Backend::matmul`] takes as `w`. Default: [`Backend::upload_weight_owned`].
-    fn upload_projection(&self, tensor: HostTensor) -> Result<Self::Buffer, BackendError> {
+    fn upload_projection(
+        &self,
+        tensor: HostTensor,
+        site: ProjectionSite,
+    ) -> Result<Self::Buffer, BackendError> {
+        let _ = site;
         self.upload_weight_owned(tensor)
     }
     /// Uploads f32 data as an f32 buffer `[data.len()]`.
@@ -588,4 +612,22 @@ pub fn rope_kv_then_attention<B: Backend>(
 ) -> Result<(), BackendError> {
     b.rope_kv_write(qkv, meta.new_tokens(), tables, kv.reborrow(), shape.heads)?;
     b.paged_attention(qkv, kv.as_shared(), meta, out, shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProjectionSite;
+
+    #[test]
+    fn projection_sites_count_layers_from_the_nearer_end() {
+        let from_edge = |layers| -> Vec<usize> {
+            (0..layers)
+                .map(|layer| ProjectionSite { layer, layers }.from_edge())
+                .collect()
+        };
+        assert_eq!(from_edge(1), vec![0]);
+        assert_eq!(from_edge(2), vec![0, 0]);
+        assert_eq!(from_edge(5), vec![0, 1, 2, 1, 0]);
+        assert_eq!(from_edge(6), vec![0, 1, 2, 2, 1, 0]);
+    }
 }

@@ -58,11 +58,18 @@ pub struct ModelArgs {
     /// one scale per output channel (quantized at load), inputs quantized per token before each
     /// product, f32 accumulation; the embedding and lm head stay bf16. Needs compute capability
     /// 8.9; not with `--precision f32` or `--deterministic` (FP8 turns the deterministic default
-    /// off). Receipts name the precision `fp8-w8a8`. An FP8 checkpoint (compressed-tensors, e.g.
+    /// off). Receipts name the precision `fp8-w8a8` (see `--fp8-edge-layers`). An FP8 checkpoint (compressed-tensors, e.g.
     /// the FP8-dynamic Llamas) runs as `fp8` on CUDA whatever this says, its codes and scales
     /// uploaded as they are; the CPU widens them to f32 (weight-only).
     #[arg(long, value_enum, env = "SOV_QUANTIZATION", default_value_t = QuantizationChoice::None)]
     pub quantization: QuantizationChoice,
+    /// Under `--quantization fp8`, the layers at each end of the model that keep bf16 products:
+    /// 1 (the default) keeps the first and the last, 0 quantizes every layer. On the default
+    /// model FP8 everywhere costs 3.6% of perplexity, most of it in those two layers (see
+    /// runtime/BENCHMARKS.md). Receipts then name the precision `fp8-w8a8-bf16edges1`. Does not
+    /// apply to an FP8 checkpoint, whose weights stay as it has them.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub fp8_edge_layers: usize,
     /// On CUDA, batch-invariant kernels: a request's tokens do not depend on the requests batched
     /// with it, and a recompute resume rebuilds the KV bit for bit (see kernels/README.md).
     /// Default: on for a GPU run whose checkpoints are in recompute mode (generate's and serve's
@@ -383,6 +390,24 @@ impl ModelArgs {
         Ok(Quantization::Fp8W8A8)
     }
 
+    /// Sets `tuning`'s products format ([`Self::quantization_for`], given its deterministic
+    /// choice) and the layers FP8 leaves in bf16 (`--fp8-edge-layers`; none named for an FP8
+    /// checkpoint, whose weights upload as they are).
+    fn set_quantization(
+        &self,
+        tuning: &mut CudaTuning,
+        parts: &ModelParts,
+        device: Device,
+    ) -> anyhow::Result<()> {
+        tuning.quantization = self.quantization_for(parts, device, tuning.deterministic)?;
+        tuning.fp8_bf16_edge_layers = if parts.has_fp8_weights() {
+            0
+        } else {
+            self.fp8_edge_layers
+        };
+        Ok(())
+    }
+
     /// The backend of a run that opens `parts` without an engine (`sov perplexity`): the device,
     /// whether it computes in f32 (`--precision f32`), and the CUDA tuning from the environment
     /// with `--deterministic` (off unless given) and the products' format applied.
@@ -390,7 +415,7 @@ impl ModelArgs {
         let device = self.device();
         let mut tuning = cuda_tuning_from_env()?;
         tuning.deterministic = self.deterministic.unwrap_or(false);
-        tuning.quantization = self.quantization_for(parts, device, tuning.deterministic)?;
+        self.set_quantization(&mut tuning, parts, device)?;
         Ok((device, self.precision == PrecisionChoice::F32, tuning))
     }
 
@@ -474,7 +499,7 @@ impl ModelArgs {
             opts.cuda_tuning.deterministic_split_tokens = split;
             opts.cuda_tuning.deterministic_k_split = parts;
         }
-        opts.cuda_tuning.quantization = self.quantization_for(&parts, device, deterministic)?;
+        self.set_quantization(&mut opts.cuda_tuning, &parts, device)?;
         anyhow::ensure!(
             opts.witnesses.is_none() || opts.checkpoints.is_some(),
             "--witness needs checkpoints (drop --checkpoint off)"
@@ -507,8 +532,9 @@ impl ModelArgs {
             every,
             started.engine.slots().clone(),
         );
+        let fp8_name = format!(" ({})", opts.cuda_tuning.precision_name(false));
         let precision = match (device, self.precision, deterministic) {
-            _ if fp8 => " (fp8-w8a8)",
+            _ if fp8 => fp8_name.as_str(),
             (Device::Cuda(_), PrecisionChoice::F32, false) => " (f32 precision)",
             (Device::Cuda(_), PrecisionChoice::F32, true) => " (f32 precision, deterministic)",
             (Device::Cuda(_), PrecisionChoice::Bf16, true) => " (deterministic)",

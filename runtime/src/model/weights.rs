@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, ProjectionSite};
 use crate::loader::tensor::{Fp8Rows, HostData, HostTensor, QuantData, QuantType};
 
 use super::config::LlamaConfig;
@@ -179,12 +179,16 @@ impl<B: Backend> ModelWeights<B> {
             upload(backend, weights.take(name, &[rows, cols])?)
         };
         // The linear products' weights, which a backend may quantize (`Backend::upload_projection`).
-        let projection = |name: &str, rows: usize, cols: usize| -> Result<B::Buffer, ModelError> {
-            let t = weights.take(name, &[rows, cols])?.into_owned();
-            Ok(backend.upload_projection(t)?)
+        let projection = |name: &str, dims: [usize; 2], site| -> Result<B::Buffer, ModelError> {
+            let t = weights.take(name, &dims)?.into_owned();
+            Ok(backend.upload_projection(t, site)?)
         };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
+            let site = ProjectionSite {
+                layer: i,
+                layers: c.num_hidden_layers,
+            };
             let p = format!("model.layers.{i}");
             let attn = |w: &str| format!("{p}.self_attn.{w}_proj.weight");
             let qkv = {
@@ -213,12 +217,12 @@ impl<B: Backend> ModelWeights<B> {
             };
             layers.push(LayerWeights {
                 input_norm: f32_vec(&format!("{p}.input_layernorm.weight"), hidden)?,
-                qkv: backend.upload_projection(qkv)?,
+                qkv: backend.upload_projection(qkv, site)?,
                 qkv_bias,
-                o_proj: projection(&attn("o"), hidden, q_rows)?,
+                o_proj: projection(&attn("o"), [hidden, q_rows], site)?,
                 post_norm: f32_vec(&format!("{p}.post_attention_layernorm.weight"), hidden)?,
-                gate_up: backend.upload_projection(gate_up)?,
-                down: projection(&mlp("down"), hidden, c.intermediate_size)?,
+                gate_up: backend.upload_projection(gate_up, site)?,
+                down: projection(&mlp("down"), [hidden, c.intermediate_size], site)?,
             });
         }
         Ok(ModelWeights {

@@ -7,7 +7,7 @@ use super::device::CudaBackend;
 use super::driver_error::driver_err;
 use crate::backend::{
     AttentionShape, Backend, BackendError, BatchMeta, DType, HeadShape, KvLayer, NewTokens,
-    RmsNorm, RopeTables, SwiGluShape, check_buffer,
+    ProjectionSite, RmsNorm, RopeTables, SwiGluShape, check_buffer,
 };
 use crate::loader::tensor::{HostData, HostTensor};
 
@@ -49,8 +49,12 @@ impl Backend for CudaBackend {
         self.upload_bytes(DType::BF16, bytemuck::cast_slice(&data))
     }
 
-    fn upload_projection(&self, tensor: HostTensor) -> Result<CudaBuffer, BackendError> {
-        self.upload_projection_impl(tensor)
+    fn upload_projection(
+        &self,
+        tensor: HostTensor,
+        site: ProjectionSite,
+    ) -> Result<CudaBuffer, BackendError> {
+        self.upload_projection_impl(tensor, site)
     }
 
     fn upload_f32(&self, data: &[f32]) -> Result<CudaBuffer, BackendError> {

@@ -24,7 +24,7 @@ use super::gemm_fp8::ScaleMode;
 use super::ops::to_i32;
 use super::pdl::arg;
 use super::tuning::Quantization;
-use crate::backend::{Backend, BackendError, DType, check_buffer};
+use crate::backend::{Backend, BackendError, DType, ProjectionSite, check_buffer};
 use crate::loader::tensor::{Fp8Rows, HostData, HostTensor};
 
 /// Threads of a `quantize_rows_*` CTA (`QUANT_THREADS` in `fp8.cu`).
@@ -54,10 +54,13 @@ pub enum Fp8Path {
 
 impl CudaBackend {
     /// [`crate::backend::Backend::upload_projection`]: FP8 under [`Quantization::Fp8W8A8`] for a
-    /// 2-D tensor, else the bf16 upload.
+    /// 2-D tensor, except that a bf16 (or wider) weight in one of the layers
+    /// [`super::CudaTuning::fp8_bf16_edge_layers`] keeps stays bf16; else the bf16 upload. An
+    /// FP8 checkpoint's codes upload as they are wherever they sit.
     pub(super) fn upload_projection_impl(
         &self,
         tensor: HostTensor,
+        site: ProjectionSite,
     ) -> Result<CudaBuffer, BackendError> {
         if self.tuning.quantization != Quantization::Fp8W8A8 || tensor.shape.len() != 2 {
             return self.upload_weight_owned(tensor);
@@ -65,6 +68,9 @@ impl CudaBackend {
         let (m, k) = (tensor.shape[0], tensor.shape[1]);
         if let HostData::Fp8(rows) = &tensor.data {
             return self.upload_fp8_rows(rows, m, k);
+        }
+        if site.from_edge() < self.tuning.fp8_bf16_edge_layers {
+            return self.upload_weight_owned(tensor);
         }
         let bf = self.upload_weight(&tensor)?;
         drop(tensor);

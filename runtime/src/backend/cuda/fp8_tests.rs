@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 
 use super::tests::device_with;
 use super::{CudaBackend, CudaBuffer, Fp8Path, Quantization};
-use crate::backend::{Backend, DType};
+use crate::backend::{Backend, DType, ProjectionSite};
 use crate::loader::fp8::e4m3_to_f32;
 use crate::loader::tensor::{Fp8Rows, HostData, HostTensor};
 
@@ -308,7 +308,13 @@ fn checkpoint_weights_upload_as_they_are() {
             shape: vec![m, k],
             data: HostData::Fp8(rows.clone()),
         };
-        let w = b.upload_projection(t).expect("upload");
+        // Layer 0, which the default tuning keeps in bf16 when it quantizes at load: a
+        // checkpoint's codes still upload as they are.
+        let site = ProjectionSite {
+            layer: 0,
+            layers: 4,
+        };
+        let w = b.upload_projection(t, site).expect("upload");
         assert_eq!(w.dtype, DType::F8E4M3);
         let (codes, scales) = b.download_fp8(&w, m).expect("download");
         assert_eq!(codes, rows.codes, "{m}x{k} codes");
@@ -373,7 +379,13 @@ fn checkpoint_model_matches_quantizing_at_load() {
         );
     }
     let run = |w: &std::collections::HashMap<String, HostTensor>| -> Vec<f32> {
-        let b = fp8_device().expect("the device opened once");
+        // Every layer in FP8, as the checkpoint has them.
+        let b = device_with(|t| {
+            t.quantization = Quantization::Fp8W8A8;
+            t.deterministic = false;
+            t.fp8_bf16_edge_layers = 0;
+        })
+        .expect("the device opened once");
         let model = LlamaModel::new(b, &c, w).expect("model");
         let prompt: Vec<u32> = (0..37).map(|i| ((i * 131 + 5) % 1031) as u32).collect();
         let table: Vec<u32> = (0..3).collect();
@@ -389,4 +401,38 @@ fn checkpoint_model_matches_quantizing_at_load() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert!(a.iter().all(|x| x.is_finite()));
     assert_eq!(bits(&a), bits(&d), "checkpoint codes vs quantized at load");
+}
+
+/// Quantizing at load keeps the layers `fp8_bf16_edge_layers` names (from each end) in bf16 and
+/// quantizes the others.
+#[test]
+fn edge_layers_keep_bf16_weights() {
+    let (m, k) = (48, 256);
+    let weight = || HostTensor {
+        shape: vec![m, k],
+        data: HostData::F32(values(&mut StdRng::seed_from_u64(31), m, k)),
+    };
+    for edges in [0, 1, 2] {
+        let Some(b) = device_with(|t| {
+            t.quantization = Quantization::Fp8W8A8;
+            t.deterministic = false;
+            t.fp8_bf16_edge_layers = edges;
+        }) else {
+            return;
+        };
+        let layers = 5;
+        let dtypes: Vec<DType> = (0..layers)
+            .map(|layer| {
+                let site = ProjectionSite { layer, layers };
+                b.upload_projection(weight(), site).expect("upload").dtype
+            })
+            .collect();
+        let (f8, b16) = (DType::F8E4M3, DType::BF16);
+        let want = match edges {
+            0 => vec![f8; 5],
+            1 => vec![b16, f8, f8, f8, b16],
+            _ => vec![b16, b16, f8, b16, b16],
+        };
+        assert_eq!(dtypes, want, "{edges} edge layers");
+    }
 }

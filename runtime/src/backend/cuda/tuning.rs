@@ -92,6 +92,15 @@ pub struct CudaTuning {
     /// environment variable of this struct, the command line sets it). Default
     /// [`Quantization::None`]: bf16 weights.
     pub quantization: Quantization,
+    /// Under [`Quantization::Fp8W8A8`], the layers at each end of the stack whose products keep
+    /// bf16 weights and inputs (`sov --fp8-edge-layers`; not an environment variable of this
+    /// struct): 1 keeps the first and the last layer. Default 1: on the default model
+    /// (SmolLM2-135M) FP8 in every layer raised the perplexity of
+    /// `runtime/bench/texts/plain-english.txt` by 3.6% over bf16 on the H200, most of it in
+    /// those two layers' SwiGLU inputs (`runtime/BENCHMARKS.md`). An FP8 checkpoint's weights
+    /// stay as the checkpoint has them. It changes the bits of those layers, so it is part of
+    /// the precision the heads record ([`Self::precision_name`]).
+    pub fp8_bf16_edge_layers: usize,
     /// FP8 products of at most this many rows run on `fp8.cu`'s small-M tensor-core kernel, more
     /// rows through cuBLASLt (`SOV_FP8_SMALL_ROWS`, 0..=32). Default 16: on the H200 the small-M
     /// kernel beat cuBLASLt up to 16 rows on every Llama-3-8B product and lost from 32 on gate/up,
@@ -201,6 +210,7 @@ impl Default for CudaTuning {
             deterministic_kernel_margin: DEFAULT_DETERMINISTIC_KERNEL_MARGIN,
             deterministic_k_split: DEFAULT_DETERMINISTIC_K_SPLIT,
             quantization: Quantization::None,
+            fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 16,
             kernels: KernelBuild::default(),
         }
@@ -449,10 +459,15 @@ impl CudaTuning {
     /// deterministic mode, `-split{N}` after it unless attention splits at 128 tokens, and
     /// `-ksplit{K}` after that unless products reduce K in one part;
     /// `fp8-w8a8` with [`Quantization::Fp8W8A8`] (which [`Self::validate`] refuses with either of
-    /// the others).
+    /// the others), `-bf16edges{N}` after it when [`Self::fp8_bf16_edge_layers`] keeps layers in
+    /// bf16.
     pub fn precision_name(&self, precise: bool) -> String {
         if self.quantization == Quantization::Fp8W8A8 {
-            return "fp8-w8a8".into();
+            // Every FP8 run before the edge layers were kept in bf16 quantized them all.
+            return match self.fp8_bf16_edge_layers {
+                0 => "fp8-w8a8".into(),
+                n => format!("fp8-w8a8-bf16edges{n}"),
+            };
         }
         let base = if precise { "f32" } else { "bf16" };
         if !self.deterministic {
@@ -636,6 +651,8 @@ mod tests {
             deterministic_kernel_margin: -20,
             deterministic_k_split: 1,
             quantization: Quantization::None,
+            // Not from the environment: the command line sets it.
+            fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 4,
             kernels: KernelBuild {
                 decode_stages: 3,
@@ -821,7 +838,11 @@ mod tests {
             quantization: Quantization::Fp8W8A8,
             ..Default::default()
         };
+        assert_eq!(t.precision_name(false), "fp8-w8a8-bf16edges1");
+        t.fp8_bf16_edge_layers = 0;
         assert_eq!(t.precision_name(false), "fp8-w8a8");
+        t.fp8_bf16_edge_layers = 2;
+        assert_eq!(t.precision_name(true), "fp8-w8a8-bf16edges2");
         assert!(t.validate().is_ok());
         t.deterministic = true;
         assert_eq!(t.validate().unwrap_err().var, "--quantization");
