@@ -428,10 +428,14 @@ fn decode_attention_is_batch_invariant() {
 #[test]
 fn prefill_writes_what_decode_steps_write() {
     let Some(b) = deterministic() else { return };
+    // Two tokens a CTA on the tensor-core kernel (groups of 4 and 3 heads): odd token counts pad
+    // the rows, and 201 + 54 puts positions 255 and 256 (one split and two) in one CTA.
     for (heads, bs, prefix, new) in [
         (LLAMA8B, 16, 100, 90),
         (LLAMA8B, 16, 0, 64),
+        (LLAMA8B, 16, 201, 91),
         (SMOLLM2, 16, 300, 70),
+        (SMOLLM2, 16, 255, 33),
     ] {
         // Sequence 0 is checked; sequence 1 prefills beside it in the prefill launch.
         let paged = Paged::new(heads, bs, &[prefix + new, 150], 40 + prefix as u64);
