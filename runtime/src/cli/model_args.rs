@@ -66,10 +66,11 @@ pub struct ModelArgs {
     /// Under `--quantization fp8`, the layers at each end of the model that keep bf16 products:
     /// 1 (the default) keeps the first and the last, 0 quantizes every layer. On the default
     /// model FP8 everywhere costs 3.6% of perplexity, most of it in those two layers (see
-    /// runtime/BENCHMARKS.md). Receipts then name the precision `fp8-w8a8-bf16edges1`. Does not
-    /// apply to an FP8 checkpoint, whose weights stay as it has them.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub fp8_edge_layers: usize,
+    /// runtime/BENCHMARKS.md). Receipts then name the precision `fp8-w8a8-bf16edges1`. Refused
+    /// without `--quantization fp8`, and for an FP8 checkpoint, whose weights stay as it has
+    /// them.
+    #[arg(long, value_name = "N")]
+    pub fp8_edge_layers: Option<usize>,
     /// On CUDA, batch-invariant kernels: a request's tokens do not depend on the requests batched
     /// with it, and a recompute resume rebuilds the KV bit for bit (see kernels/README.md).
     /// Default: on for a GPU run whose checkpoints are in recompute mode (generate's and serve's
@@ -400,12 +401,32 @@ impl ModelArgs {
         device: Device,
     ) -> anyhow::Result<()> {
         tuning.quantization = self.quantization_for(parts, device, tuning.deterministic)?;
-        tuning.fp8_bf16_edge_layers = if parts.has_fp8_weights() {
-            0
-        } else {
-            self.fp8_edge_layers
-        };
+        tuning.fp8_bf16_edge_layers =
+            self.fp8_edge_layers_for(tuning.quantization, parts.has_fp8_weights())?;
         Ok(())
+    }
+
+    /// The layers at each end that FP8 leaves in bf16 (`--fp8-edge-layers`, default 1) when the
+    /// products are FP8 quantized at load, 0 otherwise; an error when the option was given but
+    /// does not apply.
+    fn fp8_edge_layers_for(
+        &self,
+        quantization: Quantization,
+        fp8_checkpoint: bool,
+    ) -> anyhow::Result<usize> {
+        let at_load = quantization == Quantization::Fp8W8A8 && !fp8_checkpoint;
+        match (self.fp8_edge_layers, at_load) {
+            (None, true) => Ok(1),
+            (None, false) => Ok(0),
+            (Some(n), true) => Ok(n),
+            (Some(_), false) if fp8_checkpoint => anyhow::bail!(
+                "--fp8-edge-layers does not apply to an FP8 checkpoint (its weights run as it \
+                 has them)"
+            ),
+            (Some(_), false) => {
+                anyhow::bail!("--fp8-edge-layers applies only with --quantization fp8")
+            }
+        }
     }
 
     /// The backend of a run that opens `parts` without an engine (`sov perplexity`): the device,
@@ -630,5 +651,26 @@ mod tests {
             .model;
         assert!(a.mixed_prefill(Device::Cuda(0)));
         assert!(Cli::try_parse_from(["sov", "--mixed-prefill", "--no-mixed-prefill"]).is_err());
+    }
+
+    #[test]
+    fn fp8_edge_layers_apply_only_to_fp8_quantized_at_load() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["sov"];
+            all.extend_from_slice(args);
+            Cli::try_parse_from(all).unwrap().model
+        };
+        let (fp8, none) = (Quantization::Fp8W8A8, Quantization::None);
+        let a = parse(&[]);
+        assert_eq!(a.fp8_edge_layers_for(fp8, false).unwrap(), 1);
+        assert_eq!(a.fp8_edge_layers_for(fp8, true).unwrap(), 0);
+        assert_eq!(a.fp8_edge_layers_for(none, false).unwrap(), 0);
+        let a = parse(&["--fp8-edge-layers", "0"]);
+        assert_eq!(a.fp8_edge_layers_for(fp8, false).unwrap(), 0);
+        let e = a.fp8_edge_layers_for(none, false).unwrap_err().to_string();
+        assert!(e.contains("only with --quantization fp8"), "{e}");
+        let e = a.fp8_edge_layers_for(fp8, true).unwrap_err().to_string();
+        assert!(e.contains("FP8 checkpoint"), "{e}");
+        assert!(Cli::try_parse_from(["sov", "--fp8-edge-layers", "-1"]).is_err());
     }
 }
