@@ -78,10 +78,13 @@ fn encoder_matches_the_ofp8_table() {
     }
 }
 
+/// A device in FP8 mode with every layer quantized (no bf16 edge layers), so the model-level tests
+/// measure FP8 in all of them.
 fn fp8_device() -> Option<CudaBackend> {
     device_with(|t| {
         t.quantization = Quantization::Fp8W8A8;
         t.deterministic = false;
+        t.fp8_bf16_edge_layers = 0;
     })
 }
 
@@ -300,7 +303,13 @@ fn checkpoint_rows(rng: &mut StdRng, rows: usize, cols: usize) -> Fp8Rows {
 
 #[test]
 fn checkpoint_weights_upload_as_they_are() {
-    let Some(b) = fp8_device() else { return };
+    // The default tuning, which keeps the edge layers in bf16 when it quantizes at load.
+    let Some(b) = device_with(|t| {
+        t.quantization = Quantization::Fp8W8A8;
+        t.deterministic = false;
+    }) else {
+        return;
+    };
     let mut rng = StdRng::seed_from_u64(13);
     for (m, k) in [(8, 64), (5, 1001), (37, 4096)] {
         let rows = checkpoint_rows(&mut rng, m, k);
@@ -308,8 +317,7 @@ fn checkpoint_weights_upload_as_they_are() {
             shape: vec![m, k],
             data: HostData::Fp8(rows.clone()),
         };
-        // Layer 0, which the default tuning keeps in bf16 when it quantizes at load: a
-        // checkpoint's codes still upload as they are.
+        // Layer 0, an edge layer: a checkpoint's codes still upload as they are.
         let site = ProjectionSite {
             layer: 0,
             layers: 4,
@@ -380,12 +388,7 @@ fn checkpoint_model_matches_quantizing_at_load() {
     }
     let run = |w: &std::collections::HashMap<String, HostTensor>| -> Vec<f32> {
         // Every layer in FP8, as the checkpoint has them.
-        let b = device_with(|t| {
-            t.quantization = Quantization::Fp8W8A8;
-            t.deterministic = false;
-            t.fp8_bf16_edge_layers = 0;
-        })
-        .expect("the device opened once");
+        let b = fp8_device().expect("the device opened once");
         let model = LlamaModel::new(b, &c, w).expect("model");
         let prompt: Vec<u32> = (0..37).map(|i| ((i * 131 + 5) % 1031) as u32).collect();
         let table: Vec<u32> = (0..3).collect();
