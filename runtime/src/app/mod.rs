@@ -15,6 +15,7 @@ pub mod options;
 pub mod perplexity;
 pub mod reproduce;
 pub mod run_dir;
+pub mod run_platform;
 pub mod runs;
 pub mod slot_file;
 pub mod start;

@@ -65,7 +65,8 @@ pub fn run(args: AuditArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         to_hex(&args.model.spec_digest())
     );
     let plan = plan(&scan);
-    let run_on = super::model_args::signed_platform(&dir)?;
+    let run_on = crate::app::run_platform::signed_platform(&dir)
+        .with_context(|| format!("reading the heads in {}", dir.display()))?;
     // A GPU run in batch-invariant mode is replayed in that mode, in the order its heads name
     // (attention split length, parts of K), unless told otherwise.
     let order = run_on

@@ -206,38 +206,6 @@ pub struct StartExtras {
     pub deterministic_order: Option<(usize, usize)>,
 }
 
-/// The backend and precision a run's newest signed head names (none: an older run's heads, or
-/// none yet). `dir` is the run's checkpoint directory.
-pub fn signed_platform(dir: &std::path::Path) -> anyhow::Result<crate::checkpoint::Platform> {
-    use crate::checkpoint::{head::TreeHead, note, tlog};
-    let heads = tlog::scan(dir).with_context(|| format!("reading {}", dir.display()))?;
-    let Some((_, newest)) = heads.records.last() else {
-        return Ok(crate::checkpoint::Platform::default());
-    };
-    let body = note::parse(&newest.note)?.body;
-    let h = TreeHead::parse(&body)?;
-    Ok(crate::checkpoint::Platform {
-        backend: h.backend,
-        precision: h.precision,
-    })
-}
-
-/// The deterministic order (attention split length, parts of K) the newest signed head of the
-/// run at `resume` names, so that a resumed run keeps the arithmetic it started with whatever
-/// this build's defaults (None: no run to resume, or not a deterministic run).
-pub fn resume_order(resume: Option<&std::path::Path>) -> anyhow::Result<Option<(usize, usize)>> {
-    let Some(run) = resume else { return Ok(None) };
-    let dir = crate::app::run_dir::checkpoint_dir(run);
-    if !dir.is_dir() {
-        return Ok(None); // start_parts says what is wrong with the directory
-    }
-    let platform = signed_platform(&dir)?;
-    Ok(platform
-        .precision
-        .as_deref()
-        .and_then(CudaTuning::deterministic_order))
-}
-
 impl ModelArgs {
     /// The device asked for, or CUDA device 0 when one is usable (driver, NVRTC and cuBLAS
     /// libraries present and a device found), else the CPU.

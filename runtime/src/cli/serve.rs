@@ -66,7 +66,7 @@ pub fn run(args: ServeArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             checkpoint_by_default: true,
             ephemeral: false,
             witnesses: args.witnesses.config()?,
-            deterministic_order: super::model_args::resume_order(args.resume.as_deref())?,
+            deterministic_order: crate::app::run_platform::resume_order(args.resume.as_deref())?,
         },
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -95,4 +95,4 @@ pub use snapshot::{
     FinishState, KvLayout, KvMode, LogitBias, SamplingParams, SequenceSnapshot, Snapshot,
     StoreCommit,
 };
-pub use store::{CheckpointStore, HeadSink, Platform, ReceiptInfo, Restored};
+pub use store::{CheckpointStore, HeadSink, Platform, ReceiptInfo, Restored, newest_platform};

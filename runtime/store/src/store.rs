@@ -32,7 +32,7 @@ use super::merkle::{Hash, Tree, leaf_hash};
 use super::note;
 use super::receipt::{self, ReceiptBody};
 use super::snapshot::{self, KvMode, Snapshot, StoreCommit};
-use super::tlog::{HEADS_FILE, HeadRecord, HeadsLog};
+use super::tlog::{HEADS_FILE, HeadRecord, HeadsLog, HeadsScan};
 
 /// What the engine mirrors after a checkpoint: slot 7 the height, 8..15 the digest, 16..31 the
 /// signature (see [`ReceiptInfo::slot_words`]).
@@ -112,6 +112,20 @@ pub struct Platform {
     pub backend: Option<String>,
     /// Numeric precision name (e.g. `f32`, `bf16`).
     pub precision: Option<String>,
+}
+
+/// The platform the newest head of a run's `heads.log` names: all `None` when there is no head
+/// yet, or the newest is from before heads named their platform. Not verified here
+/// ([`crate::audit`] checks the signatures); an unreadable newest head is an error.
+pub fn newest_platform(heads: &HeadsScan) -> Result<Platform> {
+    let Some((_, newest)) = heads.records.last() else {
+        return Ok(Platform::default());
+    };
+    let head = TreeHead::parse(&note::parse(&newest.note)?.body)?;
+    Ok(Platform {
+        backend: head.backend,
+        precision: head.precision,
+    })
 }
 
 /// The platform a signed head note names (None: the note does not parse).

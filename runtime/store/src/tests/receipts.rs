@@ -187,7 +187,8 @@ fn head_sink_sees_every_head_with_its_leaves() {
 }
 
 /// A run reopened on another backend or precision than its heads name says so (the CLI prints
-/// it at resume); reopened on the same one, or opened fresh, it says nothing.
+/// it at resume); reopened on the same one, or opened fresh, it says nothing. `newest_platform`
+/// reads back what the heads name (none before the first head).
 #[test]
 fn a_resume_on_another_platform_is_named() {
     use crate::Platform;
@@ -198,6 +199,11 @@ fn a_resume_on_another_platform_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let open = |p: Platform| CheckpointStore::open_on(dir.path(), key(), SPEC, MODEL, None, p);
     let mut store = open(on("bf16-deterministic")).unwrap();
+    let no_heads = crate::tlog::scan(dir.path()).unwrap();
+    assert_eq!(
+        crate::newest_platform(&no_heads).unwrap(),
+        Platform::default()
+    );
     assert_eq!(
         store.platform_change(),
         None,
@@ -209,6 +215,12 @@ fn a_resume_on_another_platform_is_named() {
     let same = open(on("bf16-deterministic")).unwrap();
     assert_eq!(same.platform_change(), None);
     drop(same);
+    // The heads' newest platform, read back as resume and audit read it.
+    let heads = crate::tlog::scan(dir.path()).unwrap();
+    assert_eq!(
+        crate::newest_platform(&heads).unwrap(),
+        on("bf16-deterministic")
+    );
     let other = open(on("bf16-deterministic-split256")).unwrap();
     let said = other.platform_change().expect("the change is named");
     assert!(
