@@ -28,6 +28,10 @@ pub struct PerplexityArgs {
     /// scored.
     #[arg(long, default_value_t = 512)]
     pub window: usize,
+    /// Also write the text's token ids to this file (a JSON array), for scoring the same tokens
+    /// elsewhere (`runtime/bench/fp8_sensitivity.py`).
+    #[arg(long, value_name = "FILE")]
+    pub token_ids: Option<PathBuf>,
 }
 
 /// Run `sov perplexity`.
@@ -50,6 +54,10 @@ pub fn run(args: PerplexityArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         .codec
         .encode(&text)
         .map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", args.text.display()))?;
+    if let Some(path) = &args.token_ids {
+        let json = serde_json::to_string(&tokens)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
     let name = parts.name.clone();
     let p = perplexity(parts, device, precise, &tuning, &tokens, args.window)?;
     // The products' precision as receipts name it, on a GPU; the CPU's follows the weights.
