@@ -118,10 +118,15 @@ pub struct Platform {
 /// yet, or the newest is from before heads named their platform. Not verified here
 /// ([`crate::audit`] checks the signatures); an unreadable newest head is an error.
 pub fn newest_platform(heads: &HeadsScan) -> Result<Platform> {
-    let Some((_, newest)) = heads.records.last() else {
-        return Ok(Platform::default());
-    };
-    let head = TreeHead::parse(&note::parse(&newest.note)?.body)?;
+    match heads.records.last() {
+        Some((_, newest)) => note_platform(&newest.note),
+        None => Ok(Platform::default()),
+    }
+}
+
+/// The platform a signed head note names.
+fn note_platform(note_text: &str) -> Result<Platform> {
+    let head = TreeHead::parse(&note::parse(note_text)?.body)?;
     Ok(Platform {
         backend: head.backend,
         precision: head.precision,
@@ -130,11 +135,7 @@ pub fn newest_platform(heads: &HeadsScan) -> Result<Platform> {
 
 /// The platform a signed head note names (None: the note does not parse).
 fn head_platform(note_text: &str) -> Option<Platform> {
-    let head = TreeHead::parse(&note::parse(note_text).ok()?.body).ok()?;
-    Some(Platform {
-        backend: head.backend,
-        precision: head.precision,
-    })
+    note_platform(note_text).ok()
 }
 
 /// What changed between the platform a run's heads name and `now`'s (None: nothing, or heads

@@ -428,8 +428,8 @@ fn decode_attention_is_batch_invariant() {
 #[test]
 fn prefill_writes_what_decode_steps_write() {
     let Some(b) = deterministic() else { return };
-    // Two tokens a CTA on the tensor-core kernel (groups of 4 and 3 heads): odd token counts pad
-    // the rows, and 201 + 54 puts positions 255 and 256 (one split and two) in one CTA.
+    // Odd token counts, and prefills whose tokens straddle the first 256-token split boundary
+    // (positions 201..292 and 255..288: one split and two).
     for (heads, bs, prefix, new) in [
         (LLAMA8B, 16, 100, 90),
         (LLAMA8B, 16, 0, 64),
