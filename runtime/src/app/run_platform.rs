@@ -31,3 +31,46 @@ pub fn resume_order(resume: Option<&Path>) -> Result<Option<(usize, usize)>, Che
         .as_deref()
         .and_then(CudaTuning::deterministic_order))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::CheckpointStore;
+    use crate::checkpoint::fixture::{MODEL, SPEC, finished, key, request};
+
+    /// A run directory whose heads name `precision` on CUDA (one finished request, one head).
+    fn run_on(precision: &str) -> tempfile::TempDir {
+        let run = tempfile::tempdir().unwrap();
+        let platform = Platform {
+            backend: Some("cuda".into()),
+            precision: Some(precision.into()),
+        };
+        let dir = super::super::run_dir::checkpoint_dir(run.path());
+        let mut store = CheckpointStore::open_on(&dir, key(), SPEC, MODEL, None, platform).unwrap();
+        store.accept(&request(1)).unwrap();
+        store.finish(&[finished(1, "x")]).unwrap();
+        run
+    }
+
+    #[test]
+    fn a_resume_keeps_the_order_its_heads_name() {
+        assert_eq!(resume_order(None).unwrap(), None);
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(
+            resume_order(Some(empty.path())).unwrap(),
+            None,
+            "no checkpoints yet"
+        );
+        let run = run_on("bf16-deterministic-split256-ksplit2");
+        assert_eq!(resume_order(Some(run.path())).unwrap(), Some((256, 2)));
+        let run = run_on("bf16-deterministic");
+        assert_eq!(resume_order(Some(run.path())).unwrap(), Some((128, 1)));
+        let run = run_on("fp8-w8a8-bf16edges1");
+        assert_eq!(resume_order(Some(run.path())).unwrap(), None);
+        let dir = super::super::run_dir::checkpoint_dir(run.path());
+        assert_eq!(
+            signed_platform(&dir).unwrap().precision.as_deref(),
+            Some("fp8-w8a8-bf16edges1")
+        );
+    }
+}
