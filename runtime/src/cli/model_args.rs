@@ -58,9 +58,9 @@ pub struct ModelArgs {
     /// one scale per output channel (quantized at load), inputs quantized per token before each
     /// product, f32 accumulation; the embedding and lm head stay bf16. Needs compute capability
     /// 8.9; not with `--precision f32` or `--deterministic` (FP8 turns the deterministic default
-    /// off). Receipts name the precision `fp8-w8a8` (see `--fp8-edge-layers`). An FP8 checkpoint (compressed-tensors, e.g.
-    /// the FP8-dynamic Llamas) runs as `fp8` on CUDA whatever this says, its codes and scales
-    /// uploaded as they are; the CPU widens them to f32 (weight-only).
+    /// off). Receipts name the precision `fp8-w8a8` (see `--fp8-edge-layers`). An FP8 checkpoint
+    /// (compressed-tensors, e.g. the FP8-dynamic Llamas) runs as `fp8` on CUDA whatever this
+    /// says, its codes and scales uploaded as they are; the CPU widens them to f32 (weight-only).
     #[arg(long, value_enum, env = "SOV_QUANTIZATION", default_value_t = QuantizationChoice::None)]
     pub quantization: QuantizationChoice,
     /// Under `--quantization fp8`, the layers at each end of the model that keep bf16 products:
@@ -374,9 +374,9 @@ impl ModelArgs {
         Ok(())
     }
 
-    /// The layers at each end that FP8 leaves in bf16 (`--fp8-edge-layers`, default 1) when the
-    /// products are FP8 quantized at load, 0 otherwise; an error when the option was given but
-    /// does not apply.
+    /// The layers at each end that FP8 leaves in bf16 (`--fp8-edge-layers`, else the tuning's
+    /// default) when the products are FP8 quantized at load, 0 otherwise; an error when the
+    /// option was given but does not apply.
     fn fp8_edge_layers_for(
         &self,
         quantization: Quantization,
@@ -384,7 +384,7 @@ impl ModelArgs {
     ) -> anyhow::Result<usize> {
         let at_load = quantization == Quantization::Fp8W8A8 && !fp8_checkpoint;
         match (self.fp8_edge_layers, at_load) {
-            (None, true) => Ok(1),
+            (None, true) => Ok(CudaTuning::default().fp8_bf16_edge_layers),
             (None, false) => Ok(0),
             (Some(n), true) => Ok(n),
             (Some(_), false) if fp8_checkpoint => anyhow::bail!(
