@@ -115,9 +115,49 @@ __device__ __forceinline__ void wait_for_prerequisites() {
 #endif
 }
 
-// KV-cache element type: bf16 by default; f32 when compiled with -DKV_F32 (precise mode).
+// FP8 (e4m3, OCP float8_e4m3fn) conversions, sm_89 and newer (they trap below).
+// Two f32 to two e4m3 (a in the low byte), round to nearest even, saturated to the finite range.
+#define FP8_MAX 448.f
+__device__ __forceinline__ unsigned short f32x2_to_e4m3x2(float a, float b) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(b), "f"(a));
+    return r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+// Two e4m3 codes (the low byte first) to two f16 in one register (exact: e4m3 is a subset of f16).
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(unsigned short v) {
+#if __CUDA_ARCH__ >= 890
+    u32 h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(v));
+    return h;
+#else
+    __trap();
+    return 0;
+#endif
+}
+
+// The e4m3 KV cache (-DKV_FP8, `--kv-dtype fp8`). A token's row in one layer's K (or V) cache is
+// n_kv_heads * D codes, then one f32 scale per head, padded to 16 bytes
+// (sov_kernels::kv_e4m3_row_bytes). A head's values x[0..D) are stored as
+// scale = amax / 448, codes e4m3(x * (448 / amax)) (amax = max |x|; all zero: scale 0, codes 0),
+// and read back as code * scale. kv_quant_inv / kv_quant_scale are the one arithmetic every writer
+// uses (rope_kv.cu, the fused write of decode_attention_mma.cu), so they store the same bytes.
+__device__ __forceinline__ size_t kv_e4m3_row_bytes(int n_kv_heads, int d) {
+    return (size_t)n_kv_heads * d + (size_t)((4 * n_kv_heads + 15) / 16 * 16);
+}
+__device__ __forceinline__ float kv_quant_inv(float amax) { return amax > 0.f ? __fdiv_rn(FP8_MAX, amax) : 0.f; }
+__device__ __forceinline__ float kv_quant_scale(float amax) { return __fdiv_rn(amax, FP8_MAX); }
+
+// KV-cache element type: bf16 by default; f32 when compiled with -DKV_F32 (precise mode); e4m3
+// codes with -DKV_FP8 (the tensor-core attention units only; no kv8 helpers).
 // kv8 holds 8 consecutive elements (16 bytes of bf16 or 32 bytes of f32).
-#ifdef KV_F32
+#if defined(KV_FP8)
+typedef unsigned char kv_t;
+#elif defined(KV_F32)
 typedef float kv_t;
 struct kv8 {
     float4 a, b;

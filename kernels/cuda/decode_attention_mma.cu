@@ -25,9 +25,16 @@
 // RoPE + KV write, see decode_attention_mma() below). Two entry points share the body so the host can
 // give grids of at most one CTA per SM their own shared-memory carveout (attention.rs).
 //
-// Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), bf16 cache only; STAGES (ring depth,
-// default 2) and MIN_BLOCKS (occupancy hint). Dynamic shared memory:
-// NWARPS * STAGES * 2 * 16 * HEAD_DIM * 2 bytes (sov_kernels::decode_mma_shared_bytes).
+// An e4m3 cache (-DKV_FP8, layout in common.cuh): a ring slot holds the chunk's codes (unswizzled,
+// [2][CHUNK, D] bytes) and its per-token scales ([2][CHUNK] f32); once it has landed the warp widens
+// the codes to f16 into one swizzled tile pair of its own (widen_rows, mma_tiles.cuh), and the
+// loop runs as above with f16 operands, each score multiplied by its token's K scale and each P
+// by its token's V scale before P is packed. The fused write quantizes the newest token's rows with
+// rope_kv_write_e4m3's arithmetic (kv_quant_inv, kv_quant_scale), so the cache holds the same bytes.
+//
+// Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), a bf16 or (KV_FP8) e4m3 cache; STAGES
+// (ring depth, default 2) and MIN_BLOCKS (occupancy hint). Dynamic shared memory: NWARPS *
+// WARP_BYTES (sov_kernels::decode_mma_shared_bytes).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -40,7 +47,7 @@
 #error "the tensor-core decode kernel needs HEAD_DIM 64, 128 or 256"
 #endif
 #ifdef KV_F32
-#error "the tensor-core decode kernel reads a bf16 cache"
+#error "the tensor-core decode kernel reads a bf16 or e4m3 cache"
 #endif
 
 #define D HEAD_DIM
@@ -62,6 +69,16 @@
 #define SLOT_BYTES (SLOT * 2)
 #include "mma_tiles.cuh"
 
+#ifdef KV_FP8
+#define CODE_BYTES (CHUNK * D)                              // e4m3 codes of K (or V) of a chunk
+#define STAGE_BYTES (2 * CODE_BYTES + 2 * CHUNK * 4)        // K codes, V codes, K scales, V scales
+#define WIDE_OFF (STAGES * STAGE_BYTES)                     // the chunk in use, widened: [2][CHUNK, D] f16
+#define WARP_BYTES (WIDE_OFF + 2 * SLOT_BYTES)
+#else
+#define STAGE_BYTES (2 * SLOT_BYTES)                        // K then V tile, bf16, swizzled
+#define WARP_BYTES (STAGES * STAGE_BYTES)
+#endif
+
 __device__ __forceinline__ void cp_async_wait_stages() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1) : "memory");
 }
@@ -72,7 +89,7 @@ __device__ __forceinline__ void cp_async_wait_stages() {
 __device__ __forceinline__ void mma_top_rows(float* c, u32 a_lo, u32 a_hi, u32 b0, u32 b1) {
     float drop0, drop1;
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32." MMA_AB "." MMA_AB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%10, %11, %12, %13};\n"
         : "=f"(c[0]), "=f"(c[1]), "=f"(drop0), "=f"(drop1)
         : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(0u), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(0.f), "f"(0.f));
@@ -86,6 +103,7 @@ __device__ __forceinline__ void mma_top_rows(float* c, u32 a_lo, u32 a_hi, u32 b
 // of 16 because splits start at multiples of the host's 64-token tile, so with block sizes that
 // are multiples of 16 the single-block path is always taken.)
 #define TOK_STEP (32 / PIECES)
+#ifndef KV_FP8
 __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end, int skip,
                                             const u32* __restrict__ bt, int block_size, size_t row_elems,
                                             size_t head_off, const bf16_t* __restrict__ k_cache,
@@ -123,12 +141,36 @@ __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
         cp_async16(ks + SLOT_BYTES + slot_offset(tok, piece), v_cache + at, valid);
     }
 }
-
-// A 16-byte piece into shared memory at shared-window address `at`.
-__device__ __forceinline__ void st_shared16(u32 at, uint4 v) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
+#else
+// e4m3 cache: the chunk's codes (row tok at st + tok * D, V codes CODE_BYTES on) and scales (K at
+// st + 2 * CODE_BYTES + tok * 4, V CHUNK * 4 on), the same tokens zero-filled or left alone as
+// above. row_bytes: kv_e4m3_row_bytes; head_off = kvh * D; scale_off: the head's scale in a row.
+__device__ __forceinline__ void issue_chunk(u32 st, int t0, int lane, int t_end, int skip,
+                                            const u32* __restrict__ bt, int block_size, size_t row_bytes,
+                                            size_t head_off, size_t scale_off, const kv_t* __restrict__ k_cache,
+                                            const kv_t* __restrict__ v_cache) {
+#pragma unroll
+    for (int i = lane; i < CHUNK * (D / 16); i += 32) {
+        const int tok = i / (D / 16), piece = i % (D / 16);
+        const int t = t0 + tok;
+        if (t == skip) continue;
+        const bool valid = t < t_end;
+        size_t at = 0;
+        if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + head_off + piece * 16;
+        const u32 so = st + (u32)(tok * D + piece * 16);
+        cp_async16(so, k_cache + at, valid);
+        cp_async16(so + CODE_BYTES, v_cache + at, valid);
+    }
+    const int tok = lane & (CHUNK - 1), t = t0 + tok;
+    if (t != skip) {
+        const bool valid = t < t_end;
+        size_t at = 0;
+        if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + scale_off;
+        cp_async4(st + 2 * CODE_BYTES + (u32)((lane >> 4) * CHUNK * 4 + tok * 4), (lane < 16 ? k_cache : v_cache) + at,
+                  valid);
+    }
 }
+#endif
 
 // The newest token's K and V rows (fresh: [2][D] bf16 in shared memory) into row `tok` of the ring
 // slot at ks, where issue_chunk left them out. Lanes < PIECES copy one piece each.
@@ -139,6 +181,22 @@ __device__ __forceinline__ void place_fresh(u32 ks, int tok, int lane, const bf1
         st_shared16(so + SLOT_BYTES, ((const uint4*)(fresh + D))[piece]);
     }
 }
+#ifdef KV_FP8
+// e4m3: the newest token's codes (fresh: [2][D] bytes, K then V) and scales (fresh_s: [2]) into
+// row `tok` of the staged chunk at st.
+__device__ __forceinline__ void place_fresh8(u32 st, int tok, int lane, const unsigned char* fresh,
+                                             const float* fresh_s) {
+    for (int i = lane; i < 2 * (D / 16); i += 32) {
+        const int kv = i / (D / 16), piece = i % (D / 16);
+        st_shared16(st + (u32)(kv * CODE_BYTES + tok * D + piece * 16), ((const uint4*)(fresh + kv * D))[piece]);
+    }
+    if (lane < 2) {
+        const u32 at = st + 2 * CODE_BYTES + (u32)(lane * CHUNK * 4 + tok * 4);
+        const float v = fresh_s[lane];
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(v) : "memory");
+    }
+}
+#endif
 
 // The body of both entry points below. Arguments, shapes and grid as paged_decode_attention in
 // decode_attention.cu (bf16 cache), plus dynamic shared memory of NWARPS * STAGES * 2 * SLOT bf16,
@@ -151,8 +209,8 @@ __device__ __forceinline__ void place_fresh(u32 ks, int tok, int lane, const bf1
 // results are those of rope_kv_write followed by this kernel.
 __device__ __forceinline__ void decode_attention_mma(
     void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,
-    bf16_t* __restrict__ k_cache,
-    bf16_t* __restrict__ v_cache, const u32* __restrict__ block_tables, int max_blocks,
+    kv_t* __restrict__ k_cache,
+    kv_t* __restrict__ v_cache, const u32* __restrict__ block_tables, int max_blocks,
     const u32* __restrict__ context_lens, float* __restrict__ part_o, float* __restrict__ part_ml,
     u32* __restrict__ counters, int n_kv_heads, int block_size, int split_tokens, int max_splits, float scale,
     const u32* __restrict__ positions, const u32* __restrict__ slots, const float* __restrict__ cos_t,
@@ -171,17 +229,28 @@ __device__ __forceinline__ void decode_attention_mma(
     const int fresh = split == n_splits - 1 ? t_end - 1 : -1;  // the newest token, if in this split
     const bool rope = cos_t != nullptr;
 
-    // ring: [NWARPS][STAGES][2 (K, V)][CHUNK, D] bf16; reused as w_acc [NWARPS][G][D] f32 at the end.
+    // ring: [NWARPS][WARP_BYTES] (bf16: [STAGES][2 (K, V)][CHUNK, D]; e4m3: see WARP_BYTES);
+    // reused as w_acc [NWARPS][G][D] f32 at the end.
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float w_m[NWARPS][G], w_l[NWARPS][G];
     __shared__ __align__(16) bf16_t fresh_kv[2 * D];  // the newest token's K row, then its V row
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
-    const u32 ring = (u32)__cvta_generic_to_shared(smem) + (u32)(warp * STAGES * 2 * SLOT_BYTES);
+    const u32 ring = (u32)__cvta_generic_to_shared(smem) + (u32)(warp * WARP_BYTES);
 
     const u32* bt = block_tables + (size_t)seq * max_blocks;
-    const size_t row_elems = (size_t)n_kv_heads * D;
     const size_t head_off = (size_t)kvh * D;
+#ifdef KV_FP8
+    const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes
+    const size_t scale_off = (size_t)n_kv_heads * D + (size_t)kvh * 4;
+    __shared__ float fresh_f[2 * D];                          // the newest token's rows, f32
+    __shared__ __align__(16) unsigned char fresh_q[2 * D];   // and their codes
+    __shared__ float fresh_s[2];                              // and scales
+#define ISSUE_ARGS row_elems, head_off, scale_off
+#else
+    const size_t row_elems = (size_t)n_kv_heads * D;
+#define ISSUE_ARGS row_elems, head_off
+#endif
     const int first = t_begin + warp * CHUNK;
     const int my_chunks = first < t_end ? (t_end - first + NWARPS * CHUNK - 1) / (NWARPS * CHUNK) : 0;
     // The warp chunk holding the newest token, if this warp has it (it is then the warp's last).
@@ -199,8 +268,8 @@ __device__ __forceinline__ void decode_attention_mma(
 #pragma unroll
     for (int c = 0; c < STAGES - 1; c++) {
         if (c < my_chunks) {
-            issue_chunk(ring + c * 2 * SLOT_BYTES, first + c * NWARPS * CHUNK, lane, t_end, fresh, bt, block_size,
-                        row_elems, head_off, k_cache, v_cache);
+            issue_chunk(ring + c * STAGE_BYTES, first + c * NWARPS * CHUNK, lane, t_end, fresh, bt, block_size,
+                        ISSUE_ARGS, k_cache, v_cache);
         }
         cp_async_commit();
     }
@@ -225,6 +294,60 @@ __device__ __forceinline__ void decode_attention_mma(
     // cache, and placed into the ring slot from fresh_kv (here for a chunk issued above, in the loop
     // otherwise). Unfused: only a chunk issued above left the row out; its warp copies it from the
     // cache now (the loop's chunks are issued after the wait and copy it as any other row).
+#ifdef KV_FP8
+    if (rope && fresh >= 0) {
+        const float* kr = q + (size_t)seq * q_stride + (size_t)(n_kv_heads * G + kvh) * D;  // [D] f32
+        const float* vr = kr + (size_t)n_kv_heads * D;                                    // [D] f32
+        const size_t p = positions[seq];
+        for (int j = tid; j < D / 2; j += NTHREADS) {
+            float a = kr[j], b = kr[j + D / 2];
+            rotate_pair(a, b, cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j], &a, &b);
+            fresh_f[j] = a;
+            fresh_f[j + D / 2] = b;
+        }
+        for (int j = tid; j < D; j += NTHREADS) fresh_f[D + j] = vr[j];
+        __syncthreads();
+        if (warp < 2) {  // warp 0 quantizes the K row, warp 1 the V row
+            float amax = 0.f;
+            for (int j = lane; j < D; j += 32) amax = fmaxf(amax, fabsf(fresh_f[warp * D + j]));
+            amax = warp_max(amax);
+            const float inv = kv_quant_inv(amax);
+            for (int j = 2 * lane; j < D; j += 64) {
+                const unsigned short c =
+                    f32x2_to_e4m3x2(__fmul_rn(fresh_f[warp * D + j], inv), __fmul_rn(fresh_f[warp * D + j + 1], inv));
+                fresh_q[warp * D + j] = (unsigned char)(c & 0xffu);
+                fresh_q[warp * D + j + 1] = (unsigned char)(c >> 8);
+            }
+            if (lane == 0) fresh_s[warp] = kv_quant_scale(amax);
+        }
+        __syncthreads();
+        const u32 slot = slots[seq];
+        if (slot != 0xffffffffu) {
+            kv_t* row_k = k_cache + (size_t)slot * row_elems;
+            kv_t* row_v = v_cache + (size_t)slot * row_elems;
+            for (int i = tid; i < 2 * (D / 16); i += NTHREADS)
+                ((uint4*)((i < D / 16 ? row_k : row_v) + head_off))[i % (D / 16)] = ((const uint4*)fresh_q)[i];
+            if (tid < 2) *(float*)((tid == 0 ? row_k : row_v) + scale_off) = fresh_s[tid];
+        }
+        if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
+            place_fresh8(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * NWARPS * CHUNK), lane,
+                         fresh_q, fresh_s);
+    } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
+        const int tok = fresh - (first + fresh_chunk * NWARPS * CHUNK);
+        const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems;
+        const u32 st = ring + fresh_chunk * STAGE_BYTES;
+        for (int i = lane; i < 2 * (D / 16); i += 32) {
+            const kv_t* src = (i < D / 16 ? k_cache : v_cache) + at + head_off;
+            st_shared16(st + (u32)((i / (D / 16)) * CODE_BYTES + tok * D + (i % (D / 16)) * 16),
+                        __ldcg((const uint4*)src + i % (D / 16)));
+        }
+        if (lane < 2) {
+            const float sc = __ldcg((const float*)((lane == 0 ? k_cache : v_cache) + at + scale_off));
+            const u32 so = st + 2 * CODE_BYTES + (u32)(lane * CHUNK * 4 + tok * 4);
+            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(so), "f"(sc) : "memory");
+        }
+    }
+#else
     if (rope && fresh >= 0) {
         const float* kr = q + (size_t)seq * q_stride + (size_t)(n_kv_heads * G + kvh) * D;  // [D] f32
         const float* vr = kr + (size_t)n_kv_heads * D;                                    // [D] f32
@@ -244,17 +367,18 @@ __device__ __forceinline__ void decode_attention_mma(
                 ((uint4*)((i < PIECES ? k_cache : v_cache) + at))[i % PIECES] = ((const uint4*)fresh_kv)[i];
         }
         if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
-            place_fresh(ring + fresh_chunk * 2 * SLOT_BYTES, fresh - (first + fresh_chunk * NWARPS * CHUNK), lane,
+            place_fresh(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * NWARPS * CHUNK), lane,
                         fresh_kv);
     } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
         const int tok = fresh - (first + fresh_chunk * NWARPS * CHUNK);
         const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems + head_off;
-        const u32 ks = ring + fresh_chunk * 2 * SLOT_BYTES;
+        const u32 ks = ring + fresh_chunk * STAGE_BYTES;
         for (int piece = lane; piece < PIECES; piece += 32) {
             st_shared16(ks + slot_offset(tok, piece), __ldcg((const uint4*)(k_cache + at) + piece));
             st_shared16(ks + SLOT_BYTES + slot_offset(tok, piece), __ldcg((const uint4*)(v_cache + at) + piece));
         }
     }
+#endif
 
     u32 qa[D / 16][2];  // [k-step][cols tig*2.. | 8 + tig*2..]
     if (rope) {
@@ -270,8 +394,8 @@ __device__ __forceinline__ void decode_attention_mma(
     }
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
-        qa[ks][0] = gid < G ? pack_bf16x2(qf[ks][0] * scale, qf[ks][1] * scale) : 0u;
-        qa[ks][1] = gid < G ? pack_bf16x2(qf[ks][2] * scale, qf[ks][3] * scale) : 0u;
+        qa[ks][0] = gid < G ? pack_ab(qf[ks][0] * scale, qf[ks][1] * scale) : 0u;
+        qa[ks][1] = gid < G ? pack_ab(qf[ks][2] * scale, qf[ks][3] * scale) : 0u;
     }
     float acc[D / 8][2];  // O rows gid: dims nt * 8 + tig * 2 + {0, 1}
 #pragma unroll
@@ -282,16 +406,38 @@ __device__ __forceinline__ void decode_attention_mma(
         const int t0 = first + c * NWARPS * CHUNK;
         const int next = c + STAGES - 1;
         if (next < my_chunks) {
-            issue_chunk(ring + (next % STAGES) * 2 * SLOT_BYTES, first + next * NWARPS * CHUNK, lane, t_end,
-                        rope ? fresh : -1, bt, block_size, row_elems, head_off, k_cache, v_cache);
+            issue_chunk(ring + (next % STAGES) * STAGE_BYTES, first + next * NWARPS * CHUNK, lane, t_end,
+                        rope ? fresh : -1, bt, block_size, ISSUE_ARGS, k_cache, v_cache);
             if (rope && next == fresh_chunk)
-                place_fresh(ring + (next % STAGES) * 2 * SLOT_BYTES, fresh - (first + next * NWARPS * CHUNK), lane,
+#ifdef KV_FP8
+                place_fresh8(ring + (next % STAGES) * STAGE_BYTES, fresh - (first + next * NWARPS * CHUNK), lane,
+                             fresh_q, fresh_s);
+#else
+                place_fresh(ring + (next % STAGES) * STAGE_BYTES, fresh - (first + next * NWARPS * CHUNK), lane,
                             fresh_kv);
+#endif
         }
         cp_async_commit();
         cp_async_wait_stages();
         __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
-        const u32 ks = ring + (c % STAGES) * 2 * SLOT_BYTES;
+#ifdef KV_FP8
+        const u32 st = ring + (c % STAGES) * STAGE_BYTES;
+        const u32 ks = ring + WIDE_OFF;
+        widen_rows(st, ks, 2 * CHUNK, lane, 32);  // K rows then V rows: CODE_BYTES = CHUNK rows apart
+        // The scales of this lane's tokens n * 8 + tig * 2 + j: k_sc for the scores, v_sc for P.
+        float k_sc[2][2], v_sc[2][2];
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const u32 at = st + 2 * CODE_BYTES + (u32)((n * 8 + tig * 2 + j) * 4);
+                k_sc[n][j] = ld_shared_f32(at);
+                v_sc[n][j] = ld_shared_f32(at + CHUNK * 4);
+            }
+        __syncwarp();  // the widened tiles are visible to the whole warp
+#else
+        const u32 ks = ring + (c % STAGES) * STAGE_BYTES;
+#endif
         const u32 vs = ks + SLOT_BYTES;
 
         // S = Q . K^T: s[n][j] is row gid, token n * 8 + tig * 2 + j of the chunk.
@@ -304,6 +450,12 @@ __device__ __forceinline__ void decode_attention_mma(
             mma_top_rows(s[0], qa[kstep][0], qa[kstep][1], b[0], b[1]);
             mma_top_rows(s[1], qa[kstep][0], qa[kstep][1], b[2], b[3]);
         }
+#ifdef KV_FP8
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) s[n][j] *= k_sc[n][j];
+#endif
         // Online softmax along row gid (its 16 tokens live in the 4 lanes of this quad).
         float mx = -SOV_INF;
 #pragma unroll
@@ -335,7 +487,12 @@ __device__ __forceinline__ void decode_attention_mma(
             }
         }
         // O += P . V: P (tokens 0-7 | 8-15 of row gid) as the A operand.
-        const u32 p_lo = pack_bf16x2(s[0][0], s[0][1]), p_hi = pack_bf16x2(s[1][0], s[1][1]);
+#ifdef KV_FP8
+        const u32 p_lo = pack_ab(s[0][0] * v_sc[0][0], s[0][1] * v_sc[0][1]);
+        const u32 p_hi = pack_ab(s[1][0] * v_sc[1][0], s[1][1] * v_sc[1][1]);
+#else
+        const u32 p_lo = pack_ab(s[0][0], s[0][1]), p_hi = pack_ab(s[1][0], s[1][1]);
+#endif
 #pragma unroll
         for (int np = 0; np < D / 16; np++) {
             // Matrices: tokens 0-7 / 8-15 (mat & 1) x dims (2 np + (mat >> 1)) * 8 + 0-7, transposed.
@@ -373,7 +530,7 @@ __device__ __forceinline__ void decode_attention_mma(
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 paged_decode_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q,
                            int q_stride,
-                           bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                           kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache,
                            const u32* __restrict__ block_tables, int max_blocks,
                            const u32* __restrict__ context_lens, float* __restrict__ part_o,
                            float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
@@ -390,7 +547,7 @@ paged_decode_attention_mma(void* __restrict__ out, int out_stride, int out_bf16,
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 paged_decode_attention_mma_few(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q,
                                int q_stride,
-                               bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                               kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache,
                                const u32* __restrict__ block_tables, int max_blocks,
                                const u32* __restrict__ context_lens, float* __restrict__ part_o,
                                float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,

@@ -28,22 +28,9 @@
 typedef unsigned char u8;
 typedef unsigned short u16;
 
-#define FP8_MAX 448.f
 #define SMALL_WARPS 8
 #define SMALL_MAX_TILES 4  // n-tiles of 8 rows: n <= 32
 #define QUANT_THREADS 256
-
-// Two f32 to two e4m3 (a in the low byte), round to nearest even, saturated to the finite range.
-__device__ __forceinline__ u16 f32x2_to_e4m3x2(float a, float b) {
-#if __CUDA_ARCH__ >= 890
-    u16 r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(b), "f"(a));
-    return r;
-#else
-    __trap();
-    return 0;
-#endif
-}
 
 // One e4m3 byte to f32 (exact).
 __device__ __forceinline__ float e4m3_to_f32(u8 v) {

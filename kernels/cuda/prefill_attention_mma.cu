@@ -16,8 +16,14 @@
 // Rows past the tile (R < 64, or the chunk's last tile) have q_pos -1: fully masked, never stored.
 // A decode row (a one-token chunk) is a tile of one token: only warp 0 has a row, the others copy.
 //
-// Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), bf16 cache only. Dynamic shared
-// memory: 2 stages x 2 (K, V) x KCH x HEAD_DIM x 2 bytes (sov_kernels::prefill_mma_shared_bytes).
+// An e4m3 cache (-DKV_FP8, layout in common.cuh): a stage holds the keys' codes (unswizzled) and
+// per-token scales; once it has landed the CTA widens the codes to f16 into one swizzled stage of
+// its own (widen_rows) and the loop runs as above on f16 operands, each score multiplied by its
+// key's K scale and each P by its key's V scale before P is packed (decode_attention_mma.cu alike).
+//
+// Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), a bf16 or (KV_FP8) e4m3 cache.
+// Dynamic shared memory: 2 stages of STAGE_BYTES, and with KV_FP8 one widened stage
+// (sov_kernels::prefill_mma_shared_bytes).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -30,7 +36,7 @@
 #error "the tensor-core prefill kernel needs HEAD_DIM 64, 128 or 256"
 #endif
 #ifdef KV_F32
-#error "the tensor-core prefill kernel reads a bf16 cache"
+#error "the tensor-core prefill kernel reads a bf16 or e4m3 cache"
 #endif
 
 #define D HEAD_DIM
@@ -41,8 +47,14 @@
 #define KCH 32                  // keys per stage
 #define PIECES (D / 8)          // 16-byte pieces per K or V row
 #define SLOT_BYTES (KCH * D * 2)
-#define STAGE_BYTES (2 * SLOT_BYTES)
 #include "mma_tiles.cuh"
+#ifdef KV_FP8
+#define CODE_BYTES (KCH * D)                          // e4m3 codes of the stage's K (or V) rows
+#define STAGE_BYTES (2 * CODE_BYTES + 2 * KCH * 4)    // K codes, V codes, K scales, V scales
+#define WIDE_OFF (2 * STAGE_BYTES)                    // the stage in use, widened: [2][KCH, D] f16
+#else
+#define STAGE_BYTES (2 * SLOT_BYTES)                  // K then V tile, bf16, swizzled
+#endif
 
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
@@ -50,7 +62,7 @@ __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wai
 // x columns tig*2.., 8 + tig*2..), b0, b1 the B fragment.
 __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32." MMA_AB "." MMA_AB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -59,6 +71,7 @@ __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1
 // The K and V rows of keys k0 .. k0 + KCH - 1 into the stage at shared address `stage` (K tile, then
 // V tile); keys at or past key_end are zero-filled without being read. Every thread of the CTA
 // copies its share of pieces.
+#ifndef KV_FP8
 __device__ __forceinline__ void issue_stage(u32 stage, int k0, int key_end, int tid, const u32* __restrict__ bt,
                                             int block_size, size_t row_elems, size_t head_off,
                                             const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache) {
@@ -73,6 +86,32 @@ __device__ __forceinline__ void issue_stage(u32 stage, int k0, int key_end, int 
         cp_async16(so + SLOT_BYTES, v_cache + at, valid);
     }
 }
+#else
+// e4m3: codes (key row tok at stage + tok * D, V codes CODE_BYTES on) and scales (K at stage +
+// 2 * CODE_BYTES + tok * 4, V KCH * 4 on). row_bytes: kv_e4m3_row_bytes; scale_off: the head's
+// scale in a row.
+__device__ __forceinline__ void issue_stage(u32 stage, int k0, int key_end, int tid, const u32* __restrict__ bt,
+                                            int block_size, size_t row_bytes, size_t head_off, size_t scale_off,
+                                            const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache) {
+    for (int i = tid; i < KCH * (D / 16); i += NTHREADS) {
+        const int tok = i / (D / 16), piece = i % (D / 16);
+        const int t = k0 + tok;
+        const bool valid = t < key_end;
+        size_t at = 0;
+        if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + head_off + piece * 16;
+        const u32 so = stage + (u32)(tok * D + piece * 16);
+        cp_async16(so, k_cache + at, valid);
+        cp_async16(so + CODE_BYTES, v_cache + at, valid);
+    }
+    if (tid < 2 * KCH) {
+        const int tok = tid % KCH, t = k0 + tok;
+        const bool valid = t < key_end;
+        size_t at = 0;
+        if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + scale_off;
+        cp_async4(stage + 2 * CODE_BYTES + (u32)(tid * 4), (tid < KCH ? k_cache : v_cache) + at, valid);
+    }
+}
+#endif
 
 // out: [n_tokens, out_stride] f32, or bf16 when out_bf16 (store_act), query head h at h * D; q:
 // [n_tokens, q_stride] f32 likewise (the q part of a fused qkv row); q_starts: [n_seqs + 1] u32 first
@@ -82,10 +121,10 @@ __device__ __forceinline__ void issue_stage(u32 stage, int k0, int key_end, int 
 // whose query tile lies beyond its sequence's chunk exits at once.
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 prefill_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,
-                      const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
+                      const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                       const u32* __restrict__ block_tables, int max_blocks, const u32* __restrict__ q_starts,
                       const u32* __restrict__ ctx_lens, int n_kv_heads, int block_size, float scale) {
-    extern __shared__ __align__(16) unsigned char smem[];  // [2 stages][K, V][KCH][D] bf16, swizzled
+    extern __shared__ __align__(16) unsigned char smem[];  // [2 stages][STAGE_BYTES] (+ widened stage)
     const int kvh = blockIdx.y, seq = blockIdx.z;
     const int q0 = blockIdx.x * QT;
     const int tok0 = (int)q_starts[seq];
@@ -98,8 +137,15 @@ prefill_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, cons
     const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
     const u32 ring = (u32)__cvta_generic_to_shared(smem);
     const u32* bt = block_tables + (size_t)seq * max_blocks;
-    const size_t row_elems = (size_t)n_kv_heads * D;
     const size_t head_off = (size_t)kvh * D;
+#ifdef KV_FP8
+    const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes
+    const size_t scale_off = (size_t)n_kv_heads * D + (size_t)kvh * 4;
+#define ISSUE_ARGS row_elems, head_off, scale_off
+#else
+    const size_t row_elems = (size_t)n_kv_heads * D;
+#define ISSUE_ARGS row_elems, head_off
+#endif
 
     // This lane's rows of the warp's 16: h = 0 is row gid, h = 1 row gid + 8.
     int q_pos[2];     // absolute position of the row's query, -1 for a row past the tile
@@ -120,7 +166,7 @@ prefill_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, cons
     const int warp_key_last = warp * 16 < R && (warp * 16) / G < n_q ? pos0 + warp_last_q : -1;
 
     const int n_stages = (key_end + KCH - 1) / KCH;
-    issue_stage(ring, 0, key_end, tid, bt, block_size, row_elems, head_off, k_cache, v_cache);
+    issue_stage(ring, 0, key_end, tid, bt, block_size, ISSUE_ARGS, k_cache, v_cache);
     cp_async_commit();
 
     // Q as the A operand, scaled then rounded to bf16, loaded while the first stage is in flight.
@@ -137,8 +183,8 @@ prefill_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, cons
                 f[2] = qp[8];
                 f[3] = qp[9];
             }
-            qa[ks][h] = pack_bf16x2(f[0] * scale, f[1] * scale);
-            qa[ks][2 + h] = pack_bf16x2(f[2] * scale, f[3] * scale);
+            qa[ks][h] = pack_ab(f[0] * scale, f[1] * scale);
+            qa[ks][2 + h] = pack_ab(f[2] * scale, f[3] * scale);
         }
     }
     float acc[D / 8][4];  // O: rows gid (0, 1) and gid + 8 (2, 3), dims nt * 8 + tig * 2 + {0, 1}
@@ -157,12 +203,19 @@ prefill_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, cons
 
     for (int c = 0; c < n_stages; c++) {
         if (c + 1 < n_stages)
-            issue_stage(ring + ((c + 1) & 1) * STAGE_BYTES, (c + 1) * KCH, key_end, tid, bt, block_size, row_elems,
-                        head_off, k_cache, v_cache);
+            issue_stage(ring + ((c + 1) & 1) * STAGE_BYTES, (c + 1) * KCH, key_end, tid, bt, block_size, ISSUE_ARGS,
+                        k_cache, v_cache);
         cp_async_commit();
         cp_async_wait_one();  // this thread's copies of stage c have landed
         __syncthreads();      // and everyone's
+#ifdef KV_FP8
+        const u32 codes = ring + (c & 1) * STAGE_BYTES;
+        const u32 stage = ring + WIDE_OFF;
+        widen_rows(codes, stage, 2 * KCH, tid, NTHREADS);  // K rows then V rows: CODE_BYTES = KCH rows apart
+        __syncthreads();
+#else
         const u32 stage = ring + (c & 1) * STAGE_BYTES;
+#endif
 #pragma unroll
         for (int sub = 0; sub < KCH / 16; sub++) {
             const int t0 = c * KCH + sub * 16;
@@ -179,6 +232,20 @@ prefill_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, cons
                 mma_16816(s[0], qa[kstep], b[0], b[1]);
                 mma_16816(s[1], qa[kstep], b[2], b[3]);
             }
+#ifdef KV_FP8
+            // The scales of this lane's keys sub * 16 + n * 8 + tig * 2 + (j & 1).
+            float v_sc[2][2];
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const u32 at = codes + 2 * CODE_BYTES + (u32)((sub * 16 + n * 8 + tig * 2 + e) * 4);
+                    const float k_sc = ld_shared_f32(at);
+                    v_sc[n][e] = ld_shared_f32(at + KCH * 4);
+                    s[n][e] *= k_sc;
+                    s[n][2 + e] *= k_sc;
+                }
+#endif
             // Causal mask and online softmax, per row (a row's 16 scores live in the 4 lanes of a quad).
             float mx[2] = {-SOV_INF, -SOV_INF};
 #pragma unroll
@@ -219,8 +286,15 @@ prefill_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, cons
                 acc[nt][3] *= alpha[1];
             }
             // O += P . V: P's A fragment is S's accumulators of the two n-tiles, rounded to bf16.
-            const u32 pa[4] = {pack_bf16x2(s[0][0], s[0][1]), pack_bf16x2(s[0][2], s[0][3]),
-                               pack_bf16x2(s[1][0], s[1][1]), pack_bf16x2(s[1][2], s[1][3])};
+#ifdef KV_FP8
+            const u32 pa[4] = {pack_ab(s[0][0] * v_sc[0][0], s[0][1] * v_sc[0][1]),
+                               pack_ab(s[0][2] * v_sc[0][0], s[0][3] * v_sc[0][1]),
+                               pack_ab(s[1][0] * v_sc[1][0], s[1][1] * v_sc[1][1]),
+                               pack_ab(s[1][2] * v_sc[1][0], s[1][3] * v_sc[1][1])};
+#else
+            const u32 pa[4] = {pack_ab(s[0][0], s[0][1]), pack_ab(s[0][2], s[0][3]),
+                               pack_ab(s[1][0], s[1][1]), pack_ab(s[1][2], s[1][3])};
+#endif
 #pragma unroll
             for (int np = 0; np < D / 16; np++) {
                 // Matrices: tokens 0-7 / 8-15 (mat & 1) x dims (2 np + (mat >> 1)) * 8 + 0-7, transposed.

@@ -139,3 +139,63 @@ extern "C" __global__ void rope_kv_write_f32(float* __restrict__ qkv, float* __r
     rope_kv_write_impl(qkv, k_cache, v_cache, positions, cos_t, sin_t, slots, n, n_heads, n_kv_heads, head_dim,
                        row_stride);
 }
+
+// e4m3 cache (`--kv-dtype fp8`, row layout in common.cuh): rope_kv_write's rotation, then each
+// k and v head of a token with a slot quantized with its own scale (kv_quant_inv / kv_quant_scale)
+// into its row. Without tables (cos_t null) nothing is rotated and the q heads are not visited:
+// kv_write for this cache. One warp per (token, head), lanes over the pairs (j, j + D/2); grid-
+// stride over warps. caches: [num_slots, kv_e4m3_row_bytes(KVH, D)] bytes; head_dim <= 256.
+extern "C" __global__ void rope_kv_write_e4m3(float* __restrict__ qkv, unsigned char* __restrict__ k_cache,
+                                              unsigned char* __restrict__ v_cache, const u32* __restrict__ positions,
+                                              const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                              const u32* __restrict__ slots, int n, int n_heads, int n_kv_heads,
+                                              int head_dim, int row_stride) {
+    allow_dependents_early();  // the attention after this may be scheduled
+    wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
+    const int half = head_dim / 2, lane = threadIdx.x & 31;
+    const bool rope = cos_t != nullptr;
+    const int first = rope ? 0 : n_heads;  // without the rotation only k and v heads have work
+    const int heads = n_heads + 2 * n_kv_heads - first;
+    const size_t row_bytes = kv_e4m3_row_bytes(n_kv_heads, head_dim);
+    const size_t warps = (size_t)gridDim.x * (blockDim.x >> 5);
+    for (size_t w = blockIdx.x * (size_t)(blockDim.x >> 5) + (threadIdx.x >> 5); w < (size_t)n * heads; w += warps) {
+        const size_t t = w / heads;
+        const int h = first + (int)(w % heads);
+        float* x = qkv + t * row_stride + (size_t)h * head_dim;
+        const bool rotate = rope && h < n_heads + n_kv_heads;
+        float a[4], b[4];  // this lane's pairs j = lane + 32 i
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = lane + 32 * i;
+            a[i] = b[i] = 0.f;
+            if (j >= half) continue;
+            a[i] = x[j];
+            b[i] = x[j + half];
+            if (rotate) {
+                const size_t p = positions[t];
+                rotate_pair(a[i], b[i], cos_t[p * half + j], sin_t[p * half + j], &a[i], &b[i]);
+                x[j] = a[i];
+                x[j + half] = b[i];
+            }
+            amax = fmaxf(amax, fmaxf(fabsf(a[i]), fabsf(b[i])));
+        }
+        if (h < n_heads) continue;
+        const u32 slot = slots[t];
+        if (slot == 0xffffffffu) continue;  // the same for the whole warp
+        amax = warp_max(amax);
+        const float inv = kv_quant_inv(amax);
+        const int kvh = (h - n_heads) % n_kv_heads;
+        unsigned char* row = (h < n_heads + n_kv_heads ? k_cache : v_cache) + (size_t)slot * row_bytes;
+        unsigned char* codes = row + (size_t)kvh * head_dim;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = lane + 32 * i;
+            if (j >= half) continue;
+            const unsigned short c = f32x2_to_e4m3x2(__fmul_rn(a[i], inv), __fmul_rn(b[i], inv));
+            codes[j] = (unsigned char)(c & 0xffu);
+            codes[j + half] = (unsigned char)(c >> 8);
+        }
+        if (lane == 0) ((float*)(row + (size_t)n_kv_heads * head_dim))[kvh] = kv_quant_scale(amax);
+    }
+}

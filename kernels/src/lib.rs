@@ -38,15 +38,33 @@ pub const DEFAULT_DECODE_MMA_STAGES: usize = 2;
 pub const DECODE_MMA_STAGES: std::ops::RangeInclusive<usize> = 2..=4;
 
 /// Bytes of dynamic shared memory `paged_decode_attention_mma` compiled with a ring of `stages`
-/// needs for `head_dim`: `stages` chunks of 16 K and 16 V rows (bf16) for each of its 4 warps.
-pub fn decode_mma_shared_bytes(head_dim: usize, stages: usize) -> usize {
-    4 * stages * 2 * 16 * head_dim * 2
+/// needs for `head_dim` and cache element `kv`, for each of its 4 warps: bf16, `stages` chunks of
+/// 16 K and 16 V rows; e4m3, `stages` chunks of 16 K and 16 V rows of codes with their 2 x 16 f32
+/// scales, and one chunk widened to 16-bit (`decode_attention_mma.cu`).
+pub fn decode_mma_shared_bytes(head_dim: usize, stages: usize, kv: KvElement) -> usize {
+    let wide_chunk = 2 * 16 * head_dim * 2;
+    match kv {
+        KvElement::E4m3 => 4 * (stages * (2 * 16 * head_dim + 2 * 16 * 4) + wide_chunk),
+        _ => 4 * stages * wide_chunk,
+    }
 }
 
-/// Bytes of dynamic shared memory `prefill_attention_mma` needs for `head_dim`: two stages of 32
-/// K and 32 V rows (bf16).
-pub fn prefill_mma_shared_bytes(head_dim: usize) -> usize {
-    2 * 2 * 32 * head_dim * 2
+/// Bytes of dynamic shared memory `prefill_attention_mma` needs for `head_dim` and cache element
+/// `kv`: bf16, two stages of 32 K and 32 V rows; e4m3, two stages of 32 K and 32 V rows of codes
+/// with their 2 x 32 f32 scales, and one stage widened to 16-bit.
+pub fn prefill_mma_shared_bytes(head_dim: usize, kv: KvElement) -> usize {
+    let wide_stage = 2 * 32 * head_dim * 2;
+    match kv {
+        KvElement::E4m3 => 2 * (2 * 32 * head_dim + 2 * 32 * 4) + wide_stage,
+        _ => 2 * wide_stage,
+    }
+}
+
+/// Bytes of one token's row in one layer's K (or V) cache of e4m3 codes: `kv_heads * head_dim`
+/// codes, then one f32 scale per head, padded to 16 bytes so every row (and every head's codes,
+/// for head_dim a multiple of 16) starts 16-byte aligned (`kv_e4m3_row_bytes` in `common.cuh`).
+pub fn kv_e4m3_row_bytes(kv_heads: usize, head_dim: usize) -> usize {
+    kv_heads * head_dim + (4 * kv_heads).div_ceil(16) * 16
 }
 
 /// A deterministic-mode small-row kernel of `gemv.cu` (`det_gemv_*`): its warps, the chains a
@@ -195,8 +213,21 @@ pub struct HeadConfig {
     pub head_dim: usize,
     /// Query heads per KV head (grouped-query attention).
     pub group: usize,
-    /// The KV cache holds f32 instead of bf16 (precise mode).
-    pub kv_f32: bool,
+    /// What the KV cache holds.
+    pub kv: KvElement,
+}
+
+/// The element type of a KV cache, as the attention units are compiled for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvElement {
+    /// bf16 values (the default).
+    #[default]
+    Bf16,
+    /// f32 values (precise mode).
+    F32,
+    /// e4m3 codes with one f32 scale per token and head ([`kv_e4m3_row_bytes`]; `--kv-dtype
+    /// fp8`); read by the tensor-core units only.
+    E4m3,
 }
 
 /// A head shape the attention kernels cannot be compiled for.
@@ -295,7 +326,14 @@ impl KernelId {
     pub fn supports(self, heads: Option<HeadConfig>) -> bool {
         match (self, heads) {
             (KernelId::DecodeAttentionMma | KernelId::PrefillAttentionMma, Some(h)) => {
-                !h.kv_f32 && matches!(h.head_dim, 64 | 128 | 256) && (1..=8).contains(&h.group)
+                h.kv != KvElement::F32
+                    && matches!(h.head_dim, 64 | 128 | 256)
+                    && (1..=8).contains(&h.group)
+            }
+            (KernelId::DecodeAttention | KernelId::PrefillAttention, Some(h))
+                if h.kv == KvElement::E4m3 =>
+            {
+                false
             }
             (KernelId::DecodeAttentionMma | KernelId::PrefillAttentionMma, None) => false,
             (id, Some(h)) if id.needs_heads() => h.validate().is_ok(),
@@ -334,6 +372,7 @@ impl KernelId {
                 "kv_write_f32",
                 "rope_kv_write",
                 "rope_kv_write_f32",
+                "rope_kv_write_e4m3",
             ],
             KernelId::Sampling => &["argmax_rows", "sample_tokens"],
             KernelId::Gemv => &[
@@ -385,8 +424,10 @@ impl KernelId {
                     format!("-DHEAD_DIM={}", h.head_dim),
                     format!("-DGQA_GROUP={}", h.group),
                 ];
-                if h.kv_f32 {
-                    d.push("-DKV_F32".to_string());
+                match h.kv {
+                    KvElement::Bf16 => {}
+                    KvElement::F32 => d.push("-DKV_F32".to_string()),
+                    KvElement::E4m3 => d.push("-DKV_FP8".to_string()),
                 }
                 if self == KernelId::DecodeAttentionMma {
                     d.push(format!("-DSTAGES={decode_stages}"));
@@ -449,13 +490,34 @@ mod tests {
 
     #[test]
     fn the_tensor_core_units_take_bf16_caches_of_wide_heads_only() {
-        let h = |head_dim, group, kv_f32| {
+        let h = |head_dim, group, kv_f32: bool| {
             Some(HeadConfig {
                 head_dim,
                 group,
-                kv_f32,
+                kv: if kv_f32 {
+                    KvElement::F32
+                } else {
+                    KvElement::Bf16
+                },
             })
         };
+        let e4m3 = |head_dim, group| {
+            Some(HeadConfig {
+                head_dim,
+                group,
+                kv: KvElement::E4m3,
+            })
+        };
+        assert!(KernelId::DecodeAttentionMma.supports(e4m3(128, 4)));
+        assert!(KernelId::PrefillAttentionMma.supports(e4m3(64, 3)));
+        assert!(!KernelId::DecodeAttention.supports(e4m3(128, 4)));
+        assert!(!KernelId::PrefillAttention.supports(e4m3(128, 4)));
+        assert!(!KernelId::DecodeAttentionMma.supports(e4m3(32, 4)));
+        assert!(
+            KernelId::PrefillAttentionMma
+                .defines(e4m3(128, 4), 2)
+                .contains(&"-DKV_FP8".to_string())
+        );
         assert!(KernelId::DecodeAttentionMma.supports(h(128, 4, false)));
         assert!(KernelId::DecodeAttentionMma.supports(h(64, 3, false)));
         assert!(!KernelId::DecodeAttentionMma.supports(h(128, 4, true)));
@@ -470,10 +532,12 @@ mod tests {
         for stages in DECODE_MMA_STAGES {
             let d = KernelId::DecodeAttentionMma.defines(h(128, 4, false), stages);
             assert_eq!(d.last(), Some(&format!("-DSTAGES={stages}")));
-            assert!(
-                decode_mma_shared_bytes(128, stages) >= 4 * 8 * 128 * 4,
-                "w_acc fits over the ring"
-            );
+            for kv in [KvElement::Bf16, KvElement::E4m3] {
+                assert!(
+                    decode_mma_shared_bytes(128, stages, kv) >= 4 * 8 * 128 * 4,
+                    "w_acc fits over the ring"
+                );
+            }
         }
         assert!(DECODE_MMA_STAGES.contains(&DEFAULT_DECODE_MMA_STAGES));
         // Only the tensor-core unit takes the ring depth.
@@ -489,7 +553,7 @@ mod tests {
             HeadConfig {
                 head_dim: 128,
                 group: 4,
-                kv_f32: false
+                kv: KvElement::Bf16
             }
             .validate()
             .is_ok()
@@ -498,7 +562,7 @@ mod tests {
             HeadConfig {
                 head_dim: 64,
                 group: 3,
-                kv_f32: true
+                kv: KvElement::F32
             }
             .validate()
             .is_ok()
@@ -507,7 +571,7 @@ mod tests {
             HeadConfig {
                 head_dim: 96,
                 group: 4,
-                kv_f32: false
+                kv: KvElement::Bf16
             }
             .validate()
             .is_err()
@@ -516,7 +580,7 @@ mod tests {
             HeadConfig {
                 head_dim: 128,
                 group: 9,
-                kv_f32: false
+                kv: KvElement::Bf16
             }
             .validate()
             .is_err()
@@ -525,7 +589,7 @@ mod tests {
             Some(HeadConfig {
                 head_dim: 64,
                 group: 3,
-                kv_f32: false,
+                kv: KvElement::Bf16,
             }),
             DEFAULT_DECODE_MMA_STAGES,
         );
@@ -537,7 +601,7 @@ mod tests {
             Some(HeadConfig {
                 head_dim: 64,
                 group: 3,
-                kv_f32: true,
+                kv: KvElement::F32,
             }),
             DEFAULT_DECODE_MMA_STAGES,
         );

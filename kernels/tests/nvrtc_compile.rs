@@ -3,7 +3,7 @@
 //! machine. Needs only the NVRTC library, not a GPU; skips with a printed reason when it is absent.
 
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
-use sov_kernels::{DEFAULT_DECODE_MMA_STAGES, HeadConfig, KernelId};
+use sov_kernels::{DEFAULT_DECODE_MMA_STAGES, HeadConfig, KernelId, KvElement};
 
 fn nvrtc_present() -> bool {
     // SAFETY: only probes whether the shared library can be opened; no symbol is called.
@@ -43,21 +43,25 @@ fn every_unit_compiles_for_sm90() {
     for id in KernelId::ALL {
         if id.needs_heads() {
             for head_dim in [16, 32, 64, 128, 256] {
-                for (group, kv_f32) in [
-                    (1, false),
-                    (2, false),
-                    (3, false),
-                    (4, false),
-                    (5, false),
-                    (6, false),
-                    (7, false),
-                    (8, false),
-                    (4, true),
+                for (group, kv) in [
+                    (1, KvElement::Bf16),
+                    (2, KvElement::Bf16),
+                    (3, KvElement::Bf16),
+                    (4, KvElement::Bf16),
+                    (5, KvElement::Bf16),
+                    (6, KvElement::Bf16),
+                    (7, KvElement::Bf16),
+                    (8, KvElement::Bf16),
+                    (4, KvElement::F32),
+                    (1, KvElement::E4m3),
+                    (3, KvElement::E4m3),
+                    (4, KvElement::E4m3),
+                    (8, KvElement::E4m3),
                 ] {
                     let heads = Some(HeadConfig {
                         head_dim,
                         group,
-                        kv_f32,
+                        kv,
                     });
                     if id.supports(heads) {
                         compile(id, heads);
@@ -72,7 +76,7 @@ fn every_unit_compiles_for_sm90() {
     let heads = Some(HeadConfig {
         head_dim: 128,
         group: 4,
-        kv_f32: false,
+        kv: KvElement::Bf16,
     });
     for extra in [
         &["-DREG_LOADS", "-DWSTEPS=8"][..],
@@ -108,7 +112,7 @@ fn every_unit_compiles_for_sm80() {
     let heads = Some(HeadConfig {
         head_dim: 128,
         group: 4,
-        kv_f32: false,
+        kv: KvElement::Bf16,
     });
     for id in KernelId::ALL {
         compile_for(

@@ -46,15 +46,15 @@ impl Prepared {
     }
 }
 
-/// The KV budget in blocks of `kv_dtype_bytes` elements, the run lock and the checkpoint store,
+/// The KV budget in blocks of tokens of `kv_row_bytes` a layer's K (or V), the run lock and the checkpoint store,
 /// settled while `parts` still holds the weights (receipts hash them).
 pub(crate) fn prepare<M: Machine>(
-    kv_dtype_bytes: usize,
+    kv_row_bytes: usize,
     parts: &ModelParts,
     opts: &EngineOptions,
 ) -> Result<Prepared, EngineError> {
     let block_size = M::constant("block_size").unwrap_or(16).max(1) as usize;
-    let per_token = kv_bytes_per_token(&parts.config, kv_dtype_bytes).max(1);
+    let per_token = kv_bytes_per_token(&parts.config, kv_row_bytes).max(1);
     let num_blocks = (opts.kv_memory_bytes / (per_token * block_size)).max(1);
     // Held as long as the engine runs: no second process resumes or prunes this run meanwhile.
     let run_lock = opts.run_dir.as_deref().map(RunLock::acquire).transpose()?;

@@ -157,9 +157,20 @@ impl Default for EngineOptions {
     }
 }
 
-/// Bytes of KV one token takes in every layer (K and V) at `dtype_bytes` per element.
-pub fn kv_bytes_per_token(c: &LlamaConfig, dtype_bytes: usize) -> usize {
-    2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * dtype_bytes
+/// Bytes of KV one token takes in every layer (K and V) with rows of `row_bytes` (one token's K,
+/// or V, in one layer: `KVH * D` elements in a plain format).
+pub fn kv_bytes_per_token(c: &LlamaConfig, row_bytes: usize) -> usize {
+    2 * c.num_hidden_layers * row_bytes
+}
+
+/// Bytes of one token's K (or V) row in one layer of `backend`'s cache for `c`.
+pub fn kv_row_bytes<B: crate::backend::Backend>(backend: &B, c: &LlamaConfig) -> usize {
+    let heads = crate::backend::HeadShape {
+        n_heads: c.num_attention_heads,
+        n_kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+    };
+    backend.kv_row_elems(heads) * backend.kv_dtype().size_bytes()
 }
 
 /// A started engine with what a front end needs besides it.

@@ -20,7 +20,7 @@ use super::tensor_parallel::start_tensor_parallel;
 pub use super::checkpoints::{model_digest, platform_of};
 pub use super::options::{
     CheckpointInfo, CheckpointOptions, Device, EngineOptions, ModelParts, Started, default_kv_mode,
-    kv_bytes_per_token,
+    kv_bytes_per_token, kv_row_bytes,
 };
 
 /// Builds the model on `opts.device` and starts an engine running machine `M`.
@@ -49,7 +49,7 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     mut parts: ModelParts,
     opts: &EngineOptions,
 ) -> Result<Started, EngineError> {
-    let prep = prepare::<M>(backend.kv_dtype().size_bytes(), &parts, opts)?;
+    let prep = prepare::<M>(kv_row_bytes(&backend, &parts.config), &parts, opts)?;
     // Weights move to the backend one tensor at a time: host memory never holds two copies.
     let tensors = std::mem::take(&mut parts.tensors);
     let model = LlamaModel::from_tensors(backend, &parts.config, tensors)

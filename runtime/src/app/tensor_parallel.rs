@@ -30,7 +30,9 @@ pub fn start_tensor_parallel<M: Machine + 'static>(
     }
     // Every rank's KV is f32 on the CPU; the budget counts the whole model's KV per token, so the
     // ranks together hold as many blocks as one whole model would.
-    let prep = prepare::<M>(DType::F32.size_bytes(), &parts, opts)?;
+    let c = &parts.config;
+    let row_bytes = c.num_key_value_heads * c.head_dim * DType::F32.size_bytes();
+    let prep = prepare::<M>(row_bytes, &parts, opts)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let backends = (0..world)
         .map(|_| CpuBackend::with_threads((cores / world).max(1)))

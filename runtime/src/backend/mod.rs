@@ -17,7 +17,7 @@
 //!   yields `qkv: [n, (H + 2*KVH) * D]` (q heads, then k heads, then v heads, each head `D`
 //!   contiguous) and `gate_up: [n, 2 * F]` (gate then up). The ops below read those layouts.
 //! - Paged KV cache: per layer, one K and one V buffer, each `[num_blocks, block_size, KVH, D]`
-//!   in [`Backend::kv_dtype`]. A token at position `p` of a sequence with block table `bt` lives in
+//!   in [`Backend::kv_dtype`] (rows of [`Backend::kv_row_elems`] where a format adds scales). A token at position `p` of a sequence with block table `bt` lives in
 //!   slot `bt[p / block_size] * block_size + p % block_size`.
 //! - Ops take `&self` (a backend with mutable state, e.g. a CUDA stream, uses interior
 //!   mutability) and `&mut` output buffers; inputs and outputs never alias.
@@ -360,6 +360,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<(), BackendError>;
     /// Element type of the KV cache buffers (f32 on CPU, bf16 on CUDA).
     fn kv_dtype(&self) -> DType;
+
+    /// Elements (of [`Backend::kv_dtype`]) of one token's row in one layer's K (or V) cache:
+    /// `KVH * D` values, plus what the format keeps beside them (an e4m3 cache's per-head
+    /// scales). The cache layout above holds with this row width in place of `KVH * D`.
+    fn kv_row_elems(&self, heads: HeadShape) -> usize {
+        heads.kv_width()
+    }
     /// Waits until all queued work has finished (a no-op on synchronous backends).
     fn synchronize(&self) -> Result<(), BackendError>;
     /// Runs one forward step's worth of op calls in the backend's execution context. The CPU

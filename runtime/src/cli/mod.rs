@@ -19,6 +19,7 @@ pub mod generate;
 pub mod keygen;
 pub mod model_args;
 pub mod perplexity;
+pub mod precision_args;
 pub mod runs;
 pub mod serve;
 pub mod settings;

@@ -14,7 +14,7 @@ use crate::app::run_dir::{create_run_dir, remove_scratch_run_dir};
 use crate::app::start::{
     CheckpointOptions, Device, EngineOptions, ModelParts, Started, default_kv_mode, start_engine,
 };
-use crate::backend::cuda::{CudaTuning, Quantization, retired_vars_set};
+use crate::backend::cuda::{CudaTuning, retired_vars_set};
 use crate::checkpoint::KvMode;
 use crate::loader::{load_model, resolve_model};
 use crate::model::random::{WeightDtype, llama3_8b_config, tiny_config};
@@ -71,6 +71,14 @@ pub struct ModelArgs {
     /// them.
     #[arg(long, value_name = "N")]
     pub fp8_edge_layers: Option<usize>,
+    /// The KV cache's format. `bf16`, the default (f32 with `--precision f32`, and on the CPU).
+    /// `fp8`: on CUDA, e4m3 codes with one f32 scale per token and head, set as each token is
+    /// written: 53% of bf16's bytes a token at head_dim 128, so about twice the tokens per MiB
+    /// and half the bytes a decode step's attention reads. Needs compute capability 8.9 and
+    /// head_dim 64, 128 or 256; not with `--precision f32`. Receipts append `-kvfp8` to the
+    /// precision.
+    #[arg(long, value_enum, default_value_t = KvDtypeChoice::Bf16)]
+    pub kv_dtype: KvDtypeChoice,
     /// On CUDA, batch-invariant kernels: a request's tokens do not depend on the requests batched
     /// with it, and a recompute resume rebuilds the KV bit for bit (see kernels/README.md).
     /// Default: on for a GPU run whose checkpoints are in recompute mode (generate's and serve's
@@ -170,6 +178,15 @@ pub enum QuantizationChoice {
     /// bf16 weights.
     None,
     /// FP8 W8A8 (e4m3 weights with per-channel scales, per-token input scales).
+    Fp8,
+}
+
+/// KV cache format on the command line (see [`ModelArgs::kv_dtype`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvDtypeChoice {
+    /// bf16 values (f32 in precise mode and on the CPU).
+    Bf16,
+    /// e4m3 codes with one f32 scale per token and head (CUDA).
     Fp8,
 }
 
@@ -320,83 +337,6 @@ impl ModelArgs {
         })
     }
 
-    /// Whether the linear layers multiply in FP8: `--quantization fp8`, or an FP8 checkpoint on
-    /// CUDA (its codes multiply as they are; the CPU widens them to f32).
-    fn fp8_products(&self, parts: &ModelParts, device: Device) -> bool {
-        let fp8_checkpoint = parts.has_fp8_weights() && matches!(device, Device::Cuda(_));
-        self.quantization == QuantizationChoice::Fp8 || fp8_checkpoint
-    }
-
-    /// The products' format for `parts` on `device` ([`Self::fp8_products`]), or why FP8 cannot
-    /// run with the other options.
-    fn quantization_for(
-        &self,
-        parts: &ModelParts,
-        device: Device,
-        deterministic: bool,
-    ) -> anyhow::Result<Quantization> {
-        if !self.fp8_products(parts, device) {
-            return Ok(Quantization::None);
-        }
-        let what = if parts.has_fp8_weights() && matches!(device, Device::Cuda(_)) {
-            "an FP8 checkpoint on CUDA (its weights multiply in FP8)"
-        } else {
-            "--quantization fp8"
-        };
-        anyhow::ensure!(
-            matches!(device, Device::Cuda(_)),
-            "{what} needs a CUDA device (the CPU backend has no FP8 products)"
-        );
-        anyhow::ensure!(
-            self.precision == PrecisionChoice::Bf16,
-            "{what} cannot be combined with --precision f32"
-        );
-        anyhow::ensure!(
-            !deterministic,
-            "{what} cannot be combined with --deterministic (FP8 products are not \
-             batch-invariant yet)"
-        );
-        Ok(Quantization::Fp8W8A8)
-    }
-
-    /// Sets `tuning`'s products format ([`Self::quantization_for`], given its deterministic
-    /// choice) and the layers FP8 leaves in bf16 (`--fp8-edge-layers`; none named for an FP8
-    /// checkpoint, whose weights upload as they are).
-    fn set_quantization(
-        &self,
-        tuning: &mut CudaTuning,
-        parts: &ModelParts,
-        device: Device,
-    ) -> anyhow::Result<()> {
-        tuning.quantization = self.quantization_for(parts, device, tuning.deterministic)?;
-        tuning.fp8_bf16_edge_layers =
-            self.fp8_edge_layers_for(tuning.quantization, parts.has_fp8_weights())?;
-        Ok(())
-    }
-
-    /// The layers at each end that FP8 leaves in bf16 (`--fp8-edge-layers`, else the tuning's
-    /// default) when the products are FP8 quantized at load, 0 otherwise; an error when the
-    /// option was given but does not apply.
-    fn fp8_edge_layers_for(
-        &self,
-        quantization: Quantization,
-        fp8_checkpoint: bool,
-    ) -> anyhow::Result<usize> {
-        let at_load = quantization == Quantization::Fp8W8A8 && !fp8_checkpoint;
-        match (self.fp8_edge_layers, at_load) {
-            (None, true) => Ok(CudaTuning::default().fp8_bf16_edge_layers),
-            (None, false) => Ok(0),
-            (Some(n), true) => Ok(n),
-            (Some(_), false) if fp8_checkpoint => anyhow::bail!(
-                "--fp8-edge-layers does not apply to an FP8 checkpoint (its weights run as it \
-                 has them)"
-            ),
-            (Some(_), false) => {
-                anyhow::bail!("--fp8-edge-layers applies only with --quantization fp8")
-            }
-        }
-    }
-
     /// The backend of a run that opens `parts` without an engine (`sov perplexity`): the device,
     /// whether it computes in f32 (`--precision f32`), and the CUDA tuning from the environment
     /// with `--deterministic` (off unless given) and the products' format applied.
@@ -523,7 +463,7 @@ impl ModelArgs {
         );
         let fp8_name = format!(" ({})", opts.cuda_tuning.precision_name(false));
         let precision = match (device, self.precision, deterministic) {
-            _ if fp8 => fp8_name.as_str(),
+            _ if fp8 || opts.cuda_tuning.kv_e4m3 => fp8_name.as_str(),
             (Device::Cuda(_), PrecisionChoice::F32, false) => " (f32 precision)",
             (Device::Cuda(_), PrecisionChoice::F32, true) => " (f32 precision, deterministic)",
             (Device::Cuda(_), PrecisionChoice::Bf16, true) => " (deterministic)",
@@ -619,26 +559,5 @@ mod tests {
             .model;
         assert!(a.mixed_prefill(Device::Cuda(0)));
         assert!(Cli::try_parse_from(["sov", "--mixed-prefill", "--no-mixed-prefill"]).is_err());
-    }
-
-    #[test]
-    fn fp8_edge_layers_apply_only_to_fp8_quantized_at_load() {
-        let parse = |args: &[&str]| {
-            let mut all = vec!["sov"];
-            all.extend_from_slice(args);
-            Cli::try_parse_from(all).unwrap().model
-        };
-        let (fp8, none) = (Quantization::Fp8W8A8, Quantization::None);
-        let a = parse(&[]);
-        assert_eq!(a.fp8_edge_layers_for(fp8, false).unwrap(), 1);
-        assert_eq!(a.fp8_edge_layers_for(fp8, true).unwrap(), 0);
-        assert_eq!(a.fp8_edge_layers_for(none, false).unwrap(), 0);
-        let a = parse(&["--fp8-edge-layers", "0"]);
-        assert_eq!(a.fp8_edge_layers_for(fp8, false).unwrap(), 0);
-        let e = a.fp8_edge_layers_for(none, false).unwrap_err().to_string();
-        assert!(e.contains("only with --quantization fp8"), "{e}");
-        let e = a.fp8_edge_layers_for(fp8, true).unwrap_err().to_string();
-        assert!(e.contains("FP8 checkpoint"), "{e}");
-        assert!(Cli::try_parse_from(["sov", "--fp8-edge-layers", "-1"]).is_err());
     }
 }

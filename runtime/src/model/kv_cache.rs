@@ -1,5 +1,6 @@
 //! The paged KV cache: per layer one K and one V buffer of `[num_blocks, block_size, KVH, D]`
-//! in the backend's KV dtype.
+//! in the backend's KV dtype (rows of [`Backend::kv_row_elems`] elements: an e4m3 cache keeps
+//! its scales in each row).
 //!
 //! Physical blocks are handed out by the engine's block manager; the model writes and reads them
 //! through block tables. A block's bytes (all layers) can be read out and written back, for
@@ -22,7 +23,7 @@ pub struct KvCache<B: Backend> {
     v: Vec<B::Buffer>,
     num_blocks: usize,
     block_size: usize,
-    /// `KVH * D`: elements of one token in one layer's K (or V).
+    /// Elements of one token in one layer's K (or V): [`Backend::kv_row_elems`].
     kv_width: usize,
     dtype: DType,
 }
@@ -45,7 +46,11 @@ impl<B: Backend> KvCache<B> {
                 "{num_blocks} blocks of {block_size} exceed u32 slot ids"
             )));
         }
-        let kv_width = config.num_key_value_heads * config.head_dim;
+        let kv_width = backend.kv_row_elems(crate::backend::HeadShape {
+            n_heads: config.num_attention_heads,
+            n_kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+        });
         let dtype = backend.kv_dtype();
         let len = num_blocks * block_size * kv_width;
         let mut k = Vec::with_capacity(config.num_hidden_layers);
@@ -79,7 +84,8 @@ impl<B: Backend> KvCache<B> {
         self.k.len()
     }
 
-    /// `KVH * D`.
+    /// Elements of one token's row in one layer's K (or V): `KVH * D`, plus the scales of an
+    /// e4m3 cache ([`Backend::kv_row_elems`]).
     pub fn kv_width(&self) -> usize {
         self.kv_width
     }

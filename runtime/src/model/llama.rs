@@ -267,13 +267,13 @@ impl<B: Backend> LlamaModel<B> {
         chunks: &[SeqChunk<'_>],
     ) -> Result<StepPlan, ModelError> {
         let c = &self.config;
-        if kv.num_layers() != c.num_hidden_layers || kv.kv_width() != self.heads.kv_width() {
+        let row = self.backend.kv_row_elems(self.heads);
+        if kv.num_layers() != c.num_hidden_layers || kv.kv_width() != row {
             return Err(ModelError::InvalidBatch(format!(
-                "KV cache of {} layers x {} wide does not fit the model ({} layers x {})",
+                "KV cache of {} layers x {} wide does not fit the model ({} layers x {row})",
                 kv.num_layers(),
                 kv.kv_width(),
                 c.num_hidden_layers,
-                self.heads.kv_width()
             )));
         }
         let limits = PlanLimits {

@@ -19,7 +19,7 @@
 //! gets its own shared-memory carveout ([`super::DecodeCarveout`]).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use sov_kernels::{HeadConfig, KernelId};
+use sov_kernels::{HeadConfig, KernelId, KvElement};
 
 use super::buffer::CudaBuffer;
 use super::device::CudaBackend;
@@ -141,13 +141,21 @@ impl CudaBackend {
                 detail: format!("{heads:?}"),
             });
         }
-        HeadConfig {
+        let cfg = HeadConfig {
             head_dim: heads.head_dim,
             group: heads.n_heads / heads.n_kv_heads,
-            kv_f32: self.precise,
+            kv: self.kv_element(),
         }
         .validate()
-        .map_err(|e| BackendError::Unsupported(e.to_string()))
+        .map_err(|e| BackendError::Unsupported(e.to_string()))?;
+        if cfg.kv == KvElement::E4m3 && !KernelId::DecodeAttentionMma.supports(Some(cfg)) {
+            return Err(BackendError::Unsupported(format!(
+                "an FP8 KV cache is read by the tensor-core attention only, which needs head_dim \
+                 64, 128 or 256 (this model's is {})",
+                heads.head_dim
+            )));
+        }
+        Ok(cfg)
     }
 
     pub(super) fn paged_attention_impl(
@@ -186,11 +194,7 @@ impl CudaBackend {
         let AttentionShape {
             heads, block_size, ..
         } = shape;
-        let kv_dtype = if self.precise {
-            DType::F32
-        } else {
-            DType::BF16
-        };
+        let kv_dtype = self.kv_dtype_impl();
         // The output in f32, or in bf16 for an output projection that multiplies in bf16
         // (`matmul_input_dtype`; never in precise mode, whose products keep f32 inputs).
         let out_dtype = if out.dtype == DType::BF16 && !self.precise {
@@ -201,7 +205,8 @@ impl CudaBackend {
         let n = meta.n_tokens;
         check_buffer(op, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
         check_buffer(op, "out", out, out_dtype, n * heads.q_width())?;
-        check_buffer(op, "k_cache", kv.k, kv_dtype, block_size * heads.kv_width())?;
+        let row = self.kv_row_elems_impl(heads);
+        check_buffer(op, "k_cache", kv.k, kv_dtype, block_size * row)?;
         check_buffer(op, "v_cache", kv.v, kv_dtype, kv.k.len)?;
         check_buffer(op, "ctx_lens", &meta.ctx_lens, DType::U32, meta.n_seqs)?;
         check_buffer(op, "q_starts", &meta.q_starts, DType::U32, meta.n_seqs + 1)?;
@@ -314,7 +319,7 @@ impl CudaBackend {
             let stages = self.tuning.kernels.decode_stages;
             (
                 f,
-                sov_kernels::decode_mma_shared_bytes(cfg.head_dim, stages) as u32,
+                sov_kernels::decode_mma_shared_bytes(cfg.head_dim, stages, cfg.kv) as u32,
             )
         } else {
             let f = self.modules.function(
@@ -443,7 +448,10 @@ impl CudaBackend {
                 Some(cfg),
                 "prefill_attention_mma",
             )?;
-            (f, sov_kernels::prefill_mma_shared_bytes(cfg.head_dim))
+            (
+                f,
+                sov_kernels::prefill_mma_shared_bytes(cfg.head_dim, cfg.kv),
+            )
         } else {
             let f = self.modules.function(
                 KernelId::PrefillAttention,
@@ -487,8 +495,9 @@ impl CudaBackend {
             .arg(&q_stride);
         b.arg(&ptrs[2]).arg(&ptrs[3]).arg(&ptrs[4]).arg(&max_blocks);
         b.arg(&ptrs[5]).arg(&ptrs[6]).arg(&kvh).arg(&bs).arg(&scale);
-        // SAFETY: both kernels take these arguments in this order (the cache as bf16 for the
-        // tensor-core one, which `supports` limits to bf16 caches); buffers checked by the caller;
+        // SAFETY: both kernels take these arguments in this order (the cache as bf16 or e4m3 rows
+        // for the tensor-core one, as compiled for `cfg.kv`; `validate` keeps an e4m3 cache off
+        // the CUDA-core one); buffers checked by the caller;
         // the dynamic shared memory limit was raised to this size when the unit loaded.
         unsafe { b.launch(launch) }.map_err(driver_err)?;
         Ok(())

@@ -145,11 +145,11 @@ impl Backend for CudaBackend {
     }
 
     fn kv_dtype(&self) -> DType {
-        if self.precise {
-            DType::F32
-        } else {
-            DType::BF16
-        }
+        self.kv_dtype_impl()
+    }
+
+    fn kv_row_elems(&self, heads: HeadShape) -> usize {
+        self.kv_row_elems_impl(heads)
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {

@@ -184,6 +184,11 @@ impl CudaBackend {
             let rows = backend.tuning.deterministic_gemm_rows;
             backend.pinned = Some(PinnedGemm::new(workspace, rows)?);
         }
+        if backend.tuning.kv_e4m3 && (major, minor) < (8, 9) {
+            return Err(BackendError::Unsupported(format!(
+                "an FP8 KV cache (--kv-dtype fp8) on compute capability {major}.{minor} (needs 8.9)"
+            )));
+        }
         if backend.tuning.quantization == Quantization::Fp8W8A8 {
             if (major, minor) < (8, 9) {
                 return Err(BackendError::Unsupported(format!(

@@ -34,7 +34,7 @@ fn decode(b: u8) -> f32 {
 
 /// f32 to e4m3: round to nearest, ties to the even code, saturated to +-448 (PTX
 /// `cvt.rn.satfinite.e4m3x2.f32`).
-fn encode(v: f32) -> u8 {
+pub(super) fn encode(v: f32) -> u8 {
     let sign = if v.is_sign_negative() { 0x80 } else { 0 };
     let a = v.abs();
     let mut best = 0u8;

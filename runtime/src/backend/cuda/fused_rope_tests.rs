@@ -3,7 +3,8 @@
 //! output and in both caches -- what `rope_kv_write` followed by `paged_attention` gives, over
 //! head shapes, block sizes, contexts at block and chunk boundaries, contexts long enough for
 //! split-K, several sequences in one launch and a padding row (context 0, no slot) as the decode
-//! graphs add. Skips with a printed reason without a GPU.
+//! graphs add; with a bf16 cache and with an e4m3 one (`--kv-dtype fp8`). Skips with a printed
+//! reason without a GPU.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -15,7 +16,7 @@ use super::{CudaBackend, CudaBuffer};
 use crate::backend::{AttentionShape, Backend, BatchMeta, DType, HeadShape, KvLayer, RopeTables};
 
 /// Rotation tables `[max_pos, d/2]` (Llama-3 base; any cos/sin pair exercises the kernels).
-fn rope_tables(max_pos: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn rope_tables(max_pos: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
     let half = d / 2;
     let (mut cos, mut sin) = (vec![0f32; max_pos * half], vec![0f32; max_pos * half]);
     for p in 0..max_pos {
@@ -70,16 +71,24 @@ fn check_case(b: &CudaBackend, heads: HeadShape, block_size: usize, ctxs: &[usiz
             .unwrap(),
         block_tables: b.upload_u32(&tables).unwrap(),
     };
-    let cache_len = blocks * bs * heads.kv_width();
-    let kc = cpu::round_bf16(&cpu::random(cache_len, 1.0, seed + 1)); // [blocks, bs, kvh, d]
-    let vc = cpu::round_bf16(&cpu::random(cache_len, 1.0, seed + 2)); // [blocks, bs, kvh, d]
+    let values = blocks * bs * heads.kv_width();
+    let kc = cpu::round_bf16(&cpu::random(values, 1.0, seed + 1)); // [blocks, bs, kvh, d]
+    let vc = cpu::round_bf16(&cpu::random(values, 1.0, seed + 2)); // [blocks, bs, kvh, d]
+    // Elements of the cache buffers: [blocks, bs, row] (an e4m3 row holds its scales too).
+    let cache_len = blocks * bs * b.kv_row_elems(heads);
+    let cache = |vals: &[f32]| -> CudaBuffer {
+        match b.kv_dtype() {
+            DType::F8E4M3 => super::kv_e4m3_tests::e4m3_cache(b, vals, heads).0,
+            _ => weight(b, vals, vec![vals.len()]),
+        }
+    };
     let qkv = cpu::random(n * heads.qkv_width(), 1.0, seed + 3); // [n, (h + 2 kvh) d]
     let zeros = vec![0f32; n * heads.q_width()]; // [n, h d]
     let (cb, sb) = (b.upload_f32(&cos).unwrap(), b.upload_f32(&sin).unwrap());
     let scale = 1.0 / (d as f32).sqrt();
     let run = |fused: bool| -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-        let mut k = weight(b, &kc, vec![cache_len]);
-        let mut v = weight(b, &vc, vec![cache_len]);
+        let mut k = cache(&kc);
+        let mut v = cache(&vc);
         let mut q = b.upload_f32(&qkv).unwrap();
         let mut out: CudaBuffer = b.upload_f32(&zeros).unwrap();
         let tables = RopeTables { cos: &cb, sin: &sb };
@@ -110,8 +119,10 @@ fn check_case(b: &CudaBackend, heads: HeadShape, block_size: usize, ctxs: &[usiz
     };
     let (unfused, fused) = (run(false), run(true));
     let what = format!(
-        "h={} kvh={} d={d} bs={bs} ctxs={ctxs:?}",
-        heads.n_heads, heads.n_kv_heads
+        "h={} kvh={} d={d} bs={bs} ctxs={ctxs:?} cache {:?}",
+        heads.n_heads,
+        heads.n_kv_heads,
+        b.kv_dtype()
     );
     assert!(fused.0 == unfused.0, "attention output differs: {what}");
     assert!(fused.1 == unfused.1, "K cache differs: {what}");
@@ -119,14 +130,10 @@ fn check_case(b: &CudaBackend, heads: HeadShape, block_size: usize, ctxs: &[usiz
     // The step's new rows did land in the cache (a slot that was never written would compare
     // equal on both sides).
     assert!(
-        fused.1 != weight_bytes(b, &kc, cache_len),
+        fused.1 != b.read_bytes(&cache(&kc), 0, cache_len).unwrap(),
         "K rows not written: {what}"
     );
     println!("fused rope + attention == rope_kv_write + paged_attention: {what}");
-}
-
-fn weight_bytes(b: &CudaBackend, data: &[f32], len: usize) -> Vec<u8> {
-    b.read_bytes(&weight(b, data, vec![len]), 0, len).unwrap()
 }
 
 #[test]
@@ -188,5 +195,12 @@ fn fused_rope_attention_matches_the_unfused_ops() {
     ];
     for (i, (heads, bs, ctxs)) in cases.iter().enumerate() {
         check_case(&b, *heads, *bs, ctxs, 300 + i as u64);
+    }
+    // The e4m3 cache: the fused write quantizes as rope_kv_write_e4m3 does, byte for byte.
+    let Some(e4m3) = super::tests::device_with(|t| t.kv_e4m3 = true) else {
+        return;
+    };
+    for (i, (heads, bs, ctxs)) in cases.iter().enumerate() {
+        check_case(&e4m3, *heads, *bs, ctxs, 400 + i as u64);
     }
 }

@@ -19,7 +19,8 @@
 //! copies ([`CudaBackend::upload_u32_many`], [`CudaBackend::download_f32_at`]) and the on-device
 //! argmax ([`CudaBackend::argmax_rows`]). This module knows nothing of the model.
 //! Under `--quantization fp8` the linear layers' weights are e4m3 with per-channel scales and
-//! their inputs are quantized per token before each product (`fp8.rs`, `gemm_fp8.rs`).
+//! their inputs are quantized per token before each product (`fp8.rs`, `gemm_fp8.rs`); under
+//! `--kv-dtype fp8` the KV cache holds e4m3 codes with a scale per token and head (`kv_e4m3.rs`).
 //! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
 //! [`CudaBackend::new`] then returns a clear error.
 
@@ -38,6 +39,7 @@ mod gemm;
 mod gemm_fp8;
 mod gemm_pinned;
 mod graph;
+mod kv_e4m3;
 mod lt_problem;
 mod modules;
 mod ops;
@@ -55,6 +57,8 @@ mod deterministic_tests;
 mod fp8_tests;
 #[cfg(test)]
 mod fused_rope_tests;
+#[cfg(test)]
+mod kv_e4m3_tests;
 #[cfg(test)]
 mod reference;
 #[cfg(test)]

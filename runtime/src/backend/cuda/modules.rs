@@ -140,11 +140,14 @@ impl ModuleCache {
         for &name in id.functions() {
             let f = module.load_function(name).map_err(driver_err)?;
             let head_dim = heads.map(|h| h.head_dim).unwrap_or(0);
+            let kv = heads.map(|h| h.kv).unwrap_or_default();
             let dynamic_shared = match id {
                 KernelId::PrefillAttention => sov_kernels::prefill_shared_bytes(head_dim),
-                KernelId::PrefillAttentionMma => sov_kernels::prefill_mma_shared_bytes(head_dim),
+                KernelId::PrefillAttentionMma => {
+                    sov_kernels::prefill_mma_shared_bytes(head_dim, kv)
+                }
                 KernelId::DecodeAttentionMma => {
-                    sov_kernels::decode_mma_shared_bytes(head_dim, build.decode_stages)
+                    sov_kernels::decode_mma_shared_bytes(head_dim, build.decode_stages, kv)
                 }
                 KernelId::Gemv => sov_kernels::DET_GEMV_KERNELS
                     .iter()

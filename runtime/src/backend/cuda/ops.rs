@@ -1,7 +1,7 @@
 //! Launches of the element-wise and row kernels (`elementwise.cu`, `rope_kv.cu`).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use sov_kernels::KernelId;
+use sov_kernels::{KernelId, KvElement};
 
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, grid_for};
@@ -171,12 +171,8 @@ impl CudaBackend {
         heads: HeadShape,
     ) -> Result<(), BackendError> {
         check_buffer(op, "slot_mapping", slot_mapping, DType::U32, n)?;
-        let kv_dtype = if self.precise {
-            DType::F32
-        } else {
-            DType::BF16
-        };
-        check_buffer(op, "k_cache", kv.k, kv_dtype, heads.kv_width())?;
+        let kv_dtype = self.kv_dtype_impl();
+        check_buffer(op, "k_cache", kv.k, kv_dtype, self.kv_row_elems_impl(heads))?;
         check_buffer(op, "v_cache", kv.v, kv_dtype, kv.k.len)
     }
 
@@ -231,6 +227,9 @@ impl CudaBackend {
         const OP: &str = "kv_write";
         check_buffer(OP, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
         self.check_kv_write_args(OP, slot_mapping, kv.as_shared(), n, heads)?;
+        if self.kv_element() == KvElement::E4m3 {
+            return self.write_kv_e4m3(qkv, slot_mapping, None, kv, n, heads);
+        }
         let KvLayer {
             k: k_cache,
             v: v_cache,
@@ -289,6 +288,9 @@ impl CudaBackend {
         } = tokens;
         check_rope_args(OP, qkv, positions, tables, n, heads)?;
         self.check_kv_write_args(OP, slot_mapping, kv.as_shared(), n, heads)?;
+        if self.kv_element() == KvElement::E4m3 {
+            return self.write_kv_e4m3(qkv, slot_mapping, Some((positions, tables)), kv, n, heads);
+        }
         let (
             RopeTables { cos, sin },
             KvLayer {

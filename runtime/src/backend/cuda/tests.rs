@@ -399,14 +399,14 @@ fn rope_and_kv_write_match_cpu() {
 }
 
 /// A paged-attention case: random bf16 cache, shuffled block tables, random q.
-struct AttnCase {
-    heads: HeadShape,
-    block_size: usize,
+pub(super) struct AttnCase {
+    pub(super) heads: HeadShape,
+    pub(super) block_size: usize,
     /// (context length after the step, new tokens) per sequence.
-    seqs: Vec<(usize, usize)>,
+    pub(super) seqs: Vec<(usize, usize)>,
 }
 
-fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
+pub(super) fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
     let heads = case.heads;
     let (h, kvh, d, bs) = (
         heads.n_heads,
@@ -464,13 +464,25 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
             .unwrap(),
         block_tables: b.upload_u32(&tables).unwrap(),
     };
-    let (kb, vb) = if b.kv_dtype() == DType::F32 {
-        (b.upload_f32(&kc).unwrap(), b.upload_f32(&vc).unwrap())
-    } else {
-        (
+    // The reference reads the values the cache holds (an e4m3 cache's codes times scales).
+    let (kb, vb, kc, vc) = match b.kv_dtype() {
+        DType::F32 => (
+            b.upload_f32(&kc).unwrap(),
+            b.upload_f32(&vc).unwrap(),
+            kc,
+            vc,
+        ),
+        DType::F8E4M3 => {
+            let (kb, kc) = super::kv_e4m3_tests::e4m3_cache(b, &kc, heads);
+            let (vb, vc) = super::kv_e4m3_tests::e4m3_cache(b, &vc, heads);
+            (kb, vb, kc, vc)
+        }
+        _ => (
             weight(b, &kc, vec![cache_len]),
             weight(b, &vc, vec![cache_len]),
-        )
+            kc,
+            vc,
+        ),
     };
     let qb = b.upload_f32(&qkv).unwrap();
     let mut ob = b.alloc(DType::F32, n * heads.q_width()).unwrap();
@@ -487,10 +499,10 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, seed: u64) {
         v: &vc[..],
     };
     let expect = cpu::paged_attention(&qkv, cpu_kv, &refs, shape);
-    let kind = if b.kv_dtype() == DType::F32 {
-        "f32 cache"
-    } else {
-        "bf16 cache"
+    let kind = match b.kv_dtype() {
+        DType::F32 => "f32 cache",
+        DType::F8E4M3 => "e4m3 cache",
+        _ => "bf16 cache",
     };
     check(
         &format!(

@@ -106,6 +106,13 @@ pub struct CudaTuning {
     /// kernel beat cuBLASLt up to 16 rows on every Llama-3-8B product and lost from 32 on gate/up,
     /// o and down (`kernels/README.md`).
     pub fp8_small_max_rows: usize,
+    /// The KV cache in e4m3 with one f32 scale per token and head (`sov --kv-dtype fp8`; not an
+    /// environment variable of this struct, the command line sets it), half the bytes of bf16
+    /// per token (`kv_e4m3.rs`). Default off: a bf16 cache (f32 in precise mode, which this
+    /// does not apply to). Needs compute capability 8.9 and tensor-core attention. It changes
+    /// the bits of attention, so it is part of the precision the heads record
+    /// ([`Self::precision_name`]).
+    pub kv_e4m3: bool,
     /// How the kernel units are compiled and loaded.
     pub kernels: KernelBuild,
 }
@@ -212,6 +219,7 @@ impl Default for CudaTuning {
             quantization: Quantization::None,
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 16,
+            kv_e4m3: false,
             kernels: KernelBuild::default(),
         }
     }
@@ -333,6 +341,8 @@ const DET_K_SPLIT_EXPECTED: &str = "1 or 2";
 /// [`CudaTuning::deterministic_k_split`]'s default.
 const DEFAULT_DETERMINISTIC_K_SPLIT: usize = 2;
 const FP8_SMALL_VAR: &str = "SOV_FP8_SMALL_ROWS";
+/// What [`CudaTuning::precision_name`] appends for an e4m3 KV cache.
+const KV_E4M3_SUFFIX: &str = "-kvfp8";
 const FP8_SMALL_EXPECTED: &str = "a whole number 0..=32";
 
 /// Most rows `fp8.cu`'s small-M kernel takes (4 tiles of 8).
@@ -462,6 +472,16 @@ impl CudaTuning {
     /// the others), `-bf16edges{N}` after it when [`Self::fp8_bf16_edge_layers`] keeps layers in
     /// bf16.
     pub fn precision_name(&self, precise: bool) -> String {
+        let name = self.products_precision_name(precise);
+        if self.kv_e4m3 && !precise {
+            format!("{name}{KV_E4M3_SUFFIX}")
+        } else {
+            name
+        }
+    }
+
+    /// [`Self::precision_name`] without the KV cache's part.
+    fn products_precision_name(&self, precise: bool) -> String {
         if self.quantization == Quantization::Fp8W8A8 {
             // Every FP8 run before the edge layers were kept in bf16 quantized them all.
             return match self.fp8_bf16_edge_layers {
@@ -492,6 +512,7 @@ impl CudaTuning {
     /// a deterministic one (`bf16`, `fp8-w8a8`, a name this build does not know): `sov audit`
     /// replays a run in the order its heads name.
     pub fn deterministic_order(name: &str) -> Option<(usize, usize)> {
+        let name = name.strip_suffix(KV_E4M3_SUFFIX).unwrap_or(name);
         let rest = ["bf16", "f32"]
             .iter()
             .find_map(|base| name.strip_prefix(base))?
@@ -546,6 +567,18 @@ impl CudaTuning {
         if self.fp8_small_max_rows > FP8_SMALL_LIMIT {
             let r = self.fp8_small_max_rows.to_string();
             return Err(invalid(FP8_SMALL_VAR, &r, FP8_SMALL_EXPECTED));
+        }
+        if self.kv_e4m3 && !(self.decode_tensor_cores && self.prefill_tensor_cores) {
+            // Only the tensor-core attention kernels read an e4m3 cache.
+            return Err(TuningError {
+                var: if self.decode_tensor_cores {
+                    PREFILL_MMA_VAR
+                } else {
+                    MMA_VAR
+                },
+                value: "off".into(),
+                expected: "on with --kv-dtype fp8 (only the tensor-core attention reads an FP8 cache)",
+            });
         }
         if self.quantization == Quantization::Fp8W8A8 && self.deterministic {
             // The FP8 products pick their kernel by row count (small-M kernel or cuBLASLt) and
@@ -654,6 +687,7 @@ mod tests {
             // Not from the environment: the command line sets it.
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 4,
+            kv_e4m3: false,
             kernels: KernelBuild {
                 decode_stages: 3,
                 decode_carveout: DecodeCarveout {
@@ -797,6 +831,34 @@ mod tests {
             t.precision_name(false),
             "bf16-deterministic-split64-ksplit2"
         );
+    }
+
+    #[test]
+    fn an_fp8_kv_cache_is_named_and_needs_tensor_core_attention() {
+        let mut t = CudaTuning {
+            kv_e4m3: true,
+            ..Default::default()
+        };
+        assert_eq!(t.precision_name(false), "bf16-kvfp8");
+        assert_eq!(
+            t.precision_name(true),
+            "f32",
+            "precise mode keeps an f32 cache"
+        );
+        t.deterministic = true;
+        let name = t.precision_name(false);
+        assert_eq!(name, "bf16-deterministic-split256-ksplit2-kvfp8");
+        assert_eq!(CudaTuning::deterministic_order(&name), Some((256, 2)));
+        t.deterministic = false;
+        t.quantization = Quantization::Fp8W8A8;
+        assert_eq!(t.precision_name(false), "fp8-w8a8-bf16edges1-kvfp8");
+        assert!(t.validate().is_ok());
+        t.prefill_tensor_cores = false;
+        assert_eq!(t.validate().unwrap_err().var, PREFILL_MMA_VAR);
+        t.decode_tensor_cores = false;
+        assert_eq!(t.validate().unwrap_err().var, MMA_VAR);
+        t.kv_e4m3 = false;
+        assert!(t.validate().is_ok());
     }
 
     #[test]
