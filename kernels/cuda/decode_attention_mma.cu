@@ -25,11 +25,14 @@
 // RoPE + KV write, see decode_attention_mma() below). Two entry points share the body so the host can
 // give grids of at most one CTA per SM their own shared-memory carveout (attention.rs).
 //
-// An e4m3 cache (-DKV_FP8, layout in common.cuh): a ring slot holds the chunk's codes (unswizzled,
-// [2][CHUNK, D] bytes) and its per-token scales ([2][CHUNK] f32); once it has landed the warp widens
-// the codes to f16 into one swizzled tile pair of its own (widen_rows, mma_tiles.cuh), and the
-// loop runs as above with f16 operands, each score multiplied by its token's K scale and each P
-// by its token's V scale before P is packed. The fused write quantizes the newest token's rows with
+// An e4m3 cache (-DKV_FP8, layout in common.cuh): a ring slot holds the chunk's codes ([2][CHUNK, D]
+// bytes; K's 16-byte pieces at swizzled columns, k8_offset) and its per-token scales ([2][CHUNK]
+// f32), and the mma operands are f16. K goes from shared memory to registers as they are: a lane
+// reads 4 consecutive codes of a token -- dims ks * 16 + tig * 4 .. + 3 of k-step ks -- and widens
+// them into its B fragment, so the k-step's 16 dims are taken in a permuted order, and Q's A
+// fragment is loaded in the same order (the dot product does not depend on it). V's codes are
+// widened into one f16 tile in slot_offset's layout (widen_v) for ldmatrix.trans. Each score is
+// multiplied by its token's K scale and each P by its token's V scale before P is packed. The fused write quantizes the newest token's rows with
 // rope_kv_write_e4m3's arithmetic (kv_quant_inv, kv_quant_scale), so the cache holds the same bytes.
 //
 // Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), a bf16 or (KV_FP8) e4m3 cache; STAGES
@@ -72,8 +75,14 @@
 #ifdef KV_FP8
 #define CODE_BYTES (CHUNK * D)                              // e4m3 codes of K (or V) of a chunk
 #define STAGE_BYTES (2 * CODE_BYTES + 2 * CHUNK * 4)        // K codes, V codes, K scales, V scales
-#define WIDE_OFF (STAGES * STAGE_BYTES)                     // the chunk in use, widened: [2][CHUNK, D] f16
-#define WARP_BYTES (WIDE_OFF + 2 * SLOT_BYTES)
+#define WIDE_OFF (STAGES * STAGE_BYTES)                     // the chunk's V in use, widened: [CHUNK, D] f16
+#define WARP_BYTES (WIDE_OFF + SLOT_BYTES)
+// Byte offset of 16-byte piece `piece` of K codes row `tok` in a staged chunk: swizzled so that
+// the 8 tokens a k-step's loads touch (rows gid, or gid + 8) fall into different banks.
+#define K8_SWIZZLE ((D / 16 < 8 ? D / 16 : 8) - 1)
+__device__ __forceinline__ u32 k8_offset(int tok, int piece) {
+    return (u32)(tok * D + ((piece ^ (tok & K8_SWIZZLE)) << 4));
+}
 #else
 #define STAGE_BYTES (2 * SLOT_BYTES)                        // K then V tile, bf16, swizzled
 #define WARP_BYTES (STAGES * STAGE_BYTES)
@@ -142,7 +151,8 @@ __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
     }
 }
 #else
-// e4m3 cache: the chunk's codes (row tok at st + tok * D, V codes CODE_BYTES on) and scales (K at
+// e4m3 cache: the chunk's codes (K row tok at st + k8_offset(tok, .), V row tok at st + CODE_BYTES
+// + tok * D) and scales (K at
 // st + 2 * CODE_BYTES + tok * 4, V CHUNK * 4 on), the same tokens zero-filled or left alone as
 // above. row_bytes: kv_e4m3_row_bytes; head_off = kvh * D; scale_off: the head's scale in a row.
 __device__ __forceinline__ void issue_chunk(u32 st, int t0, int lane, int t_end, int skip,
@@ -157,9 +167,8 @@ __device__ __forceinline__ void issue_chunk(u32 st, int t0, int lane, int t_end,
         const bool valid = t < t_end;
         size_t at = 0;
         if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + head_off + piece * 16;
-        const u32 so = st + (u32)(tok * D + piece * 16);
-        cp_async16(so, k_cache + at, valid);
-        cp_async16(so + CODE_BYTES, v_cache + at, valid);
+        cp_async16(st + k8_offset(tok, piece), k_cache + at, valid);
+        cp_async16(st + CODE_BYTES + (u32)(tok * D + piece * 16), v_cache + at, valid);
     }
     const int tok = lane & (CHUNK - 1), t = t0 + tok;
     if (t != skip) {
@@ -188,12 +197,35 @@ __device__ __forceinline__ void place_fresh8(u32 st, int tok, int lane, const un
                                              const float* fresh_s) {
     for (int i = lane; i < 2 * (D / 16); i += 32) {
         const int kv = i / (D / 16), piece = i % (D / 16);
-        st_shared16(st + (u32)(kv * CODE_BYTES + tok * D + piece * 16), ((const uint4*)(fresh + kv * D))[piece]);
+        const u32 at = kv == 0 ? k8_offset(tok, piece) : CODE_BYTES + (u32)(tok * D + piece * 16);
+        st_shared16(st + at, ((const uint4*)(fresh + kv * D))[piece]);
     }
     if (lane < 2) {
         const u32 at = st + 2 * CODE_BYTES + (u32)(lane * CHUNK * 4 + tok * 4);
         const float v = fresh_s[lane];
         asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(v) : "memory");
+    }
+}
+
+// The chunk's V codes (codes: [CHUNK, D] bytes, rows unswizzled) widened to f16 at `wide` in
+// slot_offset's layout, for ldmatrix.trans: lane `lane` takes pieces lane + 32 i, all loads
+// first so their latencies overlap.
+__device__ __forceinline__ void widen_v(const unsigned char* codes, unsigned char* wide, int lane) {
+    uint4 c[D / 32];
+#pragma unroll
+    for (int i = 0; i < D / 32; i++) c[i] = ((const uint4*)codes)[lane + 32 * i];
+#pragma unroll
+    for (int i = 0; i < D / 32; i++) {
+        const int idx = lane + 32 * i, row = idx / (D / 16), piece = idx % (D / 16);
+        const u32 w[4] = {c[i].x, c[i].y, c[i].z, c[i].w};
+        u32 h[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            h[2 * k] = e4m3x2_to_f16x2((unsigned short)(w[k] & 0xffffu));
+            h[2 * k + 1] = e4m3x2_to_f16x2((unsigned short)(w[k] >> 16));
+        }
+        *(uint4*)(wide + slot_offset(row, 2 * piece)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *(uint4*)(wide + slot_offset(row, 2 * piece + 1)) = make_uint4(h[4], h[5], h[6], h[7]);
     }
 }
 #endif
@@ -284,10 +316,19 @@ __device__ __forceinline__ void decode_attention_mma(
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + min(gid, G - 1)) * D + ks * 16 + tig * 2;
+#ifdef KV_FP8
+        // Dims tig * 4 .. + 3 of the k-step (qp is at tig * 2), the order this lane's K codes
+        // come in (see the top).
+        qf[ks][0] = qp[tig * 2];
+        qf[ks][1] = qp[tig * 2 + 1];
+        qf[ks][2] = qp[tig * 2 + 2];
+        qf[ks][3] = qp[tig * 2 + 3];
+#else
         qf[ks][0] = qp[0];
         qf[ks][1] = qp[1];
         qf[ks][2] = qp[8];
         qf[ks][3] = qp[9];
+#endif
     }
 
     // The newest token's K and V rows. Fused RoPE: rotated from qkv into fresh_kv, stored into the
@@ -337,9 +378,10 @@ __device__ __forceinline__ void decode_attention_mma(
         const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems;
         const u32 st = ring + fresh_chunk * STAGE_BYTES;
         for (int i = lane; i < 2 * (D / 16); i += 32) {
+            const int piece = i % (D / 16);
             const kv_t* src = (i < D / 16 ? k_cache : v_cache) + at + head_off;
-            st_shared16(st + (u32)((i / (D / 16)) * CODE_BYTES + tok * D + (i % (D / 16)) * 16),
-                        __ldcg((const uint4*)src + i % (D / 16)));
+            const u32 so = i < D / 16 ? k8_offset(tok, piece) : CODE_BYTES + (u32)(tok * D + piece * 16);
+            st_shared16(st + so, __ldcg((const uint4*)src + piece));
         }
         if (lane < 2) {
             const float sc = __ldcg((const float*)((lane == 0 ? k_cache : v_cache) + at + scale_off));
@@ -387,7 +429,11 @@ __device__ __forceinline__ void decode_attention_mma(
         for (int ks = 0; ks < D / 32; ks++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
+#ifdef KV_FP8
+                const int j = ks * 16 + tig * 4 + e;
+#else
                 const int j = ks * 16 + tig * 2 + (e & 1) + (e >> 1) * 8;
+#endif
                 rotate_pair(qf[ks][e], qf[ks + D / 32][e], cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j],
                             &qf[ks][e], &qf[ks + D / 32][e]);
             }
@@ -421,32 +467,39 @@ __device__ __forceinline__ void decode_attention_mma(
         cp_async_wait_stages();
         __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
 #ifdef KV_FP8
-        const u32 st = ring + (c % STAGES) * STAGE_BYTES;
-        const u32 ks = ring + WIDE_OFF;
-        widen_rows(st, ks, 2 * CHUNK, lane, 32);  // K rows then V rows: CODE_BYTES = CHUNK rows apart
+        const unsigned char* stp = smem + warp * WARP_BYTES + (c % STAGES) * STAGE_BYTES;  // this chunk's codes
+        const u32 vs = ring + WIDE_OFF;
+        widen_v(stp + CODE_BYTES, smem + warp * WARP_BYTES + WIDE_OFF, lane);
         // The scales of this lane's tokens n * 8 + tig * 2 + j: k_sc for the scores, v_sc for P.
         float k_sc[2][2], v_sc[2][2];
 #pragma unroll
         for (int n = 0; n < 2; n++)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const u32 at = st + 2 * CODE_BYTES + (u32)((n * 8 + tig * 2 + j) * 4);
-                k_sc[n][j] = ld_shared_f32(at);
-                v_sc[n][j] = ld_shared_f32(at + CHUNK * 4);
+                const float* sc = (const float*)(stp + 2 * CODE_BYTES) + n * 8 + tig * 2 + j;
+                k_sc[n][j] = sc[0];
+                v_sc[n][j] = sc[CHUNK];
             }
-        __syncwarp();  // the widened tiles are visible to the whole warp
 #else
         const u32 ks = ring + (c % STAGES) * STAGE_BYTES;
-#endif
         const u32 vs = ks + SLOT_BYTES;
+#endif
 
         // S = Q . K^T: s[n][j] is row gid, token n * 8 + tig * 2 + j of the chunk.
         float s[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
         for (int kstep = 0; kstep < D / 16; kstep++) {
+#ifdef KV_FP8
+            // Codes of tokens gid and gid + 8, dims kstep * 16 + tig * 4 .. + 3, widened.
+            const u32 w0 = *(const u32*)(stp + k8_offset(gid, kstep) + tig * 4);
+            const u32 w1 = *(const u32*)(stp + k8_offset(gid + 8, kstep) + tig * 4);
+            const u32 b[4] = {e4m3x2_to_f16x2((unsigned short)(w0 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w0 >> 16)),
+                              e4m3x2_to_f16x2((unsigned short)(w1 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w1 >> 16))};
+#else
             // Matrices: tokens 0-7 / 8-15 (mat >> 1) x dims kstep*16 + 0-7 / 8-15 (mat & 1).
             u32 b[4];
             ldsm_x4(b, ks + k_row + (((kstep * 2) ^ k_swz) << 4));
+#endif
             mma_top_rows(s[0], qa[kstep][0], qa[kstep][1], b[0], b[1]);
             mma_top_rows(s[1], qa[kstep][0], qa[kstep][1], b[2], b[3]);
         }
@@ -490,6 +543,7 @@ __device__ __forceinline__ void decode_attention_mma(
 #ifdef KV_FP8
         const u32 p_lo = pack_ab(s[0][0] * v_sc[0][0], s[0][1] * v_sc[0][1]);
         const u32 p_hi = pack_ab(s[1][0] * v_sc[1][0], s[1][1] * v_sc[1][1]);
+        __syncwarp();  // every lane's widened V pieces are visible to the whole warp
 #else
         const u32 p_lo = pack_ab(s[0][0], s[0][1]), p_hi = pack_ab(s[1][0], s[1][1]);
 #endif

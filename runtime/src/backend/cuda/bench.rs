@@ -17,9 +17,9 @@
 //!
 //! Times are CUDA-event medians after warm-up.
 
-use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 
 use super::tests::device;
 use super::{CudaBackend, CudaBuffer};
@@ -96,7 +96,18 @@ fn graph_ms(
 #[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
 fn bench_decode_attention() -> R<()> {
     let Some(b) = device() else { return Ok(()) };
-    let copy = copy_bandwidth(&b)?;
+    decode_attention_shapes(&b)?;
+    // The same shapes over an e4m3 cache (`--kv-dtype fp8`): 1056 bytes a token and layer's K
+    // (or V) at this head shape against bf16's 2048.
+    let Some(e4m3) = super::tests::device_with(|t| t.kv_e4m3 = true) else {
+        return Ok(());
+    };
+    decode_attention_shapes(&e4m3)
+}
+
+/// `bench_decode_attention` on `b`'s cache format.
+fn decode_attention_shapes(b: &CudaBackend) -> R<()> {
+    let copy = copy_bandwidth(b)?;
     println!(
         "BENCH copy_d2d bytes=2GiB bandwidth={:.1} GB/s (read+write)",
         copy / 1e9
@@ -127,17 +138,40 @@ fn bench_decode_attention() -> R<()> {
         let ctx = ctx.div_ceil(bs) * bs;
         let blocks_per_seq = ctx / bs;
         let num_blocks = batch * blocks_per_seq;
-        let cache_len = num_blocks * bs * heads.kv_width();
-        // Enough cache copies (K and V: [num_blocks, bs, kv_width] bf16 each) are cycled that a call
-        // finds its KV in DRAM, not in the 50 MB L2 a previous call left it in -- as the 32 layers of
-        // a decode step do. The "warm" figures re-read copy 0, which at (1, 4096) (16.8 MB) is L2.
-        let copies = (512usize << 20).div_ceil(2 * cache_len * 2).max(1);
+        let row = b.kv_row_elems(heads);
+        let cache_len = num_blocks * bs * row;
+        let elem = b.kv_dtype().size_bytes();
+        // Enough cache copies (K and V: [num_blocks, bs, row] each) are cycled that a call finds
+        // its KV in DRAM, not in the 50 MB L2 a previous call left it in -- as the 32 layers of a
+        // decode step do. The "warm" figures re-read copy 0, which at (1, 4096) (16.8 MB) is L2.
+        let copies = (512usize << 20).div_ceil(2 * cache_len * elem).max(1);
+        // An e4m3 cache: random finite codes of either sign and a scale of 1/64 per head.
+        let e4m3_rows = (b.kv_dtype() == DType::F8E4M3).then(|| {
+            let mut r = StdRng::seed_from_u64(9);
+            let one: Vec<u8> = (0..row)
+                .map(|i| match i.checked_sub(heads.kv_width()) {
+                    None => r.gen_range(0u8..0x7f) | (r.gen_range(0u8..2) << 7),
+                    Some(j) if j < 4 * heads.n_kv_heads => (1f32 / 64.0).to_le_bytes()[j % 4],
+                    Some(_) => 0,
+                })
+                .collect(); // [row]
+            one.repeat(num_blocks * bs) // [num_blocks, bs, row]
+        });
         let mut caches = Vec::with_capacity(copies);
         for i in 0..copies as u32 {
-            let mut kc = b.alloc(DType::BF16, cache_len)?;
-            let mut vc = b.alloc(DType::BF16, cache_len)?;
-            b.fill_random_bf16(&mut kc, 1 + 2 * i, 1.0)?;
-            b.fill_random_bf16(&mut vc, 2 + 2 * i, 1.0)?;
+            let (kc, vc) = match &e4m3_rows {
+                Some(bytes) => (
+                    b.upload_bytes(DType::F8E4M3, bytes)?,
+                    b.upload_bytes(DType::F8E4M3, bytes)?,
+                ),
+                None => {
+                    let mut kc = b.alloc(DType::BF16, cache_len)?;
+                    let mut vc = b.alloc(DType::BF16, cache_len)?;
+                    b.fill_random_bf16(&mut kc, 1 + 2 * i, 1.0)?;
+                    b.fill_random_bf16(&mut vc, 2 + 2 * i, 1.0)?;
+                    (kc, vc)
+                }
+            };
             caches.push((kc, vc));
         }
         let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
@@ -168,16 +202,16 @@ fn bench_decode_attention() -> R<()> {
             let (kc, vc) = &caches[i % copies];
             b.paged_attention(&qb, KvLayer { k: kc, v: vc }, &meta, &mut out, shape)
         };
-        let ms = time_ms(&b, 5, 50, || Ok(call(0)?))?;
-        let b2b_ms = back_to_back_ms(&b, 20, 20, || Ok(call(0)?))?;
-        let graph_warm_ms = graph_ms(&b, 20, 20, &mut call)?;
+        let ms = time_ms(b, 5, 50, || Ok(call(0)?))?;
+        let b2b_ms = back_to_back_ms(b, 20, 20, || Ok(call(0)?))?;
+        let graph_warm_ms = graph_ms(b, 20, 20, &mut call)?;
         let mut next = 0;
-        let cold_ms = time_ms(&b, 5, 50, || {
+        let cold_ms = time_ms(b, 5, 50, || {
             next += 1;
             Ok(call(next)?)
         })?;
-        let graph_cold_ms = graph_ms(&b, copies.max(20).next_multiple_of(copies), 20, &mut call)?;
-        let kv_bytes = 2.0 * (batch * ctx * heads.kv_width() * 2) as f64;
+        let graph_cold_ms = graph_ms(b, copies.max(20).next_multiple_of(copies), 20, &mut call)?;
+        let kv_bytes = 2.0 * (batch * ctx * row * elem) as f64;
         let pct = |ms: f64| 100.0 * kv_bytes / (ms * 1e-3) / copy;
         let plan = super::attention::plan_splits(
             batch,
@@ -188,9 +222,10 @@ fn bench_decode_attention() -> R<()> {
             b.split_min_tokens,
         );
         println!(
-            "BENCH decode_attention batch={batch} ctx={ctx} time_us={:.1} kv_bytes={:.1}MB bandwidth={:.1} GB/s \
+            "BENCH decode_attention kv={:?} batch={batch} ctx={ctx} time_us={:.1} kv_bytes={:.1}MB bandwidth={:.1} GB/s \
              pct_of_copy={:.1}% back_to_back_us={:.1} back_to_back_pct_of_copy={:.1}% splits={} \
              split_tokens={}",
+            b.kv_dtype(),
             ms * 1e3,
             kv_bytes / 1e6,
             kv_bytes / (ms * 1e-3) / 1e9,
@@ -201,9 +236,10 @@ fn bench_decode_attention() -> R<()> {
             plan.split_tokens
         );
         println!(
-            "BENCH decode_attention_graph batch={batch} ctx={ctx} cache_copies={copies} \
+            "BENCH decode_attention_graph kv={:?} batch={batch} ctx={ctx} cache_copies={copies} \
              warm_graph_us={:.1} warm_graph_pct_of_copy={:.1}% cold_one_us={:.1} cold_one_pct_of_copy={:.1}% \
              cold_graph_us={:.1} cold_graph_pct_of_copy={:.1}%",
+            b.kv_dtype(),
             graph_warm_ms * 1e3,
             pct(graph_warm_ms),
             cold_ms * 1e3,

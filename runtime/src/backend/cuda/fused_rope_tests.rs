@@ -136,12 +136,8 @@ fn check_case(b: &CudaBackend, heads: HeadShape, block_size: usize, ctxs: &[usiz
     println!("fused rope + attention == rope_kv_write + paged_attention: {what}");
 }
 
-#[test]
-fn fused_rope_attention_matches_the_unfused_ops() {
-    let Some(b) = device() else { return };
-    if b.kv_dtype() != DType::BF16 {
-        return;
-    }
+/// Head shapes, block sizes and contexts of the checks below.
+fn cases() -> Vec<(HeadShape, usize, Vec<usize>)> {
     let llama8b = HeadShape {
         n_heads: 32,
         n_kv_heads: 8,
@@ -149,7 +145,7 @@ fn fused_rope_attention_matches_the_unfused_ops() {
     };
     let mut rng = StdRng::seed_from_u64(5);
     let many: Vec<usize> = (0..37).map(|_| rng.gen_range(1..700)).collect();
-    let cases: Vec<(HeadShape, usize, Vec<usize>)> = vec![
+    vec![
         (llama8b, 16, vec![1]),
         (llama8b, 16, vec![16, 17, 63, 64, 65]),
         (llama8b, 16, vec![300]),
@@ -192,15 +188,27 @@ fn fused_rope_attention_matches_the_unfused_ops() {
             16,
             vec![4001, 3],
         ),
-    ];
-    for (i, (heads, bs, ctxs)) in cases.iter().enumerate() {
+    ]
+}
+
+#[test]
+fn fused_rope_attention_matches_the_unfused_ops() {
+    let Some(b) = device() else { return };
+    if b.kv_dtype() != DType::BF16 {
+        return;
+    }
+    for (i, (heads, bs, ctxs)) in cases().iter().enumerate() {
         check_case(&b, *heads, *bs, ctxs, 300 + i as u64);
     }
-    // The e4m3 cache: the fused write quantizes as rope_kv_write_e4m3 does, byte for byte.
-    let Some(e4m3) = super::tests::device_with(|t| t.kv_e4m3 = true) else {
+}
+
+/// The e4m3 cache: the fused write quantizes as `rope_kv_write_e4m3` does, byte for byte.
+#[test]
+fn fused_rope_attention_matches_the_unfused_ops_e4m3() {
+    let Some(b) = super::tests::device_with(|t| t.kv_e4m3 = true) else {
         return;
     };
-    for (i, (heads, bs, ctxs)) in cases.iter().enumerate() {
-        check_case(&e4m3, *heads, *bs, ctxs, 400 + i as u64);
+    for (i, (heads, bs, ctxs)) in cases().iter().enumerate() {
+        check_case(&b, *heads, *bs, ctxs, 400 + i as u64);
     }
 }
