@@ -1,6 +1,6 @@
 //! What a run's signed heads say it ran on: the backend and precision of its newest head, and
-//! from the precision the deterministic order (attention split length, parts of K) that a resume
-//! or a replay of the run must keep, whatever this build's defaults.
+//! from the precision the deterministic order (attention split length, parts of K) and the KV
+//! cache's format that a resume or a replay of the run must keep, whatever this build's defaults.
 //!
 //! Design: the heads are the record (`sov audit` verifies them); these read the newest head
 //! without verifying it, to choose how to start, and a head that does not parse is an error
@@ -21,15 +21,28 @@ pub fn signed_platform(dir: &Path) -> Result<Platform, CheckpointError> {
 /// run directory `resume` names, so that a resumed run keeps the arithmetic it started with
 /// (None: no run to resume, no checkpoint directory yet, or not a deterministic run).
 pub fn resume_order(resume: Option<&Path>) -> Result<Option<(usize, usize)>, CheckpointError> {
+    Ok(resume_precision(resume)?
+        .as_deref()
+        .and_then(CudaTuning::deterministic_order))
+}
+
+/// Whether the newest signed head of the run directory `resume` names an e4m3 KV cache
+/// ([`CudaTuning::names_kv_e4m3`]), which a resumed run then keeps unless told otherwise.
+pub fn resume_kv_e4m3(resume: Option<&Path>) -> Result<bool, CheckpointError> {
+    Ok(resume_precision(resume)?
+        .as_deref()
+        .is_some_and(CudaTuning::names_kv_e4m3))
+}
+
+/// The precision the newest signed head of the run directory `resume` names (None: no run to
+/// resume, no checkpoint directory yet, or no precision named).
+fn resume_precision(resume: Option<&Path>) -> Result<Option<String>, CheckpointError> {
     let Some(run) = resume else { return Ok(None) };
     let dir = super::run_dir::checkpoint_dir(run);
     if !dir.is_dir() {
         return Ok(None); // starting the engine says what is wrong with the directory
     }
-    Ok(signed_platform(&dir)?
-        .precision
-        .as_deref()
-        .and_then(CudaTuning::deterministic_order))
+    Ok(signed_platform(&dir)?.precision)
 }
 
 #[cfg(test)]
@@ -65,6 +78,11 @@ mod tests {
         assert_eq!(resume_order(Some(run.path())).unwrap(), Some((256, 2)));
         let run = run_on("bf16-deterministic");
         assert_eq!(resume_order(Some(run.path())).unwrap(), Some((128, 1)));
+        assert!(!resume_kv_e4m3(Some(run.path())).unwrap());
+        let run = run_on("bf16-deterministic-split256-ksplit2-kvfp8");
+        assert_eq!(resume_order(Some(run.path())).unwrap(), Some((256, 2)));
+        assert!(resume_kv_e4m3(Some(run.path())).unwrap());
+        assert!(!resume_kv_e4m3(None).unwrap());
         let run = run_on("fp8-w8a8-bf16edges1");
         assert_eq!(resume_order(Some(run.path())).unwrap(), None);
         let dir = super::super::run_dir::checkpoint_dir(run.path());

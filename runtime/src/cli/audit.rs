@@ -73,6 +73,11 @@ pub fn run(args: AuditArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         .precision
         .as_deref()
         .and_then(CudaTuning::deterministic_order);
+    // Likewise its KV cache's format (an e4m3 cache rounds attention differently).
+    let run_kv_e4m3 = run_on
+        .precision
+        .as_deref()
+        .is_some_and(CudaTuning::names_kv_e4m3);
     let mut model = args.model.clone();
     if model.deterministic.is_none() {
         model.deterministic = Some(order.is_some());
@@ -83,6 +88,7 @@ pub fn run(args: AuditArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         StartExtras {
             ephemeral: true,
             deterministic_order: order,
+            kv_e4m3: run_kv_e4m3,
             ..StartExtras::default()
         },
         t_load,
@@ -96,6 +102,7 @@ pub fn run(args: AuditArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
         tuning.deterministic_split_tokens = split;
         tuning.deterministic_k_split = parts;
     }
+    tuning.kv_e4m3 = model.kv_e4m3_for(device, run_kv_e4m3)?;
     let replay_on = platform_of(
         device,
         model.precision == PrecisionChoice::F32,

@@ -77,8 +77,9 @@ pub struct ModelArgs {
     /// and half the bytes a decode step's attention reads. Needs compute capability 8.9 and
     /// head_dim 64, 128 or 256; not with `--precision f32`. Receipts append `-kvfp8` to the
     /// precision.
-    #[arg(long, value_enum, default_value_t = KvDtypeChoice::Bf16)]
-    pub kv_dtype: KvDtypeChoice,
+    /// Default `bf16`, or for `--resume` and `sov audit` the format the run's heads name.
+    #[arg(long, value_enum)]
+    pub kv_dtype: Option<KvDtypeChoice>,
     /// On CUDA, batch-invariant kernels: a request's tokens do not depend on the requests batched
     /// with it, and a recompute resume rebuilds the KV bit for bit (see kernels/README.md).
     /// Default: on for a GPU run whose checkpoints are in recompute mode (generate's and serve's
@@ -221,6 +222,9 @@ pub struct StartExtras {
     /// the environment's ([`CudaTuning::deterministic_order`]: `sov audit` replays a run in the
     /// order its heads name).
     pub deterministic_order: Option<(usize, usize)>,
+    /// The run being resumed or replayed kept an e4m3 KV cache ([`CudaTuning::names_kv_e4m3`]):
+    /// keep it unless `--kv-dtype` is given.
+    pub kv_e4m3: bool,
 }
 
 impl ModelArgs {
@@ -344,7 +348,7 @@ impl ModelArgs {
         let device = self.device();
         let mut tuning = cuda_tuning_from_env()?;
         tuning.deterministic = self.deterministic.unwrap_or(false);
-        self.set_quantization(&mut tuning, parts, device)?;
+        self.set_quantization(&mut tuning, parts, device, false)?;
         Ok((device, self.precision == PrecisionChoice::F32, tuning))
     }
 
@@ -428,7 +432,7 @@ impl ModelArgs {
             opts.cuda_tuning.deterministic_split_tokens = split;
             opts.cuda_tuning.deterministic_k_split = parts;
         }
-        self.set_quantization(&mut opts.cuda_tuning, &parts, device)?;
+        self.set_quantization(&mut opts.cuda_tuning, &parts, device, extras.kv_e4m3)?;
         anyhow::ensure!(
             opts.witnesses.is_none() || opts.checkpoints.is_some(),
             "--witness needs checkpoints (drop --checkpoint off)"

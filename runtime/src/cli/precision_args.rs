@@ -54,24 +54,30 @@ impl ModelArgs {
     /// Sets `tuning`'s products format ([`Self::quantization_for`], given its deterministic
     /// choice), the layers FP8 leaves in bf16 (`--fp8-edge-layers`; none named for an FP8
     /// checkpoint, whose weights upload as they are) and the KV cache's format
-    /// ([`Self::kv_e4m3_for`]).
+    /// ([`Self::kv_e4m3_for`]; `run_kv_e4m3`: the run resumed or replayed kept an e4m3 cache).
     pub(super) fn set_quantization(
         &self,
         tuning: &mut CudaTuning,
         parts: &ModelParts,
         device: Device,
+        run_kv_e4m3: bool,
     ) -> anyhow::Result<()> {
         tuning.quantization = self.quantization_for(parts, device, tuning.deterministic)?;
         tuning.fp8_bf16_edge_layers =
             self.fp8_edge_layers_for(tuning.quantization, parts.has_fp8_weights())?;
-        tuning.kv_e4m3 = self.kv_e4m3_for(device)?;
+        tuning.kv_e4m3 = self.kv_e4m3_for(device, run_kv_e4m3)?;
         Ok(())
     }
 
-    /// Whether the KV cache holds e4m3 (`--kv-dtype fp8`), or why it cannot on `device`.
-    pub(super) fn kv_e4m3_for(&self, device: Device) -> anyhow::Result<bool> {
-        if self.kv_dtype == KvDtypeChoice::Bf16 {
-            return Ok(false);
+    /// Whether the KV cache holds e4m3: `--kv-dtype fp8`, or without `--kv-dtype` a resumed or
+    /// replayed run that kept one (`run_kv_e4m3`) where this device and precision can; an error
+    /// for `--kv-dtype fp8` where they cannot.
+    pub(super) fn kv_e4m3_for(&self, device: Device, run_kv_e4m3: bool) -> anyhow::Result<bool> {
+        let cuda_bf16 = matches!(device, Device::Cuda(_)) && self.precision != PrecisionChoice::F32;
+        match self.kv_dtype {
+            Some(KvDtypeChoice::Bf16) => return Ok(false),
+            None => return Ok(run_kv_e4m3 && cuda_bf16),
+            Some(KvDtypeChoice::Fp8) => {}
         }
         anyhow::ensure!(
             matches!(device, Device::Cuda(_)),
@@ -144,13 +150,27 @@ mod tests {
 
     #[test]
     fn an_fp8_kv_cache_is_for_cuda_in_bf16_precision() {
-        assert!(!parse(&[]).kv_e4m3_for(Device::Cuda(0)).unwrap());
+        let gpu = Device::Cuda(0);
+        assert!(!parse(&[]).kv_e4m3_for(gpu, false).unwrap());
         let a = parse(&["--kv-dtype", "fp8"]);
-        assert!(a.kv_e4m3_for(Device::Cuda(0)).unwrap());
-        let e = a.kv_e4m3_for(Device::Cpu).unwrap_err().to_string();
+        assert!(a.kv_e4m3_for(gpu, false).unwrap());
+        let e = a.kv_e4m3_for(Device::Cpu, false).unwrap_err().to_string();
         assert!(e.contains("needs a CUDA device"), "{e}");
+        // A resumed or replayed run keeps its e4m3 cache where it can, unless told otherwise.
+        assert!(parse(&[]).kv_e4m3_for(gpu, true).unwrap());
+        assert!(!parse(&[]).kv_e4m3_for(Device::Cpu, true).unwrap());
+        assert!(
+            !parse(&["--precision", "f32"])
+                .kv_e4m3_for(gpu, true)
+                .unwrap()
+        );
+        assert!(
+            !parse(&["--kv-dtype", "bf16"])
+                .kv_e4m3_for(gpu, true)
+                .unwrap()
+        );
         let a = parse(&["--kv-dtype", "fp8", "--precision", "f32"]);
-        let e = a.kv_e4m3_for(Device::Cuda(0)).unwrap_err().to_string();
+        let e = a.kv_e4m3_for(gpu, false).unwrap_err().to_string();
         assert!(e.contains("--precision f32"), "{e}");
         assert!(Cli::try_parse_from(["sov", "--kv-dtype", "int8"]).is_err());
     }

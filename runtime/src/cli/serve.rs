@@ -67,6 +67,7 @@ pub fn run(args: ServeArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             ephemeral: false,
             witnesses: args.witnesses.config()?,
             deterministic_order: crate::app::run_platform::resume_order(args.resume.as_deref())?,
+            kv_e4m3: crate::app::run_platform::resume_kv_e4m3(args.resume.as_deref())?,
         },
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -506,6 +506,11 @@ impl CudaTuning {
         }
     }
 
+    /// Whether a precision name ([`Self::precision_name`]) says its run kept an e4m3 KV cache.
+    pub fn names_kv_e4m3(name: &str) -> bool {
+        name.ends_with(KV_E4M3_SUFFIX)
+    }
+
     /// The attention split length and the parts of K that a deterministic precision name
     /// ([`Self::precision_name`]) says its run used: `bf16-deterministic-split256-ksplit2` gives
     /// `(256, 2)`, the bare `-deterministic` of older runs `(128, 1)`. None for a name that is not
@@ -849,6 +854,10 @@ mod tests {
         let name = t.precision_name(false);
         assert_eq!(name, "bf16-deterministic-split256-ksplit2-kvfp8");
         assert_eq!(CudaTuning::deterministic_order(&name), Some((256, 2)));
+        assert!(CudaTuning::names_kv_e4m3(&name));
+        assert!(!CudaTuning::names_kv_e4m3(
+            "bf16-deterministic-split256-ksplit2"
+        ));
         t.deterministic = false;
         t.quantization = Quantization::Fp8W8A8;
         assert_eq!(t.precision_name(false), "fp8-w8a8-bf16edges1-kvfp8");
