@@ -548,6 +548,18 @@ mod tests {
     }
 
     #[test]
+    fn e4m3_rows_pad_their_scales_to_16_bytes() {
+        assert_eq!(kv_e4m3_row_bytes(8, 128), 1024 + 32);
+        assert_eq!(kv_e4m3_row_bytes(3, 64), 192 + 16);
+        assert_eq!(kv_e4m3_row_bytes(1, 64), 64 + 16);
+        assert_eq!(kv_e4m3_row_bytes(5, 256), 1280 + 32);
+        for (h, d) in [(1, 64), (2, 128), (3, 64), (8, 128), (7, 256)] {
+            assert_eq!(kv_e4m3_row_bytes(h, d) % 16, 0);
+            assert!(kv_e4m3_row_bytes(h, d) >= h * d + 4 * h);
+        }
+    }
+
+    #[test]
     fn head_shapes_are_validated() {
         assert!(
             HeadConfig {

@@ -437,7 +437,7 @@ impl Drop for AsyncBlocks {
 /// Bytes of one whole block in `layout`: `[layers, 2, block_size, row]`, a row `KVH * D`
 /// elements, or for an e4m3 cache (`f8e4m3`) `KVH * D` codes and the heads' padded f32 scales
 /// (`sov_kernels::kv_e4m3_row_bytes`).
-fn block_bytes_of(layout: &KvLayout) -> Result<usize> {
+pub(super) fn block_bytes_of(layout: &KvLayout) -> Result<usize> {
     let (kv_heads, head_dim) = (layout.kv_heads as usize, layout.head_dim as usize);
     let row = match layout.dtype.as_str() {
         "f32" | "u32" | "i32" => 4 * kv_heads * head_dim,

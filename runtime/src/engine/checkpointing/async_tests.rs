@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use super::async_blocks::AsyncBlocks;
+use super::async_blocks::{AsyncBlocks, block_bytes_of};
 use super::core_io::{checkpoint_core, restore_core};
 use super::resume_tests::{llama_kv, requests, rig, tiny_llama};
 use crate::backend::cpu::CpuBackend;
@@ -302,4 +302,23 @@ fn deferred_checkpoints_lose_no_block_and_resume_exactly() {
             "request {id} after deferred checkpoints"
         );
     }
+}
+
+#[test]
+fn block_bytes_count_e4m3_rows_with_their_scales() {
+    let layout = |dtype: &str| KvLayout {
+        layers: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        block_size: 16,
+        dtype: dtype.into(),
+    };
+    assert_eq!(block_bytes_of(&layout("bf16")).unwrap(), 32 * 2 * 16 * 2048);
+    // 1024 codes and 8 f32 scales a row (`--kv-dtype fp8`).
+    assert_eq!(
+        block_bytes_of(&layout("f8e4m3")).unwrap(),
+        32 * 2 * 16 * 1056
+    );
+    assert_eq!(block_bytes_of(&layout("f32")).unwrap(), 32 * 2 * 16 * 4096);
+    assert!(block_bytes_of(&layout("int4")).is_err());
 }
