@@ -1,11 +1,12 @@
 // rope_kv.cu: rotary position embedding (Hugging Face rotate_half convention) on the q and k heads of
-// a fused qkv activation, and the write of new K/V rows into the paged bf16 cache -- separately, or
+// a fused qkv activation, and the write of new K/V rows into the paged cache -- separately, or
 // fused into one launch (rope_kv_write: the decode step's kernel count is what batch 1 pays for).
 //
 // qkv rows: [(H + 2*KVH) * D] f32, q heads then k heads then v heads. cos/sin tables are
 // [max_pos, D/2] f32 computed by the model (Llama-3.1 rope_scaling baked in).
-// Paged cache layout, per layer: [num_blocks, block_size, KVH, D] bf16; a token's slot is
-// physical_block * block_size + offset_in_block.
+// Paged cache layout, per layer: [num_blocks, block_size, KVH, D] bf16 (f32 in precise mode; for
+// an e4m3 cache, rows of kv_e4m3_row_bytes: codes then the heads' scales, common.cuh); a token's
+// slot is physical_block * block_size + offset_in_block.
 #include "common.cuh"
 
 // In place on the first n_rot_heads (= H + KVH) heads of each row: for j < D/2,
