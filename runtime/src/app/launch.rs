@@ -46,8 +46,9 @@ impl Prepared {
     }
 }
 
-/// The KV budget in blocks of tokens of `kv_row_bytes` a layer's K (or V), the run lock and the checkpoint store,
-/// settled while `parts` still holds the weights (receipts hash them).
+/// The KV budget in blocks (a token's K, or V, row in one layer takes `kv_row_bytes`), the run
+/// lock and the checkpoint store, settled while `parts` still holds the weights (receipts hash
+/// them).
 pub(crate) fn prepare<M: Machine>(
     kv_row_bytes: usize,
     parts: &ModelParts,
