@@ -3,7 +3,7 @@
 # Logs: kernels/bench/logs/gpu-exactness-2026-12-01T2217.log and gpu-lead-checks-2026-12-03T0523.log (resumes).
 # GPU resume, Llama-3-8B shape random bf16, 16 requests x 1200 tokens: an uninterrupted reference,
 # then for each checkpoint mode (MODES, default "recompute blocks") and signal (SIGNALS, default
-# "TERM KILL"): the signal 3 s after acceptance, `--resume`, every request compared token for token.
+# "TERM KILL"): the signal DELAY s (default 3) after acceptance, `--resume`, every request compared token for token.
 # The reference and every interrupted first run load and run at once, then the resumes (the GPU
 # holds them all: KV=MiB of KV cache each, default 24000); T is the folder for their files
 # (default /tmp/sov-resume), so several of these scripts may run side by side.
@@ -28,7 +28,7 @@ first() {  # mode sig: the interrupted run
   $S generate $M $SAMPLE --checkpoint $1 --max-tokens $N --ignore-eos --json "${P[@]}" --run-dir $d > $d.first.json 2>$d.first.err &
   local pid=$!
   for i in $(seq 1 1800); do grep -q "resume with" $d.first.err && break; sleep 0.1; done
-  sleep 3; kill -$2 $pid; wait $pid; echo "== $1 SIG$2: first run exit $?"; grep -E "interrupted" $d.first.err
+  sleep ${DELAY:-3}; kill -$2 $pid; wait $pid; echo "== $1 SIG$2: first run exit $?"; grep -E "interrupted" $d.first.err
 }
 for c in "${CASES[@]}"; do first ${c%-*} ${c#*-} > $T/$c.log 2>&1 & done
 wait $ref; rc=$?

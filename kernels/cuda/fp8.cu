@@ -282,3 +282,168 @@ fp8_gemm_small_4(float* __restrict__ out, const u8* __restrict__ qx, const float
                   const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
     gemm_small<4>(out, qx, sx, qw, sw, n, k, m);
 }
+
+// ---------------------------------------------------------------------------------------------
+// fp8_small_q_* / fp8_swiglu_small_q_*: the small-M product for n <= 8 rows that quantizes its own
+// input, so no quantize_rows kernel runs between the input's producer and the product (at batch 1
+// four launches a layer fewer). Every CTA reads the n rows of x (f32 or bf16, k % 16 == 0) after
+// its first weight loads and its wait, quantizes them with quantize_rows_vec's arithmetic (the
+// same absolute maximum, scale and rounding of each value) into shared memory, and multiplies as
+// gemm_small does (the same 64-wide chunks per warp, mma steps and warp order of the partial
+// sums): its outputs equal quantize_rows_vec + fp8_gemm_small_1 bit for bit. The x bytes every
+// CTA re-reads come from L2 (k * n * 4 bytes a CTA at most, against 16 * k weight bytes).
+// fp8_swiglu_small_q_*: the same for w = [Wg; Wu] (2f rows): CTA b takes gate rows 8b .. 8b + 7 as
+// the mma's rows g and the matching up rows f + 8b .. as its rows g + 8, and writes
+// swiglu(gate, up) as silu_mul does: the product into gate_up, then silu_mul, bit for bit.
+// Dynamic shared memory: n * k bytes (the codes; the host keeps it <= 32 KiB).
+// Grid: ceil(m / 16) CTAs (swiglu: ceil(f / 8)) of 32 * SMALL_WARPS threads.
+__device__ __forceinline__ void store_small(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_small(bf16_t* p, float v) { *p = f2bf(v); }
+
+// Quantizes rows [0, n) of x ([n, k]) into q ([n, k] e4m3, shared memory) and their scales into
+// sx: quantize_rows_vec's values, read twice from global memory instead of held in registers.
+template <typename T>
+__device__ __forceinline__ void quantize_into_shared(u8* q, float* sx, const T* __restrict__ x, int n, int k,
+                                                     float* red) {
+    const int vecs = k / 8;
+    for (int r = 0; r < n; r++) {
+        const T* xr = x + (size_t)r * k;
+        float a = 0.f;
+        for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
+            float v[8];
+            load8(xr + (size_t)i * 8, v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) a = fmaxf(a, fabsf(v[j]));
+        }
+        a = block_max(a, red);
+        const float inv = a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f;
+        if (threadIdx.x == 0) sx[r] = a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f;
+        for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
+            float v[8];
+            load8(xr + (size_t)i * 8, v);
+            u32 w[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float* p = v + 4 * h;
+                const u32 lo = f32x2_to_e4m3x2(__fmul_rn(p[0], inv), __fmul_rn(p[1], inv));
+                const u32 hi = f32x2_to_e4m3x2(__fmul_rn(p[2], inv), __fmul_rn(p[3], inv));
+                w[h] = lo | (hi << 16);
+            }
+            *(uint2*)(q + (size_t)r * k + (size_t)i * 8) = make_uint2(w[0], w[1]);
+        }
+    }
+}
+
+// SMALL_UNROLL chunks of the two weight rows a lane reads, from chunk c0 (gemm_small's loads).
+__device__ __forceinline__ void small_loads(uint4* alo, uint4* ahi, const u8* wlo, const u8* whi, bool w_lo,
+                                            bool w_hi, int c0, int chunks, int k, int t) {
+#pragma unroll
+    for (int u = 0; u < SMALL_UNROLL; u++) {
+        const int kk = (c0 + u * SMALL_WARPS) * 64 + t * 16;
+        const bool in_k = c0 + u * SMALL_WARPS < chunks && kk < k;
+        alo[u] = load16_or_zero(wlo + kk, in_k && w_lo);
+        ahi[u] = load16_or_zero(whi + kk, in_k && w_hi);
+    }
+}
+
+template <typename T, typename OutT, bool SWIGLU>
+__device__ __forceinline__ void gemm_small_q(OutT* __restrict__ out, const T* __restrict__ x,
+                                             const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k,
+                                             int m) {
+    extern __shared__ __align__(16) u8 qx_s[];  // [n, k] e4m3: this CTA's quantized x
+    __shared__ float part[SMALL_WARPS][4][32];  // each warp's accumulators
+    __shared__ float red[32];
+    __shared__ float sx_s[8];  // [n] the rows' scales
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    // Weight rows of the mma's rows g and g + 8 (SWIGLU: m is f, and w holds 2f rows).
+    const int rlo = SWIGLU ? blockIdx.x * 8 + g : blockIdx.x * 16 + g;
+    const int rhi = SWIGLU ? m + rlo : rlo + 8;
+    const bool w_lo = rlo < m, w_hi = SWIGLU ? w_lo : rhi < m;
+    const u8* wlo = qw + (size_t)(w_lo ? rlo : 0) * k;
+    const u8* whi = qw + (size_t)(w_hi ? rhi : 0) * k;
+    const int chunks = (k + 63) / 64;
+    uint4 alo[SMALL_UNROLL], ahi[SMALL_UNROLL];
+    small_loads(alo, ahi, wlo, whi, w_lo, w_hi, warp, chunks, k, t);  // weights: before the wait
+    wait_for_prerequisites();
+    quantize_into_shared(qx_s, sx_s, x, n, k, red);
+    __syncthreads();
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const u8* xrow = qx_s + (size_t)(g < n ? g : 0) * k;
+    for (int c0 = warp; c0 < chunks; c0 += SMALL_WARPS * SMALL_UNROLL) {
+#pragma unroll
+        for (int u = 0; u < SMALL_UNROLL; u++) {
+            const int kk = (c0 + u * SMALL_WARPS) * 64 + t * 16;
+            const bool in_k = c0 + u * SMALL_WARPS < chunks && kk < k;
+            const uint4 b = in_k && g < n ? *(const uint4*)(xrow + kk) : make_uint4(0, 0, 0, 0);
+            mma_e4m3(acc, alo[u].x, ahi[u].x, alo[u].y, ahi[u].y, b.x, b.y);
+            mma_e4m3(acc, alo[u].z, ahi[u].z, alo[u].w, ahi[u].w, b.z, b.w);
+        }
+        const int next = c0 + SMALL_WARPS * SMALL_UNROLL;
+        if (next < chunks) small_loads(alo, ahi, wlo, whi, w_lo, w_hi, next, chunks, k, t);
+    }
+    allow_dependents_early();
+#pragma unroll
+    for (int j = 0; j < 4; j++) part[warp][j][lane] = acc[j];
+    __syncthreads();
+    // As gemm_small: accumulator j of lane l holds mma row g + 8 * (j / 2), x row 2 * t + j % 2.
+    if (!SWIGLU) {
+        for (int i = threadIdx.x; i < 128; i += blockDim.x) {
+            const int j = i / 32, l = i % 32;
+            const int wrow = blockIdx.x * 16 + (l >> 2) + 8 * (j >> 1), xr = 2 * (l & 3) + (j & 1);
+            if (wrow >= m || xr >= n) continue;
+            float s = 0.f;
+#pragma unroll
+            for (int w = 0; w < SMALL_WARPS; w++) s += part[w][j][l];
+            store_small(&out[(size_t)xr * m + wrow], s * sx_s[xr] * sw[wrow]);
+        }
+    } else {
+        // Thread i: x row 2 * t + jj of lane l's gate (accumulator jj) and up (jj + 2) sums.
+        for (int i = threadIdx.x; i < 64; i += blockDim.x) {
+            const int jj = i / 32, l = i % 32;
+            const int col = blockIdx.x * 8 + (l >> 2), xr = 2 * (l & 3) + jj;
+            if (col >= m || xr >= n) continue;
+            float sg = 0.f, su = 0.f;
+#pragma unroll
+            for (int w = 0; w < SMALL_WARPS; w++) {
+                sg += part[w][jj][l];
+                su += part[w][jj + 2][l];
+            }
+            const float gate = sg * sx_s[xr] * sw[col], up = su * sx_s[xr] * sw[m + col];
+            store_small(&out[(size_t)xr * m + col], swiglu(gate, up));
+        }
+    }
+}
+
+// out: [n, m] f32; x: [n, k] f32 or bf16; qw: [m, k] e4m3, sw: [m].
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_small_q_f32(float* __restrict__ out, const float* __restrict__ x, const u8* __restrict__ qw,
+                const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small_q<float, float, false>(out, x, qw, sw, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_small_q_bf16(float* __restrict__ out, const bf16_t* __restrict__ x, const u8* __restrict__ qw,
+                 const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small_q<bf16_t, float, false>(out, x, qw, sw, n, k, m);
+}
+// out: [n, f] (f32 or bf16, the second suffix); x: [n, k] (the first); qw: [2f, k] e4m3, sw: [2f].
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_swiglu_small_q_f32_f32(float* __restrict__ out, const float* __restrict__ x, const u8* __restrict__ qw,
+                           const float* __restrict__ sw, int n, int k, int f) {
+    gemm_small_q<float, float, true>(out, x, qw, sw, n, k, f);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_swiglu_small_q_f32_bf16(bf16_t* __restrict__ out, const float* __restrict__ x, const u8* __restrict__ qw,
+                            const float* __restrict__ sw, int n, int k, int f) {
+    gemm_small_q<float, bf16_t, true>(out, x, qw, sw, n, k, f);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_swiglu_small_q_bf16_f32(float* __restrict__ out, const bf16_t* __restrict__ x, const u8* __restrict__ qw,
+                            const float* __restrict__ sw, int n, int k, int f) {
+    gemm_small_q<bf16_t, float, true>(out, x, qw, sw, n, k, f);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
+fp8_swiglu_small_q_bf16_bf16(bf16_t* __restrict__ out, const bf16_t* __restrict__ x, const u8* __restrict__ qw,
+                             const float* __restrict__ sw, int n, int k, int f) {
+    gemm_small_q<bf16_t, bf16_t, true>(out, x, qw, sw, n, k, f);
+}

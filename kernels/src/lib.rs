@@ -399,6 +399,12 @@ impl KernelId {
                 "fp8_gemm_small_2",
                 "fp8_gemm_small_3",
                 "fp8_gemm_small_4",
+                "fp8_small_q_f32",
+                "fp8_small_q_bf16",
+                "fp8_swiglu_small_q_f32_f32",
+                "fp8_swiglu_small_q_f32_bf16",
+                "fp8_swiglu_small_q_bf16_f32",
+                "fp8_swiglu_small_q_bf16_bf16",
             ],
         }
     }

@@ -46,6 +46,9 @@ pub enum Fp8Path {
     Auto,
     /// `fp8_gemm_small_*` (n <= 32, k % 16 == 0).
     Small,
+    /// `fp8_small_q_*`: the small-M product quantizing its own input (`fp8_fused.rs`; n <= 8,
+    /// k % 16 == 0, n * k <= 32 KiB, and within [`super::CudaTuning::fp8_fused_max_rows`]).
+    SmallFused,
     /// cuBLASLt (k % 16 == 0, m % 4 == 0).
     CublasLt,
     /// `fp8_gemm_scalar` (any shape; slow).
@@ -232,6 +235,14 @@ impl CudaBackend {
         }
         if n == 0 || m == 0 {
             return Ok(());
+        }
+        let fused = self.fp8_fused_applies(n, k);
+        match path {
+            Fp8Path::SmallFused if !fused => return Err(unsupported("fused small-M", n, k, m)),
+            Fp8Path::Auto | Fp8Path::SmallFused if fused => {
+                return self.matmul_fp8_fused(x, w, out, (n, k, m));
+            }
+            _ => {}
         }
         let (qx, sx) = self.quantize_input(x, n, k)?;
         let (qw, sw) = (w.ptr(), w.ptr() + scales_offset(m * k) as u64);

@@ -79,12 +79,14 @@ fn encoder_matches_the_ofp8_table() {
 }
 
 /// A device in FP8 mode with every layer quantized (no bf16 edge layers), so the model-level tests
-/// measure FP8 in all of them.
+/// measure FP8 in all of them, and the fused small-M kernels taking every row count they can
+/// (the default takes one row; the outputs are the same bits either way).
 fn fp8_device() -> Option<CudaBackend> {
     device_with(|t| {
         t.quantization = Quantization::Fp8W8A8;
         t.deterministic = false;
         t.fp8_bf16_edge_layers = 0;
+        t.fp8_fused_max_rows = super::tuning::FP8_FUSED_LIMIT;
     })
 }
 
@@ -190,6 +192,7 @@ fn every_product_path_matches_the_reference_of_the_same_quantized_values() {
             for path in [
                 Fp8Path::Auto,
                 Fp8Path::Small,
+                Fp8Path::SmallFused,
                 Fp8Path::CublasLt,
                 Fp8Path::Scalar,
             ] {
@@ -227,6 +230,87 @@ fn every_product_path_matches_the_reference_of_the_same_quantized_values() {
     }
     println!("cuBLASLt scale mode: {:?}", b.fp8_scale_mode());
     assert!(failures.is_empty(), "over the bound: {failures:?}");
+}
+
+/// The fused kernels (`fp8_fused.rs`): a product that quantizes its own input gives the bits of
+/// `quantize_rows` + the small-M product, and the fused SwiGLU product the bits of that product into
+/// a gate/up buffer + `silu_mul`, for f32 and bf16 inputs and outputs, 1..=8 rows, odd shapes
+/// (rows not a multiple of 16, zero and outlier rows) and the largest input the kernels take.
+#[test]
+fn fused_products_give_the_bits_of_quantize_then_product() {
+    let Some(b) = fp8_device() else { return };
+    let mut rng = StdRng::seed_from_u64(11);
+    // (n, k, m): m is the product's rows; the SwiGLU product takes 2m rows and writes m columns.
+    let shapes = [
+        (1, 4096, 6144),
+        (1, 14336, 4096),
+        (2, 14336, 520),
+        (3, 64, 37),
+        (4, 1008, 1000),
+        (5, 2048, 100),
+        (8, 4096, 333),
+        (7, 16, 9),
+    ];
+    for (n, k, m) in shapes {
+        let xv = values(&mut rng, n, k);
+        for (rows, swiglu) in [(m, false), (2 * m, true)] {
+            let wv = bf16_round(&values(&mut rng, rows, k));
+            let w = b
+                .quantize_weight(&upload_bf16(&b, &wv, rows, k), rows, k)
+                .expect("quantize");
+            for bf16_input in [false, true] {
+                let x = if bf16_input {
+                    upload_bf16(&b, &bf16_round(&xv), n, k)
+                } else {
+                    b.upload_f32(&xv).expect("upload")
+                };
+                let what =
+                    format!("{n}x{k} @ {rows}x{k}^T swiglu={swiglu} bf16_input={bf16_input}");
+                let unfused = product(&b, &x, &w, (n, k, rows), Fp8Path::Small).expect("small-M");
+                if !swiglu {
+                    let fused = product(&b, &x, &w, (n, k, rows), Fp8Path::SmallFused)
+                        .unwrap_or_else(|| panic!("{what}: the fused path refused it"));
+                    assert_bits_equal(&fused, &unfused, &what);
+                    continue;
+                }
+                let gate_up = b.upload_f32(&unfused).expect("upload");
+                for out_dtype in [DType::F32, DType::BF16] {
+                    let mut want = b.alloc(out_dtype, n * m).expect("alloc");
+                    b.silu_mul(&gate_up, &mut want, n, m).expect("silu_mul");
+                    let mut got = b.alloc(out_dtype, n * m).expect("alloc");
+                    let shape = crate::backend::SwiGluShape { n, k, f: m };
+                    b.matmul_silu_mul_fp8_fused(&x, &w, &mut got, shape)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let what = format!("{what} out={out_dtype:?}");
+                    assert_bits_equal(&download_any(&b, &got), &download_any(&b, &want), &what);
+                }
+            }
+        }
+    }
+}
+
+/// A buffer of f32 or bf16 as f32 values (bf16 widened exactly).
+fn download_any(b: &CudaBackend, buf: &CudaBuffer) -> Vec<f32> {
+    let mut v = vec![0f32; buf.len];
+    if buf.dtype == DType::BF16 {
+        let mut h = vec![bf16::ZERO; buf.len];
+        b.download_raw(buf, 0, bytemuck::cast_slice_mut(&mut h))
+            .expect("download");
+        v.iter_mut().zip(&h).for_each(|(o, x)| *o = x.to_f32());
+    } else {
+        b.download_f32(buf, &mut v).expect("download");
+    }
+    v
+}
+
+fn assert_bits_equal(got: &[f32], want: &[f32], what: &str) {
+    let differ = got
+        .iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    println!("{what}: {differ} of {} differ", got.len());
+    assert_eq!(differ, 0, "{what}: fused and unfused bits differ");
 }
 
 #[test]

@@ -206,6 +206,9 @@ impl CudaBackend {
             && f > 0
             && x.dtype == DType::F32
             && out.dtype == DType::F32;
+        if w.dtype == DType::F8E4M3 && f > 0 && self.fp8_fused_applies(n, k) {
+            return self.matmul_silu_mul_fp8_fused(x, w, out, shape);
+        }
         if !fused {
             self.matmul_impl(x, w, gate_up, n, k, 2 * f)?;
             return self.silu_mul_impl(gate_up, out, n, f);

@@ -35,6 +35,7 @@ mod det_split;
 mod device;
 mod driver_error;
 mod fp8;
+mod fp8_fused;
 mod gemm;
 mod gemm_fp8;
 mod gemm_pinned;

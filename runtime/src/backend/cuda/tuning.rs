@@ -106,6 +106,11 @@ pub struct CudaTuning {
     /// kernel beat cuBLASLt up to 16 rows on every Llama-3-8B product and lost from 32 on gate/up,
     /// o and down (`kernels/README.md`).
     pub fp8_small_max_rows: usize,
+    /// FP8 products of at most this many rows (and at most 32 KiB of quantized input) quantize
+    /// their input inside the small-M kernel instead of in a `quantize_rows` launch before it,
+    /// and the gate/up product applies SwiGLU there too (`fp8_small_q_*`, `fp8_fused.rs`;
+    /// `SOV_FP8_FUSED_ROWS`, 0..=8, 0 = off). The outputs are the same bits either way.
+    pub fp8_fused_max_rows: usize,
     /// The KV cache in e4m3 with one f32 scale per token and head (`sov --kv-dtype fp8`; not an
     /// environment variable of this struct, the command line sets it), half the bytes of bf16
     /// per token (`kv_e4m3.rs`). Default off: a bf16 cache (f32 in precise mode, which this
@@ -219,6 +224,7 @@ impl Default for CudaTuning {
             quantization: Quantization::None,
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 16,
+            fp8_fused_max_rows: DEFAULT_FP8_FUSED_ROWS,
             kv_e4m3: false,
             kernels: KernelBuild::default(),
         }
@@ -344,6 +350,12 @@ const FP8_SMALL_VAR: &str = "SOV_FP8_SMALL_ROWS";
 /// What [`CudaTuning::precision_name`] appends for an e4m3 KV cache.
 const KV_E4M3_SUFFIX: &str = "-kvfp8";
 const FP8_SMALL_EXPECTED: &str = "a whole number 0..=32";
+const FP8_FUSED_VAR: &str = "SOV_FP8_FUSED_ROWS";
+const FP8_FUSED_EXPECTED: &str = "a whole number 0..=8";
+/// [`CudaTuning::fp8_fused_max_rows`]'s default.
+const DEFAULT_FP8_FUSED_ROWS: usize = 1;
+/// Most rows the `fp8_small_q_*` kernels take (one tile of 8).
+pub(super) const FP8_FUSED_LIMIT: usize = 8;
 
 /// Most rows `fp8.cu`'s small-M kernel takes (4 tiles of 8).
 pub(super) const FP8_SMALL_LIMIT: usize = 32;
@@ -355,7 +367,7 @@ const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (th
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 17] = [
+    pub const VARS: [&str; 18] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -373,6 +385,7 @@ impl CudaTuning {
         DET_MARGIN_VAR,
         DET_K_SPLIT_VAR,
         FP8_SMALL_VAR,
+        FP8_FUSED_VAR,
     ];
 
     /// The default tuning with every variable that `get` returns applied (a program's edge calls
@@ -430,6 +443,12 @@ impl CudaTuning {
             match v.parse::<usize>() {
                 Ok(r) if r <= FP8_SMALL_LIMIT => t.fp8_small_max_rows = r,
                 _ => return Err(invalid(FP8_SMALL_VAR, &v, FP8_SMALL_EXPECTED)),
+            }
+        }
+        if let Some(v) = lookup(&get, FP8_FUSED_VAR) {
+            match v.parse::<usize>() {
+                Ok(r) if r <= FP8_FUSED_LIMIT => t.fp8_fused_max_rows = r,
+                _ => return Err(invalid(FP8_FUSED_VAR, &v, FP8_FUSED_EXPECTED)),
             }
         }
         let k = &mut t.kernels;
@@ -573,6 +592,10 @@ impl CudaTuning {
             let r = self.fp8_small_max_rows.to_string();
             return Err(invalid(FP8_SMALL_VAR, &r, FP8_SMALL_EXPECTED));
         }
+        if self.fp8_fused_max_rows > FP8_FUSED_LIMIT {
+            let r = self.fp8_fused_max_rows.to_string();
+            return Err(invalid(FP8_FUSED_VAR, &r, FP8_FUSED_EXPECTED));
+        }
         if self.kv_e4m3 && !(self.decode_tensor_cores && self.prefill_tensor_cores) {
             // Only the tensor-core attention kernels read an e4m3 cache.
             return Err(TuningError {
@@ -673,6 +696,7 @@ mod tests {
             ("SOV_DETERMINISTIC_KERNEL_MARGIN", "-20"),
             ("SOV_DETERMINISTIC_K_SPLIT", "1"),
             ("SOV_FP8_SMALL_ROWS", "4"),
+            ("SOV_FP8_FUSED_ROWS", "2"),
         ]))
         .unwrap();
         let expect = CudaTuning {
@@ -692,6 +716,7 @@ mod tests {
             // Not from the environment: the command line sets it.
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 4,
+            fp8_fused_max_rows: 2,
             kv_e4m3: false,
             kernels: KernelBuild {
                 decode_stages: 3,
@@ -927,6 +952,15 @@ mod tests {
         assert_eq!(e.var, "SOV_FP8_SMALL_ROWS");
         let t = CudaTuning {
             fp8_small_max_rows: 64,
+            ..Default::default()
+        };
+        assert!(t.validate().is_err());
+        let t = CudaTuning::from_vars(vars(&[("SOV_FP8_FUSED_ROWS", "0")])).unwrap();
+        assert_eq!(t.fp8_fused_max_rows, 0);
+        let e = CudaTuning::from_vars(vars(&[("SOV_FP8_FUSED_ROWS", "9")])).unwrap_err();
+        assert_eq!(e.var, "SOV_FP8_FUSED_ROWS");
+        let t = CudaTuning {
+            fp8_fused_max_rows: 9,
             ..Default::default()
         };
         assert!(t.validate().is_err());
