@@ -12,12 +12,13 @@
 // order. Every path below computes exactly that; they differ only in the order of the sum.
 //
 // fp8_gemm_small: n <= 32 rows on tensor cores (mma.sync m16n8k32 e4m3 x e4m3 -> f32). A CTA of 8
-// warps owns 16 weight rows; its warps take every 8th 64-wide chunk of k and their partial sums are
-// added in warp order through shared memory. In a chunk, lane (g = lane / 4, t = lane % 4) loads
-// 16 contiguous bytes of weight rows g and g + 8 and of x row g at k offset t * 16 -- 16-byte
-// loads instead of the 4-byte pieces of the mma fragment layout. The two mmas of the chunk take
-// the four 4-byte words of those loads as if they were the fragment's k positions: A and B use
-// the same permutation of k, so the dot product is the same. Needs k % 16 == 0 (16-byte rows).
+// warps owns 16 weight rows; its warps take every 8th chunk of k (SMALL_CHUNK = 4 * SMALL_SPAN
+// columns, 128 by default) and their partial sums are added in warp order through shared memory.
+// In a chunk, lane (g = lane / 4, t = lane % 4) loads SMALL_SPAN contiguous bytes (32 by default)
+// of weight rows g and g + 8 and of x row g at k offset t * SMALL_SPAN -- 16-byte loads instead
+// of the 4-byte pieces of the mma fragment layout. The two mmas of each 16 bytes take their four
+// 4-byte words as if they were the fragment's k positions: A and B use the same permutation of k,
+// so the dot product is the same. Needs k % 16 == 0 (16-byte rows).
 // Up to 4 n-tiles of 8 rows (n <= 32) share each weight load. Launched with programmatic
 // serialization after quantize_rows (which lets it start at once): its first weight loads are in
 // flight while the input is still being quantized.
@@ -191,13 +192,44 @@ __device__ __forceinline__ void mma_e4m3(float* d, u32 a0, u32 a1, u32 a2, u32 a
 #endif
 }
 
+#ifndef SMALL_LOAD
+#define SMALL_LOAD __ldg  // the weight loads' cache hint
+#endif
 __device__ __forceinline__ uint4 load16_or_zero(const u8* p, bool ok) {
+    return ok ? SMALL_LOAD((const uint4*)p) : make_uint4(0, 0, 0, 0);
+}
+__device__ __forceinline__ uint4 x16_or_zero(const u8* p, bool ok) {
     return ok ? __ldg((const uint4*)p) : make_uint4(0, 0, 0, 0);
 }
 
+// Chunks a warp loads before it multiplies, and bytes of a row a lane reads in one: 2 of 32 since
+// 2026-12-04 (H200, bench_fp8_matmuls, one call, us at 1 / 16 rows, quantization included: down
+// 22.6 / 28.8, gate/up 34.9 / 43.5 against 27.7 / 34.8 and 36.4 / 50.6 with 4 of 16; 4 of 16 had
+// replaced 2 of 16, under which down took 38 us at one row; 6 or 8 of 16 were slower).
 #ifndef SMALL_UNROLL
-#define SMALL_UNROLL 4  // 64-wide k chunks a warp loads before it multiplies (2: down 38 us, 1.5 TB/s)
+#define SMALL_UNROLL 2
 #endif
+#ifndef SMALL_SPAN
+#define SMALL_SPAN 32  // 16 or 32
+#endif
+#define SMALL_PIECES (SMALL_SPAN / 16)           // 16-byte loads a lane makes per row and chunk
+#define SMALL_CHUNK (4 * SMALL_SPAN)             // k columns of a chunk (4 lanes a row)
+#define SMALL_LOADS (SMALL_UNROLL * SMALL_PIECES)  // 16-byte loads per row a lane holds
+// Column of piece q (chunk c0 + (q / SMALL_PIECES) * SMALL_WARPS, piece q % SMALL_PIECES) of lane t.
+__device__ __forceinline__ int small_col(int c0, int q, int t) {
+    return (c0 + (q / SMALL_PIECES) * SMALL_WARPS) * SMALL_CHUNK + t * SMALL_SPAN + (q % SMALL_PIECES) * 16;
+}
+
+// The SMALL_LOADS pieces of the two weight rows a lane reads, from chunk c0 (zeros past k).
+__device__ __forceinline__ void small_loads(uint4* alo, uint4* ahi, const u8* wlo, const u8* whi, bool w_lo,
+                                            bool w_hi, int c0, int k, int t) {
+#pragma unroll
+    for (int q = 0; q < SMALL_LOADS; q++) {
+        const int kk = small_col(c0, q, t);
+        alo[q] = load16_or_zero(wlo + kk, kk < k && w_lo);
+        ahi[q] = load16_or_zero(whi + kk, kk < k && w_hi);
+    }
+}
 
 // See the file comment. Grid: ceil(m / 16) CTAs of 32 * SMALL_WARPS threads. TILES = ceil(n / 8).
 template <int TILES>
@@ -216,27 +248,21 @@ __device__ __forceinline__ void gemm_small(float* __restrict__ out, const u8* __
     for (int i = 0; i < TILES; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
-    const int chunks = (k + 63) / 64;
+    const int chunks = (k + SMALL_CHUNK - 1) / SMALL_CHUNK;
     for (int c0 = warp; c0 < chunks; c0 += SMALL_WARPS * SMALL_UNROLL) {
-        uint4 alo[SMALL_UNROLL], ahi[SMALL_UNROLL];
-#pragma unroll
-        for (int u = 0; u < SMALL_UNROLL; u++) {
-            const int kk = (c0 + u * SMALL_WARPS) * 64 + t * 16;
-            const bool in_k = c0 + u * SMALL_WARPS < chunks && kk < k;
-            alo[u] = load16_or_zero(wlo + kk, in_k && w_lo);
-            ahi[u] = load16_or_zero(whi + kk, in_k && w_hi);
-        }
+        uint4 alo[SMALL_LOADS], ahi[SMALL_LOADS];
+        small_loads(alo, ahi, wlo, whi, w_lo, w_hi, c0, k, t);
         wait_for_prerequisites();
 #pragma unroll
-        for (int u = 0; u < SMALL_UNROLL; u++) {
-            const int kk = (c0 + u * SMALL_WARPS) * 64 + t * 16;
-            const bool in_k = c0 + u * SMALL_WARPS < chunks && kk < k;
+        for (int q = 0; q < SMALL_LOADS; q++) {
+            const int kk = small_col(c0, q, t);
+            const bool in_k = kk < k;
 #pragma unroll
             for (int tile = 0; tile < TILES; tile++) {
                 const int r = tile * 8 + g;
-                const uint4 b = load16_or_zero(qx + (size_t)r * k + kk, in_k && r < n);
-                mma_e4m3(acc[tile], alo[u].x, ahi[u].x, alo[u].y, ahi[u].y, b.x, b.y);
-                mma_e4m3(acc[tile], alo[u].z, ahi[u].z, alo[u].w, ahi[u].w, b.z, b.w);
+                const uint4 b = x16_or_zero(qx + (size_t)r * k + kk, in_k && r < n);
+                mma_e4m3(acc[tile], alo[q].x, ahi[q].x, alo[q].y, ahi[q].y, b.x, b.y);
+                mma_e4m3(acc[tile], alo[q].z, ahi[q].z, alo[q].w, ahi[q].w, b.z, b.w);
             }
         }
     }
@@ -289,7 +315,7 @@ fp8_gemm_small_4(float* __restrict__ out, const u8* __restrict__ qx, const float
 // four launches a layer fewer). Every CTA reads the n rows of x (f32 or bf16, k % 16 == 0) after
 // its first weight loads and its wait, quantizes them with quantize_rows_vec's arithmetic (the
 // same absolute maximum, scale and rounding of each value) into shared memory, and multiplies as
-// gemm_small does (the same 64-wide chunks per warp, mma steps and warp order of the partial
+// gemm_small does (the same chunks per warp, mma steps and warp order of the partial
 // sums): its outputs equal quantize_rows_vec + fp8_gemm_small_1 bit for bit. The x bytes every
 // CTA re-reads come from L2 (k * n * 4 bytes a CTA at most, against 16 * k weight bytes).
 // fp8_swiglu_small_q_*: the same for w = [Wg; Wu] (2f rows): CTA b takes gate rows 8b .. 8b + 7 as
@@ -334,18 +360,6 @@ __device__ __forceinline__ void quantize_into_shared(u8* q, float* sx, const T* 
     }
 }
 
-// SMALL_UNROLL chunks of the two weight rows a lane reads, from chunk c0 (gemm_small's loads).
-__device__ __forceinline__ void small_loads(uint4* alo, uint4* ahi, const u8* wlo, const u8* whi, bool w_lo,
-                                            bool w_hi, int c0, int chunks, int k, int t) {
-#pragma unroll
-    for (int u = 0; u < SMALL_UNROLL; u++) {
-        const int kk = (c0 + u * SMALL_WARPS) * 64 + t * 16;
-        const bool in_k = c0 + u * SMALL_WARPS < chunks && kk < k;
-        alo[u] = load16_or_zero(wlo + kk, in_k && w_lo);
-        ahi[u] = load16_or_zero(whi + kk, in_k && w_hi);
-    }
-}
-
 template <typename T, typename OutT, bool SWIGLU>
 __device__ __forceinline__ void gemm_small_q(OutT* __restrict__ out, const T* __restrict__ x,
                                              const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k,
@@ -362,9 +376,9 @@ __device__ __forceinline__ void gemm_small_q(OutT* __restrict__ out, const T* __
     const bool w_lo = rlo < m, w_hi = SWIGLU ? w_lo : rhi < m;
     const u8* wlo = qw + (size_t)(w_lo ? rlo : 0) * k;
     const u8* whi = qw + (size_t)(w_hi ? rhi : 0) * k;
-    const int chunks = (k + 63) / 64;
-    uint4 alo[SMALL_UNROLL], ahi[SMALL_UNROLL];
-    small_loads(alo, ahi, wlo, whi, w_lo, w_hi, warp, chunks, k, t);  // weights: before the wait
+    const int chunks = (k + SMALL_CHUNK - 1) / SMALL_CHUNK;
+    uint4 alo[SMALL_LOADS], ahi[SMALL_LOADS];
+    small_loads(alo, ahi, wlo, whi, w_lo, w_hi, warp, k, t);  // weights: before the wait
     wait_for_prerequisites();
     quantize_into_shared(qx_s, sx_s, x, n, k, red);
     __syncthreads();
@@ -372,15 +386,14 @@ __device__ __forceinline__ void gemm_small_q(OutT* __restrict__ out, const T* __
     const u8* xrow = qx_s + (size_t)(g < n ? g : 0) * k;
     for (int c0 = warp; c0 < chunks; c0 += SMALL_WARPS * SMALL_UNROLL) {
 #pragma unroll
-        for (int u = 0; u < SMALL_UNROLL; u++) {
-            const int kk = (c0 + u * SMALL_WARPS) * 64 + t * 16;
-            const bool in_k = c0 + u * SMALL_WARPS < chunks && kk < k;
-            const uint4 b = in_k && g < n ? *(const uint4*)(xrow + kk) : make_uint4(0, 0, 0, 0);
-            mma_e4m3(acc, alo[u].x, ahi[u].x, alo[u].y, ahi[u].y, b.x, b.y);
-            mma_e4m3(acc, alo[u].z, ahi[u].z, alo[u].w, ahi[u].w, b.z, b.w);
+        for (int q = 0; q < SMALL_LOADS; q++) {
+            const int kk = small_col(c0, q, t);
+            const uint4 b = kk < k && g < n ? *(const uint4*)(xrow + kk) : make_uint4(0, 0, 0, 0);
+            mma_e4m3(acc, alo[q].x, ahi[q].x, alo[q].y, ahi[q].y, b.x, b.y);
+            mma_e4m3(acc, alo[q].z, ahi[q].z, alo[q].w, ahi[q].w, b.z, b.w);
         }
         const int next = c0 + SMALL_WARPS * SMALL_UNROLL;
-        if (next < chunks) small_loads(alo, ahi, wlo, whi, w_lo, w_hi, next, chunks, k, t);
+        if (next < chunks) small_loads(alo, ahi, wlo, whi, w_lo, w_hi, next, k, t);
     }
     allow_dependents_early();
 #pragma unroll
