@@ -58,6 +58,11 @@ __device__ __forceinline__ float load_as_f32<bf16_t>(const bf16_t* p, size_t i) 
     return bf2f(p[i]);
 }
 
+// A row of absolute maximum a: the factor its values are multiplied by, and its scale (1 for a row
+// of zeros).
+__device__ __forceinline__ float row_quant_inv(float a) { return a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f; }
+__device__ __forceinline__ float row_quant_scale(float a) { return a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f; }
+
 // q: [rows, k] e4m3, scale: [rows] f32, x: [rows, k]. Grid: rows CTAs of QUANT_THREADS.
 template <typename T>
 __device__ __forceinline__ void quantize_rows(u8* __restrict__ q, float* __restrict__ scale,
@@ -73,8 +78,8 @@ __device__ __forceinline__ void quantize_rows(u8* __restrict__ q, float* __restr
     float a = 0.f;
     for (int i = threadIdx.x; i < k; i += blockDim.x) a = fmaxf(a, fabsf(load_as_f32(xr, i)));
     a = block_max(a, red);
-    const float inv = a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f;
-    if (threadIdx.x == 0) scale[row] = a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f;
+    const float inv = row_quant_inv(a);
+    if (threadIdx.x == 0) scale[row] = row_quant_scale(a);
     for (int i = 2 * threadIdx.x; i < k; i += 2 * blockDim.x) {
         const float v0 = __fmul_rn(load_as_f32(xr, i), inv);
         const float v1 = i + 1 < k ? __fmul_rn(load_as_f32(xr, i + 1), inv) : 0.f;
@@ -90,6 +95,19 @@ __device__ __forceinline__ void load8(const float* p, float* v) {
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 __device__ __forceinline__ void load8(const bf16_t* p, float* v) { unpack8(*(const uint4*)p, v); }
+
+// Eight values times inv, each product rounded to e4m3 as quantize_rows rounds it, in order.
+__device__ __forceinline__ uint2 e4m3x8(const float* v, float inv) {
+    u32 w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float* p = v + 4 * h;
+        const u32 lo = f32x2_to_e4m3x2(__fmul_rn(p[0], inv), __fmul_rn(p[1], inv));
+        const u32 hi = f32x2_to_e4m3x2(__fmul_rn(p[2], inv), __fmul_rn(p[3], inv));
+        w[h] = lo | (hi << 16);
+    }
+    return make_uint2(w[0], w[1]);
+}
 
 #define QUANT_VEC_CHUNKS 8  // 8-value chunks a thread holds: k <= QUANT_THREADS * 64 = 16384
 
@@ -118,22 +136,12 @@ __device__ __forceinline__ void quantize_rows_vec(u8* __restrict__ q, float* __r
         }
     }
     a = block_max(a, red);
-    const float inv = a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f;
-    if (threadIdx.x == 0) scale[row] = a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f;
+    const float inv = row_quant_inv(a);
+    if (threadIdx.x == 0) scale[row] = row_quant_scale(a);
 #pragma unroll
     for (int c = 0; c < QUANT_VEC_CHUNKS; c++) {
         const int idx = threadIdx.x + c * QUANT_THREADS;
-        if (idx < chunks) {
-            u32 w[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const float* p = v[c] + 4 * h;
-                const u32 lo = f32x2_to_e4m3x2(__fmul_rn(p[0], inv), __fmul_rn(p[1], inv));
-                const u32 hi = f32x2_to_e4m3x2(__fmul_rn(p[2], inv), __fmul_rn(p[3], inv));
-                w[h] = lo | (hi << 16);
-            }
-            *(uint2*)(qr + (size_t)idx * 8) = make_uint2(w[0], w[1]);
-        }
+        if (idx < chunks) *(uint2*)(qr + (size_t)idx * 8) = e4m3x8(v[c], inv);
     }
 }
 
@@ -342,20 +350,12 @@ __device__ __forceinline__ void quantize_into_shared(u8* q, float* sx, const T* 
             for (int j = 0; j < 8; j++) a = fmaxf(a, fabsf(v[j]));
         }
         a = block_max(a, red);
-        const float inv = a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f;
-        if (threadIdx.x == 0) sx[r] = a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f;
+        const float inv = row_quant_inv(a);
+        if (threadIdx.x == 0) sx[r] = row_quant_scale(a);
         for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
             float v[8];
             load8(xr + (size_t)i * 8, v);
-            u32 w[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const float* p = v + 4 * h;
-                const u32 lo = f32x2_to_e4m3x2(__fmul_rn(p[0], inv), __fmul_rn(p[1], inv));
-                const u32 hi = f32x2_to_e4m3x2(__fmul_rn(p[2], inv), __fmul_rn(p[3], inv));
-                w[h] = lo | (hi << 16);
-            }
-            *(uint2*)(q + (size_t)r * k + (size_t)i * 8) = make_uint2(w[0], w[1]);
+            *(uint2*)(q + (size_t)r * k + (size_t)i * 8) = e4m3x8(v, inv);
         }
     }
 }
