@@ -11,8 +11,9 @@
 //! multiplies on one of three paths ([`Fp8Path`]): the small-M tensor-core kernel for
 //! `n <= CudaTuning::fp8_small_max_rows` (batch-1 decode: cuBLASLt FP8 is no GEMV), cuBLASLt
 //! ([`super::gemm_fp8`]) above that, and a scalar kernel for shapes neither takes
-//! (`k % 16 != 0`, or `m % 4 != 0` for cuBLASLt). The lm head and the
-//! embedding stay bf16, as in the FP8-dynamic checkpoints.
+//! (`k % 16 != 0`, or `m % 4 != 0` for cuBLASLt). Products of very few rows (one by default)
+//! skip the scratch: their kernel quantizes the input itself ([`super::fp8_fused`]). The lm head
+//! and the embedding stay bf16, as in the FP8-dynamic checkpoints.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::KernelId;

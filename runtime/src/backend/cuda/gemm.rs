@@ -188,7 +188,8 @@ impl CudaBackend {
     }
 
     /// `out = silu(x @ Wg^T) * (x @ Wu^T)` for `w = [Wg; Wu]` (see
-    /// [`crate::backend::Backend::matmul_silu_mul`]): one fused GEMV where the GEMV applies,
+    /// [`crate::backend::Backend::matmul_silu_mul`]): one fused GEMV where the GEMV applies, one
+    /// fused FP8 product for an FP8 weight where [`Self::fp8_fused_applies`] (`fp8_fused.rs`),
     /// otherwise the product into `gate_up` and `silu_mul`.
     pub(super) fn matmul_silu_mul_impl(
         &self,
