@@ -187,6 +187,20 @@ extern "C" __global__ void read_sweep(const uint4* __restrict__ in, size_t n, u3
     if (acc == key) *sink = acc;
 }
 
+// Stands in, when the host times a product's candidates (det_gemv.rs), for the kernel a decode
+// step runs before it: lets its dependents launch at once (as RMSNorm does) and then spins for
+// `ns` nanoseconds of the global timer, so a candidate launched with programmatic dependent launch
+// issues its first weight loads under it, as it would in the step, and cuBLASLt, launched the
+// ordinary way, does not. One CTA; no memory touched.
+extern "C" __global__ void lead_spin(u32 ns) {
+    allow_dependents_early();
+    u64 t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
 // out[i] = bf16(scale * u) with u uniform in [-1, 1) from a counter-based hash of (seed, i):
 // device-side random weights for benchmarks, without a host round trip. out: [n] bf16.
 extern "C" __global__ void fill_random_bf16(bf16_t* __restrict__ out, size_t n, u32 seed, float scale) {

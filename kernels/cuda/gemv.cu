@@ -305,9 +305,10 @@ extern "C" __global__ void det_mma_16(float* __restrict__ out, const bf16_t* __r
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 // The bulk copies and transaction-counting mbarriers are sm_90 instructions: below it these helpers
 // are empty and the host never launches det_gemv_* (det_gemv.rs checks the compute capability).
-__device__ __forceinline__ void mbar_init(u64* bar) {
+// A phase completes after `arrivals` arrivals (and the bytes they expect).
+__device__ __forceinline__ void mbar_init(u64* bar, u32 arrivals = 1) {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #endif
 }
@@ -418,6 +419,48 @@ __device__ __forceinline__ float4 ld_peer_f32x4(const float4* p, u32 peer) {
     return v;
 }
 
+// Stores a warp's chains: accumulator q of chain c is row g (+8 for q >= 2) of x and weight row
+// wrow0 + 8c + 2t + (q & 1). K split (gridDim.y == 2, clusters of the two halves): the CTA of half 1
+// leaves its accumulators in its shared memory (the ring, idle once every thread of both CTAs has
+// passed the barrier below: all stages consumed), the CTA of half 0 reads them over the cluster
+// (distributed shared memory) and stores d1 + (d0 + beta * out). Every thread of the CTA calls it
+// (the cluster barriers count them all); `holds` is false for a thread without accumulators (a
+// warp-specialized CTA's copy warp). Thread i's slot is i * CHAINS float4 from the ring's start.
+template <int CHAINS>
+__device__ __forceinline__ void dg_store(float (&d)[CHAINS][4], bool holds, float* __restrict__ out, int n, int m,
+                                         float beta, int wrow0, int g, int t) {
+    extern __shared__ __align__(128) unsigned char dg_smem[];
+    float d1[CHAINS][4] = {};  // half 1's accumulators (K split only)
+    if (gridDim.y == 2) {
+        float4* slot = (float4*)(dg_smem + DG_BAR_BYTES) + threadIdx.x * CHAINS;  // [threads][CHAINS]
+        __syncthreads();  // every warp of this CTA is done with the ring
+        if (blockIdx.y == 1 && holds)
+#pragma unroll
+            for (int c = 0; c < CHAINS; c++) slot[c] = make_float4(d[c][0], d[c][1], d[c][2], d[c][3]);
+        cluster_sync();  // half 1's slots written and visible to half 0
+        if (blockIdx.y == 0 && holds)
+#pragma unroll
+            for (int c = 0; c < CHAINS; c++) {
+                const float4 v = ld_peer_f32x4(slot + c, cluster_rank() ^ 1u);
+                d1[c][0] = v.x, d1[c][1] = v.y, d1[c][2] = v.z, d1[c][3] = v.w;
+            }
+        cluster_sync();  // half 0 has read them: half 1 may leave
+        if (blockIdx.y == 1) return;
+    }
+    if (!holds) return;
+#pragma unroll
+    for (int c = 0; c < CHAINS; c++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int xr = g + (q >= 2 ? 8 : 0), wr = wrow0 + c * 8 + 2 * t + (q & 1);
+            if (xr < n && wr < m) {
+                float* o = out + (size_t)xr * m + wr;
+                const float first = beta == 0.f ? d[c][q] : d[c][q] + beta * *o;
+                *o = gridDim.y == 2 ? __fadd_rn(d1[c][q], first) : first;
+            }
+        }
+}
+
 template <int WARPS, int CHAINS, int KC, int STAGES, int CLUSTER = 1>
 __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf16_t* __restrict__ x,
                                               const bf16_t* __restrict__ w, int n, int k, int m, float beta,
@@ -492,37 +535,7 @@ __device__ __forceinline__ void det_gemv_rows(float* __restrict__ out, const bf1
     allow_dependents_early();
     // No CTA leaves while a copy it issued may still be writing into another's shared memory.
     if (CLUSTER > 1) cluster_sync();
-    // K split: half 1's accumulators (each thread's at its own slot; the ring is idle: every stage
-    // was waited for and the loop's last barrier passed) to half 0, which stores the sums.
-    float d1[CHAINS][4] = {};  // half 1's accumulators (K split only)
-    if (gridDim.y == 2) {
-        float4* slot = (float4*)(dg_smem + DG_BAR_BYTES) + threadIdx.x * CHAINS;  // [threads][CHAINS]
-        if (blockIdx.y == 1)
-#pragma unroll
-            for (int c = 0; c < CHAINS; c++) slot[c] = make_float4(d[c][0], d[c][1], d[c][2], d[c][3]);
-        cluster_sync();  // half 1's slots written and visible to half 0
-        if (blockIdx.y == 0)
-#pragma unroll
-            for (int c = 0; c < CHAINS; c++) {
-                const float4 v = ld_peer_f32x4(slot + c, cluster_rank() ^ 1u);
-                d1[c][0] = v.x, d1[c][1] = v.y, d1[c][2] = v.z, d1[c][3] = v.w;
-            }
-        cluster_sync();  // half 0 has read them: half 1 may leave
-        if (blockIdx.y == 1) return;
-    }
-#pragma unroll
-    for (int c = 0; c < CHAINS; c++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            // Accumulator q of chain c: row g (+8 for q >= 2) of x, weight row 2t + (q & 1) of the
-            // chain's 8 (the warp's 8 * CHAINS rows, chain by chain).
-            const int xr = g + (q >= 2 ? 8 : 0), wr = row0 + (warp * CHAINS + c) * 8 + 2 * t + (q & 1);
-            if (xr < n && wr < m) {
-                float* o = out + (size_t)xr * m + wr;
-                const float first = beta == 0.f ? d[c][q] : d[c][q] + beta * *o;
-                *o = gridDim.y == 2 ? __fadd_rn(d1[c][q], first) : first;
-            }
-        }
+    dg_store<CHAINS>(d, true, out, n, m, beta, row0 + warp * CHAINS * 8, g, t);
 }
 
 // The instantiations (DET_GEMV_KERNELS in kernels/src/lib.rs lists them with these arguments; the

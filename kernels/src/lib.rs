@@ -365,6 +365,7 @@ impl KernelId {
                 "split_f32_bf16",
                 "expand_decode_rows",
                 "read_sweep",
+                "lead_spin",
             ],
             KernelId::RopeKv => &[
                 "rope_inplace",

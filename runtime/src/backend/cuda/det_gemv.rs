@@ -7,7 +7,11 @@
 //! takes, once per process, shape and row count, the fastest of cuBLASLt (the algorithm
 //! `det_algo` chose) and the kernels, timed with CUDA events on the real operands into a
 //! scratch output, each launch after a read of [`FLUSH_BYTES`] (`read_sweep`) that evicts the
-//! operands from the L2 (in a decode step a weight is never in L2 either); a kernel is taken only if it beats cuBLASLt by
+//! operands from the L2 (in a decode step a weight is never in L2 either) and behind a stand-in
+//! for the kernel before it in a step (`lead_spin`, [`super::CudaTuning::deterministic_lead_us`]):
+//! a kernel of sov's, launched with programmatic dependent launch, issues its first weight copies
+//! under it, as in the step, where cuBLASLt cannot (at one row on the H200 that moved qkv from
+//! cuBLASLt to `det_gemv_32_k512`, and batch 1 from 209.6 to 222.0 tok/s); a kernel is taken only if it beats cuBLASLt by
 //! [`super::CudaTuning::deterministic_kernel_margin`] percent. Every candidate gives the same bits, so another pick in another process (timing
 //! noise, another GPU) changes no token. Decided outside graph captures only (a step is captured
 //! after one eager run of it): an undecided product inside a capture takes cuBLASLt. Below compute
@@ -170,6 +174,7 @@ impl CudaBackend {
             let start = self.ctx.new_event(flags).map_err(driver_err)?;
             let end = self.ctx.new_event(flags).map_err(driver_err)?;
             start.record(&self.stream).map_err(driver_err)?;
+            self.lead_spin()?;
             launch()?;
             end.record(&self.stream).map_err(driver_err)?;
             end.synchronize().map_err(driver_err)?;
@@ -177,6 +182,30 @@ impl CudaBackend {
         }
         times.sort_by(f32::total_cmp);
         Ok(times[TIMED_LAUNCHES / 2])
+    }
+
+    /// The stand-in (`lead_spin`, [`super::CudaTuning::deterministic_lead_us`]; nothing at 0)
+    /// for the kernel a decode step runs before a product, launched the ordinary way; the
+    /// candidate after it may launch under it if it is launched with programmatic dependent
+    /// launch. The same for every candidate, so it adds the same time to each, less what a
+    /// candidate overlaps it.
+    fn lead_spin(&self) -> Result<(), BackendError> {
+        let us = self.tuning.deterministic_lead_us;
+        if us == 0 {
+            return Ok(());
+        }
+        let f = self
+            .modules
+            .function(KernelId::Elementwise, None, "lead_spin")?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ns = us * 1000;
+        let mut params = [arg(&ns)];
+        // SAFETY: the kernel takes one u32, alive for the call, and touches no memory.
+        unsafe { self.launch_serial(&f, cfg, &mut params) }
     }
 
     /// Reads the first [`FLUSH_BYTES`] of `flush` (zeros, `[FLUSH_BYTES / 4 + 4]` u32) with

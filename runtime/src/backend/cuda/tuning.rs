@@ -75,10 +75,21 @@ pub struct CudaTuning {
     /// How much faster than cuBLASLt, in percent of cuBLASLt's timed median, one of sov's
     /// small-row kernels (`det_gemv_*`) must be to serve a deterministic product of at most 16
     /// rows (`SOV_DETERMINISTIC_KERNEL_MARGIN`, -100..=100). A negative margin takes a kernel
-    /// that is up to that much slower alone. Every choice gives the same bits. Default 3: on the
-    /// H200 margins of -10 and -100 moved qkv, gate/up and the lm head to kernels and lost 3.7%
-    /// and 5.5% at batch 1, and -100 27% at batch 16 (`kernels/README.md`, deterministic mode).
+    /// that is up to that much slower as timed. Every choice gives the same bits. Default 0 (3
+    /// until the timing ran candidates behind a stand-in for the kernel before them,
+    /// [`Self::deterministic_lead_us`]): on the H200, timed alone, margins of -10 and -100 moved
+    /// qkv, gate/up and the lm head to kernels and lost 3.7% and 5.5% at batch 1, and -100 27% at
+    /// batch 16; behind the stand-in only qkv at one row moved, and gained (`kernels/README.md`,
+    /// deterministic mode).
     pub deterministic_kernel_margin: i32,
+    /// Microseconds of the stand-in kernel (`lead_spin`) that runs before each timed launch
+    /// when deterministic mode times a product's candidates (`SOV_DETERMINISTIC_LEAD_US`,
+    /// 0..=100; 0: none, each candidate timed alone). In a decode step a kernel launched with
+    /// programmatic dependent launch issues its first weight loads under the kernel before it
+    /// (an RMSNorm of about 3 us at batch 1), which cuBLASLt cannot; the stand-in lets the
+    /// timing see that (`det_gemv.rs`). Default 3: on the H200 (Llama-3-8B shape) batch 1 went
+    /// from 209.6 to 222.0 tok/s against 0 (qkv moved to `det_gemv_32_k512`).
+    pub deterministic_lead_us: u32,
     /// Parts along K of deterministic mode's products whose weight has at least twice as many
     /// columns as rows (`SOV_DETERMINISTIC_K_SPLIT`, 1 or 2; Llama's down projection): 2 reduces
     /// each half of K in its own chain and adds them in a fixed order, at every row count
@@ -220,6 +231,7 @@ impl Default for CudaTuning {
             deterministic_split_tokens: DEFAULT_DETERMINISTIC_SPLIT_TOKENS,
             deterministic_gemm_rows: 128,
             deterministic_kernel_margin: DEFAULT_DETERMINISTIC_KERNEL_MARGIN,
+            deterministic_lead_us: DEFAULT_DETERMINISTIC_LEAD_US,
             deterministic_k_split: DEFAULT_DETERMINISTIC_K_SPLIT,
             quantization: Quantization::None,
             fp8_bf16_edge_layers: 1,
@@ -340,7 +352,11 @@ const DET_ROWS_VAR: &str = "SOV_DETERMINISTIC_GEMM_ROWS";
 const DET_MARGIN_VAR: &str = "SOV_DETERMINISTIC_KERNEL_MARGIN";
 const DET_MARGIN_EXPECTED: &str = "a whole percent -100..=100";
 /// [`CudaTuning::deterministic_kernel_margin`]'s default.
-const DEFAULT_DETERMINISTIC_KERNEL_MARGIN: i32 = 3;
+const DEFAULT_DETERMINISTIC_KERNEL_MARGIN: i32 = 0;
+const DET_LEAD_VAR: &str = "SOV_DETERMINISTIC_LEAD_US";
+const DET_LEAD_EXPECTED: &str = "a whole number of microseconds 0..=100";
+/// [`CudaTuning::deterministic_lead_us`]'s default.
+const DEFAULT_DETERMINISTIC_LEAD_US: u32 = 3;
 const DET_SPLIT_EXPECTED: &str = "a positive multiple of 64";
 const DET_K_SPLIT_VAR: &str = "SOV_DETERMINISTIC_K_SPLIT";
 const DET_K_SPLIT_EXPECTED: &str = "1 or 2";
@@ -431,6 +447,12 @@ impl CudaTuning {
             match v.parse::<i32>() {
                 Ok(p) if (-100..=100).contains(&p) => t.deterministic_kernel_margin = p,
                 _ => return Err(invalid(DET_MARGIN_VAR, &v, DET_MARGIN_EXPECTED)),
+            }
+        }
+        if let Some(v) = lookup(&get, DET_LEAD_VAR) {
+            match v.parse::<u32>() {
+                Ok(us @ 0..=100) => t.deterministic_lead_us = us,
+                _ => return Err(invalid(DET_LEAD_VAR, &v, DET_LEAD_EXPECTED)),
             }
         }
         if let Some(v) = lookup(&get, DET_K_SPLIT_VAR) {
@@ -584,6 +606,10 @@ impl CudaTuning {
             let m = margin.to_string();
             return Err(invalid(DET_MARGIN_VAR, &m, DET_MARGIN_EXPECTED));
         }
+        if self.deterministic_lead_us > 100 {
+            let us = self.deterministic_lead_us.to_string();
+            return Err(invalid(DET_LEAD_VAR, &us, DET_LEAD_EXPECTED));
+        }
         if !(1..=2).contains(&self.deterministic_k_split) {
             let s = self.deterministic_k_split.to_string();
             return Err(invalid(DET_K_SPLIT_VAR, &s, DET_K_SPLIT_EXPECTED));
@@ -694,6 +720,7 @@ mod tests {
             ("SOV_DETERMINISTIC_SPLIT_TOKENS", "512"),
             ("SOV_DETERMINISTIC_GEMM_ROWS", "64"),
             ("SOV_DETERMINISTIC_KERNEL_MARGIN", "-20"),
+            ("SOV_DETERMINISTIC_LEAD_US", "0"),
             ("SOV_DETERMINISTIC_K_SPLIT", "1"),
             ("SOV_FP8_SMALL_ROWS", "4"),
             ("SOV_FP8_FUSED_ROWS", "2"),
@@ -711,6 +738,7 @@ mod tests {
             deterministic_split_tokens: 512,
             deterministic_gemm_rows: 64,
             deterministic_kernel_margin: -20,
+            deterministic_lead_us: 0,
             deterministic_k_split: 1,
             quantization: Quantization::None,
             // Not from the environment: the command line sets it.
@@ -765,6 +793,8 @@ mod tests {
             ("SOV_DETERMINISTIC_KERNEL_MARGIN", "-3.5"),
             ("SOV_DETERMINISTIC_K_SPLIT", "3"),
             ("SOV_DETERMINISTIC_K_SPLIT", "0"),
+            ("SOV_DETERMINISTIC_LEAD_US", "101"),
+            ("SOV_DETERMINISTIC_LEAD_US", "-1"),
         ] {
             let err = CudaTuning::from_vars(vars(&[(var, value)])).unwrap_err();
             assert_eq!(err.var, var, "{value}");
