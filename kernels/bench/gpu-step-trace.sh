@@ -5,7 +5,10 @@
 # (each kernel's exposed time, idle gaps, duration) per batch and mode.
 # Usage (repository root, GPU machine, binaries from kernels/build-gpu.sh):
 #   BATCHES="1 16" MODES="false true" kernels/bench/gpu-step-trace.sh
-# FLAGS adds sov bench options (e.g. "--quantization fp8"); traces stay in OUT_DIR.
+# FLAGS adds sov bench options (e.g. "--quantization fp8"); KV (MiB of KV cache, default 4000) and
+# OUTPUT (tokens a request, default 64) size the run; SKIP leaves out the last steps (at a large
+# batch they run with fewer sequences: e.g. BATCHES=1024 KV=60000 OUTPUT=256 SKIP=100). Traces
+# stay in OUT_DIR.
 set -u
 DIR=$(cd "$(dirname "$0")" && pwd)
 SOV=${SOV:-.gpu/sov}
@@ -25,9 +28,9 @@ for b in $BATCHES; do
   for mode in $MODES; do
     trace="$OUT_DIR/trace-b$b-det-$mode.csv"
     CUDA_INJECTION64_PATH="$LIB" STEP_TRACE_OUT="$trace" timeout 300 "$SOV" bench --model random:llama3-8b \
-      --device cuda --kv-memory-mb 4000 --num-prompts "$b" --concurrency "$b" --input-len 128 \
-      --output-len 64 --ignore-eos --deterministic "$mode" ${FLAGS:-} >"$OUT_DIR/bench-b$b-det-$mode.txt" 2>&1
+      --device cuda --kv-memory-mb "${KV:-4000}" --num-prompts "$b" --concurrency "$b" --max-batch "$b" \
+      --input-len 128 --output-len "${OUTPUT:-64}" --ignore-eos --deterministic "$mode" ${FLAGS:-} >"$OUT_DIR/bench-b$b-det-$mode.txt" 2>&1
     echo "== batch $b deterministic=$mode: rc $?, $(grep -m1 "Output token throughput" "$OUT_DIR/bench-b$b-det-$mode.txt")"
-    python3 "$DIR/step_trace/step_report.py" "$trace" "$STEPS"
+    python3 "$DIR/step_trace/step_report.py" "$trace" "$STEPS" "${SKIP:-0}"
   done
 done
