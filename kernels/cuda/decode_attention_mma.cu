@@ -26,14 +26,19 @@
 // give grids of at most one CTA per SM their own shared-memory carveout (attention.rs).
 //
 // An e4m3 cache (-DKV_FP8, layout in common.cuh): a ring slot holds the chunk's codes ([2][CHUNK, D]
-// bytes; K's 16-byte pieces at swizzled columns, k8_offset) and its per-token scales ([2][CHUNK]
-// f32), and the mma operands are f16. K goes from shared memory to registers as they are: a lane
-// reads 4 consecutive codes of a token -- dims ks * 16 + tig * 4 .. + 3 of k-step ks -- and widens
-// them into its B fragment, so the k-step's 16 dims are taken in a permuted order, and Q's A
-// fragment is loaded in the same order (the dot product does not depend on it). V's codes are
-// widened into one f16 tile in slot_offset's layout (widen_v) for ldmatrix.trans. Each score is
-// multiplied by its token's K scale and each P by its token's V scale before P is packed. The fused write quantizes the newest token's rows with
-// rope_kv_write_e4m3's arithmetic (kv_quant_inv, kv_quant_scale), so the cache holds the same bytes.
+// bytes, K rows at k8_offset, V rows at v8_offset: 16-byte pieces at swizzled columns) and its
+// per-token scales ([2][CHUNK] f32), and the mma operands are f16, widened from the codes in
+// registers (cvt.f16x2.e4m3x2), never written back to shared memory. K: a lane reads 4 consecutive
+// codes of a token -- dims ks * 16 + tig * 4 .. + 3 of k-step ks -- as its B fragment, so the
+// k-step's 16 dims are taken in a permuted order, and Q's A fragment is loaded in the same order
+// (the dot product does not depend on it). V: the B fragment of P.V needs one dim of 4 tokens, which
+// are 4 different rows; a lane reads 4 bytes (dims 4 gid .. + 3 of a group of 32) of each of its 4
+// tokens (2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9: P's columns in its A fragment) and transposes the
+// 4 x 4 bytes with byte permutes, so n-tile j of a group holds dims 4 n + j: the output dims are
+// permuted within each group of 32 (acc_dim) and put back in order when the warps' states are
+// stored. Each score is multiplied by its token's K scale and each P by its token's V scale before
+// P is packed. The fused write quantizes the newest token's rows with rope_kv_write_e4m3's
+// arithmetic (kv_quant_inv, kv_quant_scale), so the cache holds the same bytes.
 //
 // Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), a bf16 or (KV_FP8) e4m3 cache; STAGES
 // (ring depth, default 2) and MIN_BLOCKS (occupancy hint). Dynamic shared memory: NWARPS *
@@ -75,17 +80,25 @@
 #ifdef KV_FP8
 #define CODE_BYTES (CHUNK * D)                              // e4m3 codes of K (or V) of a chunk
 #define STAGE_BYTES (2 * CODE_BYTES + 2 * CHUNK * 4)        // K codes, V codes, K scales, V scales
-#define WIDE_OFF (STAGES * STAGE_BYTES)                     // the chunk's V in use, widened: [CHUNK, D] f16
-#define WARP_BYTES (WIDE_OFF + SLOT_BYTES)
+#define WARP_BYTES (STAGES * STAGE_BYTES)
+#define PIECES8 (D / 16)                                    // 16-byte pieces of codes per K or V row
+#define SWZ8 ((PIECES8 < 8 ? PIECES8 : 8) - 1)
 // Byte offset of 16-byte piece `piece` of K codes row `tok` in a staged chunk: swizzled so that
 // the 8 tokens a k-step's loads touch (rows gid, or gid + 8) fall into different banks.
-#define K8_SWIZZLE ((D / 16 < 8 ? D / 16 : 8) - 1)
 __device__ __forceinline__ u32 k8_offset(int tok, int piece) {
-    return (u32)(tok * D + ((piece ^ (tok & K8_SWIZZLE)) << 4));
+    return (u32)(tok * D + ((piece ^ (tok & SWZ8)) << 4));
 }
+// The same for V codes row `tok` (from the V codes' start): the 4 tokens 2 tig + r (tig = 0..3) of
+// one of P.V's loads land in different banks.
+__device__ __forceinline__ u32 v8_offset(int tok, int piece) {
+    return (u32)(tok * D + ((piece ^ ((((tok >> 1) & 3) << 1) & SWZ8)) << 4));
+}
+// The output dim of accumulator column e (0, 1) of n-tile nt for the lane in quad position tig.
+__device__ __forceinline__ int acc_dim(int nt, int tig, int e) { return (nt >> 2) * 32 + 4 * (tig * 2 + e) + (nt & 3); }
 #else
 #define STAGE_BYTES (2 * SLOT_BYTES)                        // K then V tile, bf16, swizzled
 #define WARP_BYTES (STAGES * STAGE_BYTES)
+__device__ __forceinline__ int acc_dim(int nt, int tig, int e) { return nt * 8 + tig * 2 + e; }
 #endif
 
 __device__ __forceinline__ void cp_async_wait_stages() {
@@ -152,31 +165,56 @@ __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
 }
 #else
 // e4m3 cache: the chunk's codes (K row tok at st + k8_offset(tok, .), V row tok at st + CODE_BYTES
-// + tok * D) and scales (K at
-// st + 2 * CODE_BYTES + tok * 4, V CHUNK * 4 on), the same tokens zero-filled or left alone as
-// above. row_bytes: kv_e4m3_row_bytes; head_off = kvh * D; scale_off: the head's scale in a row.
+// + v8_offset(tok, .)) and scales (K at st + 2 * CODE_BYTES + tok * 4, V CHUNK * 4 on), the same
+// tokens zero-filled or left alone as above. Lane `lane` copies piece lane % PIECES8 of tokens
+// lane / PIECES8 + i * TOK_STEP8, and the K (lanes < 16) or V scale of token lane % 16.
+// row_bytes: kv_e4m3_row_bytes; head_off = kvh * D; scale_off: the head's scale in a row.
+#define TOK_STEP8 (32 / PIECES8)
 __device__ __forceinline__ void issue_chunk(u32 st, int t0, int lane, int t_end, int skip,
                                             const u32* __restrict__ bt, int block_size, size_t row_bytes,
                                             size_t head_off, size_t scale_off, const kv_t* __restrict__ k_cache,
                                             const kv_t* __restrict__ v_cache) {
+    const int tok0 = lane / PIECES8, piece = lane % PIECES8;
+    const int blk = t0 / block_size, off = t0 - blk * block_size;
+    const int stok = lane & (CHUNK - 1), st_ = t0 + stok;
+    const u32 s_dst = st + 2 * CODE_BYTES + (u32)((lane >> 4) * CHUNK * 4 + stok * 4);
+    const kv_t* s_cache = lane < 16 ? k_cache : v_cache;
+    if (off + CHUNK <= block_size) {
+        const size_t base = ((size_t)bt[blk] * block_size + off) * row_bytes;
+        const size_t at0 = base + (size_t)tok0 * row_bytes + head_off + piece * 16;
+        const size_t step = (size_t)TOK_STEP8 * row_bytes;
 #pragma unroll
-    for (int i = lane; i < CHUNK * (D / 16); i += 32) {
-        const int tok = i / (D / 16), piece = i % (D / 16);
+        for (int i = 0; i < CHUNK * PIECES8 / 32; i++) {
+            const int tok = tok0 + i * TOK_STEP8;
+            const bool valid = t0 + tok < t_end;
+            const size_t at = valid ? at0 + i * step : 0;
+            if (t0 + tok != skip) {
+                cp_async16(st + k8_offset(tok, piece), k_cache + at, valid);
+                cp_async16(st + CODE_BYTES + v8_offset(tok, piece), v_cache + at, valid);
+            }
+        }
+        if (st_ != skip) {
+            const bool valid = st_ < t_end;
+            cp_async4(s_dst, s_cache + (valid ? base + (size_t)stok * row_bytes + scale_off : 0), valid);
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < CHUNK * PIECES8 / 32; i++) {
+        const int tok = tok0 + i * TOK_STEP8;
         const int t = t0 + tok;
         if (t == skip) continue;
         const bool valid = t < t_end;
         size_t at = 0;
         if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + head_off + piece * 16;
         cp_async16(st + k8_offset(tok, piece), k_cache + at, valid);
-        cp_async16(st + CODE_BYTES + (u32)(tok * D + piece * 16), v_cache + at, valid);
+        cp_async16(st + CODE_BYTES + v8_offset(tok, piece), v_cache + at, valid);
     }
-    const int tok = lane & (CHUNK - 1), t = t0 + tok;
-    if (t != skip) {
-        const bool valid = t < t_end;
+    if (st_ != skip) {
+        const bool valid = st_ < t_end;
         size_t at = 0;
-        if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + scale_off;
-        cp_async4(st + 2 * CODE_BYTES + (u32)((lane >> 4) * CHUNK * 4 + tok * 4), (lane < 16 ? k_cache : v_cache) + at,
-                  valid);
+        if (valid) at = ((size_t)bt[st_ / block_size] * block_size + st_ % block_size) * row_bytes + scale_off;
+        cp_async4(s_dst, s_cache + at, valid);
     }
 }
 #endif
@@ -197,7 +235,7 @@ __device__ __forceinline__ void place_fresh8(u32 st, int tok, int lane, const un
                                              const float* fresh_s) {
     for (int i = lane; i < 2 * (D / 16); i += 32) {
         const int kv = i / (D / 16), piece = i % (D / 16);
-        const u32 at = kv == 0 ? k8_offset(tok, piece) : CODE_BYTES + (u32)(tok * D + piece * 16);
+        const u32 at = kv == 0 ? k8_offset(tok, piece) : CODE_BYTES + v8_offset(tok, piece);
         st_shared16(st + at, ((const uint4*)(fresh + kv * D))[piece]);
     }
     if (lane < 2) {
@@ -207,27 +245,6 @@ __device__ __forceinline__ void place_fresh8(u32 st, int tok, int lane, const un
     }
 }
 
-// The chunk's V codes (codes: [CHUNK, D] bytes, rows unswizzled) widened to f16 at `wide` in
-// slot_offset's layout, for ldmatrix.trans: lane `lane` takes pieces lane + 32 i, all loads
-// first so their latencies overlap.
-__device__ __forceinline__ void widen_v(const unsigned char* codes, unsigned char* wide, int lane) {
-    uint4 c[D / 32];
-#pragma unroll
-    for (int i = 0; i < D / 32; i++) c[i] = ((const uint4*)codes)[lane + 32 * i];
-#pragma unroll
-    for (int i = 0; i < D / 32; i++) {
-        const int idx = lane + 32 * i, row = idx / (D / 16), piece = idx % (D / 16);
-        const u32 w[4] = {c[i].x, c[i].y, c[i].z, c[i].w};
-        u32 h[8];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            h[2 * k] = e4m3x2_to_f16x2((unsigned short)(w[k] & 0xffffu));
-            h[2 * k + 1] = e4m3x2_to_f16x2((unsigned short)(w[k] >> 16));
-        }
-        *(uint4*)(wide + slot_offset(row, 2 * piece)) = make_uint4(h[0], h[1], h[2], h[3]);
-        *(uint4*)(wide + slot_offset(row, 2 * piece + 1)) = make_uint4(h[4], h[5], h[6], h[7]);
-    }
-}
 #endif
 
 // The body of both entry points below. Arguments, shapes and grid as paged_decode_attention in
@@ -380,7 +397,7 @@ __device__ __forceinline__ void decode_attention_mma(
         for (int i = lane; i < 2 * (D / 16); i += 32) {
             const int piece = i % (D / 16);
             const kv_t* src = (i < D / 16 ? k_cache : v_cache) + at + head_off;
-            const u32 so = i < D / 16 ? k8_offset(tok, piece) : CODE_BYTES + (u32)(tok * D + piece * 16);
+            const u32 so = i < D / 16 ? k8_offset(tok, piece) : CODE_BYTES + v8_offset(tok, piece);
             st_shared16(st + so, __ldcg((const uint4*)src + piece));
         }
         if (lane < 2) {
@@ -468,8 +485,6 @@ __device__ __forceinline__ void decode_attention_mma(
         __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
 #ifdef KV_FP8
         const unsigned char* stp = smem + warp * WARP_BYTES + (c % STAGES) * STAGE_BYTES;  // this chunk's codes
-        const u32 vs = ring + WIDE_OFF;
-        widen_v(stp + CODE_BYTES, smem + warp * WARP_BYTES + WIDE_OFF, lane);
         // The scales of this lane's tokens n * 8 + tig * 2 + j: k_sc for the scores, v_sc for P.
         float k_sc[2][2], v_sc[2][2];
 #pragma unroll
@@ -543,10 +558,31 @@ __device__ __forceinline__ void decode_attention_mma(
 #ifdef KV_FP8
         const u32 p_lo = pack_ab(s[0][0] * v_sc[0][0], s[0][1] * v_sc[0][1]);
         const u32 p_hi = pack_ab(s[1][0] * v_sc[1][0], s[1][1] * v_sc[1][1]);
-        __syncwarp();  // every lane's widened V pieces are visible to the whole warp
+        const unsigned char* vc = stp + CODE_BYTES;  // the chunk's V codes
+#pragma unroll
+        for (int gr = 0; gr < D / 32; gr++) {
+            // Dims gr * 32 + 4 gid .. + 3 of tokens 2 tig, 2 tig + 1 (P's columns in p_lo) and
+            // 2 tig + 8, 2 tig + 9 (p_hi), a u32 of codes each; transposed by byte permutes into
+            // token pairs of one dim: n-tile 4 gr + j holds dim gr * 32 + 4 gid + j (acc_dim).
+            const int piece = 2 * gr + (gid >> 2);
+            const u32 col = (u32)((gid & 3) * 4);
+            const u32 w0 = *(const u32*)(vc + v8_offset(2 * tig, piece) + col);
+            const u32 w1 = *(const u32*)(vc + v8_offset(2 * tig + 1, piece) + col);
+            const u32 w2 = *(const u32*)(vc + v8_offset(2 * tig + 8, piece) + col);
+            const u32 w3 = *(const u32*)(vc + v8_offset(2 * tig + 9, piece) + col);
+            const u32 lo01 = __byte_perm(w0, w1, 0x5140), lo23 = __byte_perm(w0, w1, 0x7362);  // dims 0, 1 | 2, 3
+            const u32 hi01 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+            mma_top_rows(acc[4 * gr], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 & 0xffffu)),
+                         e4m3x2_to_f16x2((unsigned short)(hi01 & 0xffffu)));
+            mma_top_rows(acc[4 * gr + 1], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 >> 16)),
+                         e4m3x2_to_f16x2((unsigned short)(hi01 >> 16)));
+            mma_top_rows(acc[4 * gr + 2], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 & 0xffffu)),
+                         e4m3x2_to_f16x2((unsigned short)(hi23 & 0xffffu)));
+            mma_top_rows(acc[4 * gr + 3], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 >> 16)),
+                         e4m3x2_to_f16x2((unsigned short)(hi23 >> 16)));
+        }
 #else
         const u32 p_lo = pack_ab(s[0][0], s[0][1]), p_hi = pack_ab(s[1][0], s[1][1]);
-#endif
 #pragma unroll
         for (int np = 0; np < D / 16; np++) {
             // Matrices: tokens 0-7 / 8-15 (mat & 1) x dims (2 np + (mat >> 1)) * 8 + 0-7, transposed.
@@ -555,6 +591,7 @@ __device__ __forceinline__ void decode_attention_mma(
             mma_top_rows(acc[2 * np], p_lo, p_hi, b[0], b[1]);
             mma_top_rows(acc[2 * np + 1], p_lo, p_hi, b[2], b[3]);
         }
+#endif
         __syncwarp();  // the slot is refilled only after every lane has read it
     }
 
@@ -567,8 +604,8 @@ __device__ __forceinline__ void decode_attention_mma(
     if (gid < G) {
 #pragma unroll
         for (int nt = 0; nt < D / 8; nt++) {
-            w_acc[(warp * G + gid) * D + nt * 8 + tig * 2] = acc[nt][0];
-            w_acc[(warp * G + gid) * D + nt * 8 + tig * 2 + 1] = acc[nt][1];
+            w_acc[(warp * G + gid) * D + acc_dim(nt, tig, 0)] = acc[nt][0];
+            w_acc[(warp * G + gid) * D + acc_dim(nt, tig, 1)] = acc[nt][1];
         }
         if (tig == 0) {
             w_m[warp][gid] = m;

@@ -40,12 +40,11 @@ pub const DECODE_MMA_STAGES: std::ops::RangeInclusive<usize> = 2..=4;
 /// Bytes of dynamic shared memory `paged_decode_attention_mma` compiled with a ring of `stages`
 /// needs for `head_dim` and cache element `kv`, for each of its 4 warps: bf16, `stages` chunks of
 /// 16 K and 16 V rows; e4m3, `stages` chunks of 16 K and 16 V rows of codes with their 2 x 16 f32
-/// scales, and one chunk's V rows widened to 16-bit (`decode_attention_mma.cu`).
+/// scales (widened to 16-bit in registers; `decode_attention_mma.cu`).
 pub fn decode_mma_shared_bytes(head_dim: usize, stages: usize, kv: KvElement) -> usize {
-    let wide_rows = 16 * head_dim * 2;
     match kv {
-        KvElement::E4m3 => 4 * (stages * (2 * 16 * head_dim + 2 * 16 * 4) + wide_rows),
-        _ => 4 * stages * 2 * wide_rows,
+        KvElement::E4m3 => 4 * stages * (2 * 16 * head_dim + 2 * 16 * 4),
+        _ => 4 * stages * 2 * 16 * head_dim * 2,
     }
 }
 
