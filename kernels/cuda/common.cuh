@@ -140,14 +140,28 @@ __device__ __forceinline__ u32 e4m3x2_to_f16x2(unsigned short v) {
 #endif
 }
 
-// The e4m3 KV cache (-DKV_FP8, `--kv-dtype fp8`). A token's row in one layer's K (or V) cache is
-// n_kv_heads * D codes, then one f32 scale per head, padded to 16 bytes
-// (sov_kernels::kv_e4m3_row_bytes). A head's values x[0..D) are stored as
-// scale = amax / 448, codes e4m3(x * (448 / amax)) (amax = max |x|; all zero: scale 0, codes 0),
-// and read back as code * scale. kv_quant_inv / kv_quant_scale are the one arithmetic every writer
-// uses (rope_kv.cu, the fused write of decode_attention_mma.cu), so they store the same bytes.
+// The e4m3 KV cache (-DKV_FP8, `--kv-dtype fp8`). Each slot of one layer's K (or V) cache owns
+// kv_e4m3_row_bytes(KVH, D) bytes (sov_kernels::kv_e4m3_row_bytes: KVH * D codes and KVH f32 scales,
+// padded to 16), but a slot's bytes are not one row: slots go in groups of KV8_GROUP (16) whose
+// 16 * row bytes hold [KVH][16][D] codes, then [KVH][16] f32 scales, then padding, so a head's codes
+// of 16 consecutive slots are one contiguous 16 * D run (a whole cache block, its block size being
+// a multiple of 16, is whole groups). kv8_codes_at / kv8_scale_at give a (slot, head)'s offsets.
+// A head's values x[0..D) are stored as scale = amax / 448, codes e4m3(x * (448 / amax)) (amax =
+// max |x|; all zero: scale 0, codes 0), and read back as code * scale. kv_quant_inv /
+// kv_quant_scale are the one arithmetic every writer uses (rope_kv.cu, the fused write of
+// decode_attention_mma.cu), so they store the same bytes.
+#define KV8_GROUP 16
 __device__ __forceinline__ size_t kv_e4m3_row_bytes(int n_kv_heads, int d) {
     return (size_t)n_kv_heads * d + (size_t)((4 * n_kv_heads + 15) / 16 * 16);
+}
+// Byte offset of slot `slot`'s codes of head kvh ([D] contiguous); row_bytes = kv_e4m3_row_bytes.
+__device__ __forceinline__ size_t kv8_codes_at(size_t slot, int kvh, int d, size_t row_bytes) {
+    return (slot / KV8_GROUP) * KV8_GROUP * row_bytes + ((size_t)kvh * KV8_GROUP + slot % KV8_GROUP) * d;
+}
+// Byte offset of slot `slot`'s f32 scale of head kvh.
+__device__ __forceinline__ size_t kv8_scale_at(size_t slot, int kvh, int n_kv_heads, int d, size_t row_bytes) {
+    return (slot / KV8_GROUP) * KV8_GROUP * row_bytes + (size_t)n_kv_heads * KV8_GROUP * d +
+           ((size_t)kvh * KV8_GROUP + slot % KV8_GROUP) * 4;
 }
 __device__ __forceinline__ float kv_quant_inv(float amax) { return amax > 0.f ? __fdiv_rn(FP8_MAX, amax) : 0.f; }
 __device__ __forceinline__ float kv_quant_scale(float amax) { return __fdiv_rn(amax, FP8_MAX); }

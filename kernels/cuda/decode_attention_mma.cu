@@ -167,27 +167,28 @@ __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
 // e4m3 cache: the chunk's codes (K row tok at st + k8_offset(tok, .), V row tok at st + CODE_BYTES
 // + v8_offset(tok, .)) and scales (K at st + 2 * CODE_BYTES + tok * 4, V CHUNK * 4 on), the same
 // tokens zero-filled or left alone as above. Lane `lane` copies piece lane % PIECES8 of tokens
-// lane / PIECES8 + i * TOK_STEP8, and the K (lanes < 16) or V scale of token lane % 16.
-// row_bytes: kv_e4m3_row_bytes; head_off = kvh * D; scale_off: the head's scale in a row.
+// lane / PIECES8 + i * TOK_STEP8, and the K (lanes < 16) or V scale of token lane % 16. When the
+// chunk's 16 slots are one slot group (common.cuh; always, the block size being a multiple of 16
+// and the chunk starting at a multiple of 16), the head's codes of the chunk are one contiguous
+// 16 * D run and its scales 64 bytes: one block lookup for the chunk. row_bytes: kv_e4m3_row_bytes.
 #define TOK_STEP8 (32 / PIECES8)
 __device__ __forceinline__ void issue_chunk(u32 st, int t0, int lane, int t_end, int skip,
                                             const u32* __restrict__ bt, int block_size, size_t row_bytes,
-                                            size_t head_off, size_t scale_off, const kv_t* __restrict__ k_cache,
+                                            int kvh, int n_kv_heads, const kv_t* __restrict__ k_cache,
                                             const kv_t* __restrict__ v_cache) {
     const int tok0 = lane / PIECES8, piece = lane % PIECES8;
     const int blk = t0 / block_size, off = t0 - blk * block_size;
     const int stok = lane & (CHUNK - 1), st_ = t0 + stok;
     const u32 s_dst = st + 2 * CODE_BYTES + (u32)((lane >> 4) * CHUNK * 4 + stok * 4);
     const kv_t* s_cache = lane < 16 ? k_cache : v_cache;
-    if (off + CHUNK <= block_size) {
-        const size_t base = ((size_t)bt[blk] * block_size + off) * row_bytes;
-        const size_t at0 = base + (size_t)tok0 * row_bytes + head_off + piece * 16;
-        const size_t step = (size_t)TOK_STEP8 * row_bytes;
+    if (off + CHUNK <= block_size && off % KV8_GROUP == 0) {
+        const size_t slot0 = (size_t)bt[blk] * block_size + off;
+        const size_t at0 = kv8_codes_at(slot0, kvh, D, row_bytes) + (size_t)lane * 16;  // piece lane of the run
 #pragma unroll
         for (int i = 0; i < CHUNK * PIECES8 / 32; i++) {
             const int tok = tok0 + i * TOK_STEP8;
             const bool valid = t0 + tok < t_end;
-            const size_t at = valid ? at0 + i * step : 0;
+            const size_t at = valid ? at0 + (size_t)i * 512 : 0;
             if (t0 + tok != skip) {
                 cp_async16(st + k8_offset(tok, piece), k_cache + at, valid);
                 cp_async16(st + CODE_BYTES + v8_offset(tok, piece), v_cache + at, valid);
@@ -195,7 +196,8 @@ __device__ __forceinline__ void issue_chunk(u32 st, int t0, int lane, int t_end,
         }
         if (st_ != skip) {
             const bool valid = st_ < t_end;
-            cp_async4(s_dst, s_cache + (valid ? base + (size_t)stok * row_bytes + scale_off : 0), valid);
+            const size_t at = valid ? kv8_scale_at(slot0, kvh, n_kv_heads, D, row_bytes) + (size_t)stok * 4 : 0;
+            cp_async4(s_dst, s_cache + at, valid);
         }
         return;
     }
@@ -206,14 +208,20 @@ __device__ __forceinline__ void issue_chunk(u32 st, int t0, int lane, int t_end,
         if (t == skip) continue;
         const bool valid = t < t_end;
         size_t at = 0;
-        if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + head_off + piece * 16;
+        if (valid) {
+            const size_t slot = (size_t)bt[t / block_size] * block_size + t % block_size;
+            at = kv8_codes_at(slot, kvh, D, row_bytes) + piece * 16;
+        }
         cp_async16(st + k8_offset(tok, piece), k_cache + at, valid);
         cp_async16(st + CODE_BYTES + v8_offset(tok, piece), v_cache + at, valid);
     }
     if (st_ != skip) {
         const bool valid = st_ < t_end;
         size_t at = 0;
-        if (valid) at = ((size_t)bt[st_ / block_size] * block_size + st_ % block_size) * row_bytes + scale_off;
+        if (valid) {
+            const size_t slot = (size_t)bt[st_ / block_size] * block_size + st_ % block_size;
+            at = kv8_scale_at(slot, kvh, n_kv_heads, D, row_bytes);
+        }
         cp_async4(s_dst, s_cache + at, valid);
     }
 }
@@ -290,12 +298,11 @@ __device__ __forceinline__ void decode_attention_mma(
     const u32* bt = block_tables + (size_t)seq * max_blocks;
     const size_t head_off = (size_t)kvh * D;
 #ifdef KV_FP8
-    const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes
-    const size_t scale_off = (size_t)n_kv_heads * D + (size_t)kvh * 4;
+    const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes a slot
     __shared__ float fresh_f[2 * D];                          // the newest token's rows, f32
     __shared__ __align__(16) unsigned char fresh_q[2 * D];   // and their codes
     __shared__ float fresh_s[2];                              // and scales
-#define ISSUE_ARGS row_elems, head_off, scale_off
+#define ISSUE_ARGS row_elems, kvh, n_kv_heads
 #else
     const size_t row_elems = (size_t)n_kv_heads * D;
 #define ISSUE_ARGS row_elems, head_off
@@ -381,27 +388,30 @@ __device__ __forceinline__ void decode_attention_mma(
         __syncthreads();
         const u32 slot = slots[seq];
         if (slot != 0xffffffffu) {
-            kv_t* row_k = k_cache + (size_t)slot * row_elems;
-            kv_t* row_v = v_cache + (size_t)slot * row_elems;
+            const size_t codes_at = kv8_codes_at(slot, kvh, D, row_elems);
             for (int i = tid; i < 2 * (D / 16); i += NTHREADS)
-                ((uint4*)((i < D / 16 ? row_k : row_v) + head_off))[i % (D / 16)] = ((const uint4*)fresh_q)[i];
-            if (tid < 2) *(float*)((tid == 0 ? row_k : row_v) + scale_off) = fresh_s[tid];
+                ((uint4*)((i < D / 16 ? k_cache : v_cache) + codes_at))[i % (D / 16)] = ((const uint4*)fresh_q)[i];
+            if (tid < 2)
+                *(float*)((tid == 0 ? k_cache : v_cache) + kv8_scale_at(slot, kvh, n_kv_heads, D, row_elems)) =
+                    fresh_s[tid];
         }
         if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
             place_fresh8(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * NWARPS * CHUNK), lane,
                          fresh_q, fresh_s);
     } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
         const int tok = fresh - (first + fresh_chunk * NWARPS * CHUNK);
-        const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems;
+        const size_t slot = (size_t)bt[fresh / block_size] * block_size + fresh % block_size;
+        const size_t codes_at = kv8_codes_at(slot, kvh, D, row_elems);
         const u32 st = ring + fresh_chunk * STAGE_BYTES;
         for (int i = lane; i < 2 * (D / 16); i += 32) {
             const int piece = i % (D / 16);
-            const kv_t* src = (i < D / 16 ? k_cache : v_cache) + at + head_off;
+            const kv_t* src = (i < D / 16 ? k_cache : v_cache) + codes_at;
             const u32 so = i < D / 16 ? k8_offset(tok, piece) : CODE_BYTES + v8_offset(tok, piece);
             st_shared16(st + so, __ldcg((const uint4*)src + piece));
         }
         if (lane < 2) {
-            const float sc = __ldcg((const float*)((lane == 0 ? k_cache : v_cache) + at + scale_off));
+            const float sc = __ldcg(
+                (const float*)((lane == 0 ? k_cache : v_cache) + kv8_scale_at(slot, kvh, n_kv_heads, D, row_elems)));
             const u32 so = st + 2 * CODE_BYTES + (u32)(lane * CHUNK * 4 + tok * 4);
             asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(so), "f"(sc) : "memory");
         }

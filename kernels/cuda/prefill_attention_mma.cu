@@ -88,17 +88,20 @@ __device__ __forceinline__ void issue_stage(u32 stage, int k0, int key_end, int 
 }
 #else
 // e4m3: codes (key row tok at stage + tok * D, V codes CODE_BYTES on) and scales (K at stage +
-// 2 * CODE_BYTES + tok * 4, V KCH * 4 on). row_bytes: kv_e4m3_row_bytes; scale_off: the head's
-// scale in a row.
+// 2 * CODE_BYTES + tok * 4, V KCH * 4 on), each token's through its slot (kv8_codes_at,
+// kv8_scale_at: common.cuh's slot-group layout). row_bytes: kv_e4m3_row_bytes.
 __device__ __forceinline__ void issue_stage(u32 stage, int k0, int key_end, int tid, const u32* __restrict__ bt,
-                                            int block_size, size_t row_bytes, size_t head_off, size_t scale_off,
+                                            int block_size, size_t row_bytes, int kvh, int n_kv_heads,
                                             const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache) {
     for (int i = tid; i < KCH * (D / 16); i += NTHREADS) {
         const int tok = i / (D / 16), piece = i % (D / 16);
         const int t = k0 + tok;
         const bool valid = t < key_end;
         size_t at = 0;
-        if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + head_off + piece * 16;
+        if (valid) {
+            const size_t slot = (size_t)bt[t / block_size] * block_size + t % block_size;
+            at = kv8_codes_at(slot, kvh, D, row_bytes) + piece * 16;
+        }
         const u32 so = stage + (u32)(tok * D + piece * 16);
         cp_async16(so, k_cache + at, valid);
         cp_async16(so + CODE_BYTES, v_cache + at, valid);
@@ -107,7 +110,10 @@ __device__ __forceinline__ void issue_stage(u32 stage, int k0, int key_end, int 
         const int tok = tid % KCH, t = k0 + tok;
         const bool valid = t < key_end;
         size_t at = 0;
-        if (valid) at = ((size_t)bt[t / block_size] * block_size + t % block_size) * row_bytes + scale_off;
+        if (valid) {
+            const size_t slot = (size_t)bt[t / block_size] * block_size + t % block_size;
+            at = kv8_scale_at(slot, kvh, n_kv_heads, D, row_bytes);
+        }
         cp_async4(stage + 2 * CODE_BYTES + (u32)(tid * 4), (tid < KCH ? k_cache : v_cache) + at, valid);
     }
 }
@@ -139,9 +145,8 @@ prefill_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, cons
     const u32* bt = block_tables + (size_t)seq * max_blocks;
     const size_t head_off = (size_t)kvh * D;
 #ifdef KV_FP8
-    const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes
-    const size_t scale_off = (size_t)n_kv_heads * D + (size_t)kvh * 4;
-#define ISSUE_ARGS row_elems, head_off, scale_off
+    const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes a slot
+#define ISSUE_ARGS row_elems, kvh, n_kv_heads
 #else
     const size_t row_elems = (size_t)n_kv_heads * D;
 #define ISSUE_ARGS row_elems, head_off

@@ -59,11 +59,45 @@ pub fn prefill_mma_shared_bytes(head_dim: usize, kv: KvElement) -> usize {
     }
 }
 
-/// Bytes of one token's row in one layer's K (or V) cache of e4m3 codes: `kv_heads * head_dim`
-/// codes, then one f32 scale per head, padded to 16 bytes so every row (and every head's codes,
-/// for head_dim a multiple of 16) starts 16-byte aligned (`kv_e4m3_row_bytes` in `common.cuh`).
+/// Bytes each slot owns in one layer's K (or V) cache of e4m3 codes: `kv_heads * head_dim` codes
+/// and one f32 scale per head, padded to 16 bytes (`kv_e4m3_row_bytes` in `common.cuh`). The bytes
+/// of a slot are not one row: slots go in groups of [`KV_E4M3_GROUP`], each group's
+/// `KV_E4M3_GROUP * row` bytes holding `[kv_heads][16][head_dim]` codes, then `[kv_heads][16]` f32
+/// scales, then padding, so that a head's codes of 16 consecutive slots are one contiguous run
+/// (the decode kernel then reads whole runs, not a 128-byte piece of each row).
 pub fn kv_e4m3_row_bytes(kv_heads: usize, head_dim: usize) -> usize {
     kv_heads * head_dim + (4 * kv_heads).div_ceil(16) * 16
+}
+
+/// Slots of one group of an e4m3 cache ([`kv_e4m3_row_bytes`]); a cache block of such a cache
+/// must be whole groups (its block size a multiple of this).
+pub const KV_E4M3_GROUP: usize = 16;
+
+/// Byte ranges, within one layer's K (or V) bytes of a block of an e4m3 cache
+/// ([`kv_e4m3_row_bytes`] a slot, block size a multiple of [`KV_E4M3_GROUP`]), that hold the first
+/// `tokens` slots' codes and scales: what a checkpoint keeps of a partial block, in this order.
+pub fn kv_e4m3_tail_ranges(
+    kv_heads: usize,
+    head_dim: usize,
+    tokens: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let group_bytes = KV_E4M3_GROUP * kv_e4m3_row_bytes(kv_heads, head_dim);
+    let mut ranges = Vec::new();
+    for g in 0..tokens.div_ceil(KV_E4M3_GROUP) {
+        let (base, n) = (
+            g * group_bytes,
+            (tokens - g * KV_E4M3_GROUP).min(KV_E4M3_GROUP),
+        );
+        for h in 0..kv_heads {
+            let at = base + h * KV_E4M3_GROUP * head_dim;
+            ranges.push(at..at + n * head_dim);
+        }
+        for h in 0..kv_heads {
+            let at = base + kv_heads * KV_E4M3_GROUP * head_dim + h * KV_E4M3_GROUP * 4;
+            ranges.push(at..at + n * 4);
+        }
+    }
+    ranges
 }
 
 /// A deterministic-mode small-row kernel of `gemv.cu` (`det_gemv_*`): its warps, the chains a
@@ -562,6 +596,36 @@ mod tests {
         for (h, d) in [(1, 64), (2, 128), (3, 64), (8, 128), (7, 256)] {
             assert_eq!(kv_e4m3_row_bytes(h, d) % 16, 0);
             assert!(kv_e4m3_row_bytes(h, d) >= h * d + 4 * h);
+        }
+    }
+
+    #[test]
+    fn e4m3_tail_ranges_cover_each_slot_once_and_stay_inside_its_groups() {
+        let (h, d) = (3, 64);
+        let row = kv_e4m3_row_bytes(h, d);
+        for tokens in [0, 1, 15, 16, 17, 40] {
+            let ranges = kv_e4m3_tail_ranges(h, d, tokens);
+            let total: usize = ranges.iter().map(|r| r.len()).sum();
+            assert_eq!(total, tokens * (h * d + 4 * h), "{tokens} tokens");
+            // A slot's codes and scales land where common.cuh's kv8_codes_at / kv8_scale_at put them.
+            let mut owned = vec![false; tokens.div_ceil(KV_E4M3_GROUP) * KV_E4M3_GROUP * row];
+            for r in &ranges {
+                for b in r.clone() {
+                    assert!(!owned[b], "byte {b} twice");
+                    owned[b] = true;
+                }
+            }
+            for slot in 0..tokens {
+                let (g, i) = (slot / KV_E4M3_GROUP, slot % KV_E4M3_GROUP);
+                for kvh in 0..h {
+                    let codes = g * KV_E4M3_GROUP * row + (kvh * KV_E4M3_GROUP + i) * d;
+                    assert!(owned[codes..codes + d].iter().all(|&o| o));
+                    let scale = g * KV_E4M3_GROUP * row
+                        + h * KV_E4M3_GROUP * d
+                        + (kvh * KV_E4M3_GROUP + i) * 4;
+                    assert!(owned[scale..scale + 4].iter().all(|&o| o));
+                }
+            }
         }
     }
 

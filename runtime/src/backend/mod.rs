@@ -18,7 +18,9 @@
 //!   contiguous) and `gate_up: [n, 2 * F]` (gate then up). The ops below read those layouts.
 //! - Paged KV cache: per layer, one K and one V buffer, each `[num_blocks, block_size, KVH, D]`
 //!   in [`Backend::kv_dtype`] (rows of [`Backend::kv_row_elems`] where a format adds scales). A token at position `p` of a sequence with block table `bt` lives in
-//!   slot `bt[p / block_size] * block_size + p % block_size`.
+//!   slot `bt[p / block_size] * block_size + p % block_size`. A format may lay a block's slots
+//!   out otherwise within the block's bytes (the CUDA e4m3 cache groups 16 slots head-major,
+//!   [`Backend::kv_block_multiple`]); a block stays `block_size` rows' bytes, copied whole.
 //! - Ops take `&self` (a backend with mutable state, e.g. a CUDA stream, uses interior
 //!   mutability) and `&mut` output buffers; inputs and outputs never alias.
 //! - Ops that need more than a few values take small parameter structs: [`KvLayer`] (a layer's K
@@ -366,6 +368,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// scales). The cache layout above holds with this row width in place of `KVH * D`.
     fn kv_row_elems(&self, heads: HeadShape) -> usize {
         heads.kv_width()
+    }
+    /// Block sizes of a KV cache in [`Backend::kv_dtype`] must be multiples of this: 1, or an
+    /// e4m3 cache's slot group (16), whose blocks must be whole groups.
+    fn kv_block_multiple(&self) -> usize {
+        1
     }
     /// Waits until all queued work has finished (a no-op on synchronous backends).
     fn synchronize(&self) -> Result<(), BackendError>;

@@ -41,6 +41,13 @@ impl<B: Backend> KvCache<B> {
                 "KV cache needs at least one block of at least one token (got {num_blocks} x {block_size})"
             )));
         }
+        let multiple = backend.kv_block_multiple().max(1);
+        if !block_size.is_multiple_of(multiple) {
+            return Err(ModelError::InvalidConfig(format!(
+                "this KV cache format needs a block size that is a multiple of {multiple} (got \
+                 {block_size}; an FP8 cache, --kv-dtype fp8, keeps slots in groups of {multiple})"
+            )));
+        }
         if num_blocks > u32::MAX as usize / block_size {
             return Err(ModelError::InvalidConfig(format!(
                 "{num_blocks} blocks of {block_size} exceed u32 slot ids"

@@ -4,13 +4,15 @@
 //! one gather kernel and one asynchronous copy to pinned memory, and the reverse).
 //!
 //! Design: the store knows bytes, not models; the runner, which owns the model and its paged KV
-//! cache, says how a block's bytes are laid out (`[layers, 2 (K, V), block_size, KVH * D]`) and
-//! copies them.
+//! cache, says how a block's bytes are laid out (`[layers, 2 (K, V), block_size, KVH * D]`, an
+//! e4m3 cache's slots grouped within each part) and copies them; a partial block's bytes are
+//! `engine::checkpointing::kv_tail`'s.
 
 use super::{LlamaRunner, RunnerBackend};
 use crate::backend::DType;
 use crate::checkpoint::driver::{KvBlockIo, StagedBlocks};
 use crate::checkpoint::snapshot::KvLayout;
+use crate::engine::checkpointing::kv_tail::{merge_tail_rows, tail_rows};
 
 pub(super) fn dtype_name(d: DType) -> &'static str {
     match d {
@@ -19,7 +21,7 @@ pub(super) fn dtype_name(d: DType) -> &'static str {
         DType::BF16 => "bf16",
         DType::U32 => "u32",
         DType::I32 => "i32",
-        DType::F8E4M3 => "f8e4m3",
+        DType::F8E4M3 => crate::engine::checkpointing::kv_tail::E4M3_GROUPED,
     }
 }
 
@@ -40,12 +42,7 @@ impl<B: RunnerBackend> KvBlockIo for LlamaRunner<B> {
             .kv
             .read_block(self.model.backend(), block)
             .map_err(|e| e.to_string())?;
-        Ok(tail_of(
-            full,
-            2 * self.kv.num_layers(),
-            self.kv.block_size(),
-            tokens,
-        ))
+        Ok(tail_rows(&self.kv_layout(), &full, tokens))
     }
 
     fn read_blocks(
@@ -80,48 +77,9 @@ impl<B: RunnerBackend> KvBlockIo for LlamaRunner<B> {
             .kv
             .read_block(self.model.backend(), block)
             .map_err(|e| e.to_string())?;
-        merge_tail(&mut full, bytes, 2 * self.kv.num_layers(), bs, tokens)?;
+        merge_tail_rows(&self.kv_layout(), &mut full, bytes, tokens)?;
         self.kv
             .write_block(self.model.backend(), block, &full)
             .map_err(|e| e.to_string())
     }
-}
-
-/// The first `tokens` token rows of each of the `parts` parts (every layer's K, then V, each
-/// `[block_size, KVH * D]`) of a whole block's bytes `full`: what a checkpoint stores of a
-/// partial tail block.
-pub(super) fn tail_of(full: Vec<u8>, parts: usize, block_size: usize, tokens: usize) -> Vec<u8> {
-    if tokens >= block_size {
-        return full;
-    }
-    let part = full.len() / parts.max(1);
-    let keep = part / block_size * tokens;
-    full.chunks(part)
-        .flat_map(|p| &p[..keep])
-        .copied()
-        .collect()
-}
-
-/// Writes the tail bytes `bytes` of [`tail_of`] (`tokens` rows of each part) over the first rows
-/// of each part of the whole block `full`.
-pub(super) fn merge_tail(
-    full: &mut [u8],
-    bytes: &[u8],
-    parts: usize,
-    block_size: usize,
-    tokens: usize,
-) -> std::result::Result<(), String> {
-    let part = full.len() / parts.max(1);
-    let keep = part / block_size * tokens;
-    if bytes.len() != keep * parts {
-        return Err(format!(
-            "tail of {tokens} tokens is {} bytes, expected {}",
-            bytes.len(),
-            keep * parts
-        ));
-    }
-    for (dst, src) in full.chunks_mut(part).zip(bytes.chunks(keep.max(1))) {
-        dst[..keep].copy_from_slice(src);
-    }
-    Ok(())
 }

@@ -4,10 +4,10 @@
 //! unsharded layout (`[layers, 2 (K, V), block_size, KVH * D]`, each rank's heads in rank order),
 //! so a checkpoint taken with N ranks restores into any other number of ranks, one included.
 
-use super::kv_io::{merge_tail, tail_of};
 use crate::backend::Backend;
 use crate::checkpoint::driver::KvBlockIo;
 use crate::checkpoint::snapshot::KvLayout;
+use crate::engine::checkpointing::kv_tail::{merge_tail_rows, tail_rows};
 use crate::engine::forward::ForwardModel;
 use crate::model::batch::SeqChunk;
 use crate::model::tensor_parallel::TensorParallel;
@@ -126,19 +126,16 @@ impl<B: Backend> KvBlockIo for TensorParallelRunner<B> {
     }
 
     fn read_block(&mut self, block: u32, tokens: usize) -> Result<Vec<u8>, String> {
-        let parts = 2 * self.kvs.first().map_or(0, KvCache::num_layers);
-        let bs = self.kvs.first().map_or(1, KvCache::block_size);
-        Ok(tail_of(self.gather(block)?, parts, bs, tokens))
+        Ok(tail_rows(&self.kv_layout(), &self.gather(block)?, tokens))
     }
 
     fn write_block(&mut self, block: u32, tokens: usize, bytes: &[u8]) -> Result<(), String> {
-        let parts = 2 * self.kvs.first().map_or(0, KvCache::num_layers);
         let bs = self.kvs.first().map_or(1, KvCache::block_size);
         if tokens >= bs {
             return self.scatter(block, bytes);
         }
         let mut full = self.gather(block)?;
-        merge_tail(&mut full, bytes, parts, bs, tokens)?;
+        merge_tail_rows(&self.kv_layout(), &mut full, bytes, tokens)?;
         self.scatter(block, &full)
     }
 }

@@ -205,6 +205,12 @@ impl CudaBackend {
         let n = meta.n_tokens;
         check_buffer(op, "qkv", qkv, DType::F32, n * heads.qkv_width())?;
         check_buffer(op, "out", out, out_dtype, n * heads.q_width())?;
+        let multiple = crate::backend::Backend::kv_block_multiple(self);
+        if !block_size.is_multiple_of(multiple) {
+            return Err(BackendError::Unsupported(format!(
+                "{op}: this KV cache needs a block size that is a multiple of {multiple}, not {block_size}"
+            )));
+        }
         let row = self.kv_row_elems_impl(heads);
         check_buffer(op, "k_cache", kv.k, kv_dtype, block_size * row)?;
         check_buffer(op, "v_cache", kv.v, kv_dtype, kv.k.len)?;

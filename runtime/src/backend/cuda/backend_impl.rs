@@ -152,6 +152,13 @@ impl Backend for CudaBackend {
         self.kv_row_elems_impl(heads)
     }
 
+    fn kv_block_multiple(&self) -> usize {
+        match self.kv_element() {
+            sov_kernels::KvElement::E4m3 => sov_kernels::KV_E4M3_GROUP,
+            _ => 1,
+        }
+    }
+
     fn synchronize(&self) -> Result<(), BackendError> {
         self.stream.synchronize().map_err(driver_err)
     }

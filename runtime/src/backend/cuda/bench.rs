@@ -152,17 +152,19 @@ fn decode_attention_shapes(b: &CudaBackend) -> R<()> {
         // its KV in DRAM, not in the 50 MB L2 a previous call left it in -- as the 32 layers of a
         // decode step do. The "warm" figures re-read copy 0, which at (1, 4096) (16.8 MB) is L2.
         let copies = (512usize << 20).div_ceil(2 * cache_len * elem).max(1);
-        // An e4m3 cache: random finite codes of either sign and a scale of 1/64 per head.
+        // An e4m3 cache: random finite codes of either sign and a scale of 1/64 per head, one
+        // group of 16 slots (`[KVH][16][D]` codes, `[KVH][16]` scales, padding) repeated.
         let e4m3_rows = (b.kv_dtype() == DType::F8E4M3).then(|| {
             let mut r = StdRng::seed_from_u64(9);
-            let one: Vec<u8> = (0..row)
-                .map(|i| match i.checked_sub(heads.kv_width()) {
+            let (codes, scales) = (16 * heads.kv_width(), 16 * 4 * heads.n_kv_heads);
+            let one: Vec<u8> = (0..16 * row)
+                .map(|i| match i.checked_sub(codes) {
                     None => r.gen_range(0u8..0x7f) | (r.gen_range(0u8..2) << 7),
-                    Some(j) if j < 4 * heads.n_kv_heads => (1f32 / 64.0).to_le_bytes()[j % 4],
+                    Some(j) if j < scales => (1f32 / 64.0).to_le_bytes()[j % 4],
                     Some(_) => 0,
                 })
-                .collect(); // [row]
-            one.repeat(num_blocks * bs) // [num_blocks, bs, row]
+                .collect(); // 16 * row bytes
+            one.repeat(num_blocks * bs / 16) // num_blocks * bs * row bytes
         });
         let mut caches = Vec::with_capacity(copies);
         for i in 0..copies as u32 {

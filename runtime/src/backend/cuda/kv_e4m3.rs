@@ -1,10 +1,14 @@
 //! The e4m3 KV cache (`sov --kv-dtype fp8`, [`super::CudaTuning::kv_e4m3`]): which element the
 //! attention units are compiled for, the row width, and the write of new K/V rows.
 //!
-//! Design: a token's row in one layer's K (or V) cache is `KVH * D` e4m3 codes, then one f32 scale
-//! per head, padded to 16 bytes (`sov_kernels::kv_e4m3_row_bytes`), so a block is still one
+//! Design: each slot of one layer's K (or V) cache owns `KVH * D` e4m3 codes and one f32 scale
+//! per head, padded to 16 bytes (`sov_kernels::kv_e4m3_row_bytes`), laid out in groups of 16 slots
+//! head-major (`[KVH][16][D]` codes, then `[KVH][16]` scales: `common.cuh`), so a head's codes of
+//! 16 consecutive tokens are one contiguous run the decode kernel reads whole. A block is whole
+//! groups (block sizes must be multiples of 16, `Backend::kv_block_multiple`), so it is still one
 //! contiguous range of bytes and every path that moves blocks (swap, checkpoints, copy-on-write)
-//! moves them as it moves bf16 blocks. Each head of each token gets its own scale, `amax / 448`,
+//! moves them as it moves bf16 blocks; a checkpoint's partial block keeps the byte ranges of its
+//! first slots (`sov_kernels::kv_e4m3_tail_ranges`). Each head of each token gets its own scale, `amax / 448`,
 //! when it is written (`rope_kv_write_e4m3` in `rope_kv.cu`; the fused write of the tensor-core
 //! decode kernel applies the same arithmetic, so both store the same bytes): no calibration, and
 //! an outlier in one token costs no other token precision. Only the tensor-core attention units
@@ -36,7 +40,7 @@ impl CudaBackend {
         }
     }
 
-    /// The dtype of this backend's KV cache buffers (an e4m3 cache's rows are bytes: codes, then
+    /// The dtype of this backend's KV cache buffers (an e4m3 cache's slots are bytes: codes and
     /// scales).
     pub(super) fn kv_dtype_impl(&self) -> DType {
         match self.kv_element() {

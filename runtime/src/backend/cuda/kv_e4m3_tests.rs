@@ -14,7 +14,7 @@
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use sov_kernels::kv_e4m3_row_bytes;
+use sov_kernels::{KV_E4M3_GROUP, kv_e4m3_row_bytes};
 
 use super::fp8_tests::encode;
 use super::fused_rope_tests::rope_tables;
@@ -32,8 +32,17 @@ fn quantize_head(x: &[f32]) -> (Vec<u8>, f32) {
     (x.iter().map(|&v| encode(v * inv)).collect(), amax / 448.0)
 }
 
-/// An e4m3 cache holding `values` (`[slots, KVH, D]` f32), and the values it holds (code x
-/// scale) in that layout.
+/// Byte offsets of slot `slot`'s codes and scale of head `head` in an e4m3 cache of `kvh` heads
+/// of `d`: groups of 16 slots, `[kvh][16][d]` codes then `[kvh][16]` f32 scales
+/// (`kv8_codes_at` / `kv8_scale_at` in `common.cuh`).
+pub(super) fn e4m3_offsets(kvh: usize, d: usize, slot: usize, head: usize) -> (usize, usize) {
+    let group = slot / KV_E4M3_GROUP * KV_E4M3_GROUP * kv_e4m3_row_bytes(kvh, d);
+    let i = head * KV_E4M3_GROUP + slot % KV_E4M3_GROUP;
+    (group + i * d, group + kvh * KV_E4M3_GROUP * d + i * 4)
+}
+
+/// An e4m3 cache holding `values` (`[slots, KVH, D]` f32, slots a multiple of 16), and the
+/// values it holds (code x scale) in that layout.
 pub(super) fn e4m3_cache(
     b: &CudaBackend,
     values: &[f32],
@@ -42,14 +51,18 @@ pub(super) fn e4m3_cache(
     let (kvh, d) = (heads.n_kv_heads, heads.head_dim);
     let row = kv_e4m3_row_bytes(kvh, d);
     let slots = values.len() / (kvh * d);
-    let mut bytes = vec![0u8; slots * row]; // [slots, row]
+    assert!(
+        slots.is_multiple_of(KV_E4M3_GROUP),
+        "{slots} slots: not whole groups"
+    );
+    let mut bytes = vec![0u8; slots * row]; // slots * row bytes, groups of 16 slots
     let mut held = vec![0f32; values.len()]; // [slots, kvh, d]
     for s in 0..slots {
         for h in 0..kvh {
             let at = (s * kvh + h) * d;
             let (codes, scale) = quantize_head(&values[at..at + d]);
-            bytes[s * row + h * d..s * row + (h + 1) * d].copy_from_slice(&codes);
-            let sc = s * row + kvh * d + 4 * h;
+            let (c, sc) = e4m3_offsets(kvh, d, s, h);
+            bytes[c..c + d].copy_from_slice(&codes);
             bytes[sc..sc + 4].copy_from_slice(&scale.to_le_bytes());
             for (j, &c) in codes.iter().enumerate() {
                 held[at + j] = e4m3_to_f32(c) * scale;
@@ -59,23 +72,22 @@ pub(super) fn e4m3_cache(
     (b.upload_bytes(DType::F8E4M3, &bytes).unwrap(), held)
 }
 
-/// The e4m3 rows `qkv`'s k and v heads (`[n, (H + 2 KVH) D]`) give at `slots`, in caches of
-/// `total` slots (zero elsewhere): (K bytes, V bytes).
+/// The e4m3 bytes `qkv`'s k and v heads (`[n, (H + 2 KVH) D]`) give at `slots`, in caches of
+/// `total` slots (a multiple of 16; zero elsewhere): (K bytes, V bytes).
 fn expected_rows(qkv: &[f32], slots: &[u32], heads: HeadShape, total: usize) -> [Vec<u8>; 2] {
     let (h, kvh, d) = (heads.n_heads, heads.n_kv_heads, heads.head_dim);
     let row = kv_e4m3_row_bytes(kvh, d);
-    let mut out = [vec![0u8; total * row], vec![0u8; total * row]]; // [total, row] each
+    let mut out = [vec![0u8; total * row], vec![0u8; total * row]]; // total * row bytes each
     for (t, &slot) in slots.iter().enumerate() {
         if slot == u32::MAX {
             continue;
         }
-        let base = slot as usize * row;
         for (which, cache) in out.iter_mut().enumerate() {
             for g in 0..kvh {
                 let at = t * heads.qkv_width() + (h + which * kvh + g) * d;
                 let (codes, scale) = quantize_head(&qkv[at..at + d]);
-                cache[base + g * d..base + (g + 1) * d].copy_from_slice(&codes);
-                let sc = base + kvh * d + 4 * g;
+                let (c, sc) = e4m3_offsets(kvh, d, slot as usize, g);
+                cache[c..c + d].copy_from_slice(&codes);
                 cache[sc..sc + 4].copy_from_slice(&scale.to_le_bytes());
             }
         }
@@ -105,7 +117,7 @@ fn writes_store_the_reference_codes_and_scales() {
         };
         let (d, w) = (head_dim, heads.qkv_width());
         let mut rng = StdRng::seed_from_u64(700 + i as u64);
-        let total = n + 9;
+        let total = (n + 9usize).div_ceil(KV_E4M3_GROUP) * KV_E4M3_GROUP; // whole slot groups
         let mut free: Vec<u32> = (0..total as u32).collect();
         free.shuffle(&mut rng);
         let mut slots = free[..n].to_vec(); // [n]
@@ -242,7 +254,7 @@ fn attention_over_an_e4m3_cache_matches_cpu() {
         ),
         case(smollm2, 16, &[(5, 1), (64, 1), (65, 1), (300, 1)]),
         case(wide, 32, &[(31, 1), (1500, 1)]),
-        case(llama8b, 7, &[(1, 1), (50, 1), (301, 1)]),
+        case(llama8b, 48, &[(1, 1), (50, 1), (301, 1)]),
         // Prompts of odd lengths, chunks over prefixes and decode rows in one launch.
         case(
             llama8b,

@@ -36,6 +36,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::core_io::live;
+use super::kv_tail::{E4M3_GROUPED, tail_rows};
 use crate::checkpoint::digest::block_hash;
 use crate::checkpoint::driver::{Checkpointer, KvBlockIo, StagedBlocks};
 use crate::checkpoint::snapshot::{FinishState, KvLayout, KvMode, SequenceSnapshot, Snapshot};
@@ -435,14 +436,14 @@ impl Drop for AsyncBlocks {
 }
 
 /// Bytes of one whole block in `layout`: `[layers, 2, block_size, row]`, a row `KVH * D`
-/// elements, or for an e4m3 cache (`f8e4m3`) `KVH * D` codes and the heads' padded f32 scales
-/// (`sov_kernels::kv_e4m3_row_bytes`).
+/// elements, or for an e4m3 cache (`f8e4m3g16`) the bytes a slot owns: `KVH * D` codes and the
+/// heads' padded f32 scales (`sov_kernels::kv_e4m3_row_bytes`).
 pub(super) fn block_bytes_of(layout: &KvLayout) -> Result<usize> {
     let (kv_heads, head_dim) = (layout.kv_heads as usize, layout.head_dim as usize);
     let row = match layout.dtype.as_str() {
         "f32" | "u32" | "i32" => 4 * kv_heads * head_dim,
         "f16" | "bf16" => 2 * kv_heads * head_dim,
-        "f8e4m3" => sov_kernels::kv_e4m3_row_bytes(kv_heads, head_dim),
+        E4M3_GROUPED => sov_kernels::kv_e4m3_row_bytes(kv_heads, head_dim),
         other => return Err(usage(format!("KV dtype {other}"))),
     };
     Ok(layout.layers as usize * 2 * layout.block_size as usize * row)
@@ -489,18 +490,6 @@ fn send_pieces(
         queued += t1.elapsed();
     }
     Ok((read, queued))
-}
-
-/// The first `tokens` token rows of every part (each layer's K, then V) of a whole block: what
-/// `KvBlockIo::read_block(block, tokens)` returns for the layout the checkpoint format stores.
-pub fn tail_rows(layout: &KvLayout, full: &[u8], tokens: usize) -> Vec<u8> {
-    let parts = (2 * layout.layers as usize).max(1);
-    let part = full.len() / parts;
-    let keep = part / (layout.block_size as usize).max(1) * tokens;
-    full.chunks(part.max(1))
-        .flat_map(|p| &p[..keep.min(p.len())])
-        .copied()
-        .collect()
 }
 
 /// Hashes the blocks at `idx` (offsets into `bytes` in blocks) on up to 8 threads.

@@ -316,7 +316,7 @@ fn block_bytes_count_e4m3_rows_with_their_scales() {
     assert_eq!(block_bytes_of(&layout("bf16")).unwrap(), 32 * 2 * 16 * 2048);
     // 1024 codes and 8 f32 scales a row (`--kv-dtype fp8`).
     assert_eq!(
-        block_bytes_of(&layout("f8e4m3")).unwrap(),
+        block_bytes_of(&layout("f8e4m3g16")).unwrap(),
         32 * 2 * 16 * 1056
     );
     assert_eq!(block_bytes_of(&layout("f32")).unwrap(), 32 * 2 * 16 * 4096);

@@ -13,6 +13,7 @@
 
 pub mod async_blocks;
 pub mod core_io;
+pub mod kv_tail;
 pub mod worm;
 
 #[cfg(test)]
