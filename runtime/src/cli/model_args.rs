@@ -75,7 +75,8 @@ pub struct ModelArgs {
     /// `fp8`: on CUDA, e4m3 codes with one f32 scale per token and head, set as each token is
     /// written: 53% of bf16's bytes a token at head_dim 128, so about twice the tokens per MiB
     /// and half the bytes a decode step's attention reads. Needs compute capability 8.9 and
-    /// head_dim 64, 128 or 256; not with `--precision f32`. Receipts append `-kvfp8` to the
+    /// head_dim 64, 128 or 256, and a spec `block_size` that is a multiple of 16 (the cache keeps
+    /// slots in groups of 16); not with `--precision f32`. Receipts append `-kvfp8` to the
     /// precision.
     /// Default `bf16`, or for `--resume` and `sov audit` the format the run's heads name.
     #[arg(long, value_enum)]
