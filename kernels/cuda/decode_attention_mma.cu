@@ -290,13 +290,11 @@ __device__ __forceinline__ void decode_attention_mma(
     // reused as w_acc [NWARPS][G][D] f32 at the end.
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float w_m[NWARPS][G], w_l[NWARPS][G];
-    __shared__ __align__(16) bf16_t fresh_kv[2 * D];  // the newest token's K row, then its V row
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
     const u32 ring = (u32)__cvta_generic_to_shared(smem) + (u32)(warp * WARP_BYTES);
 
     const u32* bt = block_tables + (size_t)seq * max_blocks;
-    const size_t head_off = (size_t)kvh * D;
 #ifdef KV_FP8
     const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes a slot
     __shared__ float fresh_f[2 * D];                          // the newest token's rows, f32
@@ -305,6 +303,8 @@ __device__ __forceinline__ void decode_attention_mma(
 #define ISSUE_ARGS row_elems, kvh, n_kv_heads
 #else
     const size_t row_elems = (size_t)n_kv_heads * D;
+    const size_t head_off = (size_t)kvh * D;
+    __shared__ __align__(16) bf16_t fresh_kv[2 * D];  // the newest token's K row, then its V row
 #define ISSUE_ARGS row_elems, head_off
 #endif
     const int first = t_begin + warp * CHUNK;
@@ -312,6 +312,7 @@ __device__ __forceinline__ void decode_attention_mma(
     // The warp chunk holding the newest token, if this warp has it (it is then the warp's last).
     const int fresh_chunk =
         fresh >= first && (fresh - first) % (NWARPS * CHUNK) < CHUNK ? (fresh - first) / (NWARPS * CHUNK) : -1;
+#ifndef KV_FP8
     // ldmatrix row addresses: this lane names row (lane & 7) of matrix (lane >> 3). K matrices are
     // tokens 0-7 / 8-15 (mat >> 1) x pieces 2k / 2k + 1 (mat & 1); V matrices are tokens 0-7 / 8-15
     // (mat & 1) x pieces 2n / 2n + 1 (mat >> 1). Piece 2k + b lands at (2k + b) ^ (tok & 7), which
@@ -320,6 +321,7 @@ __device__ __forceinline__ void decode_attention_mma(
     const int k_tok = (mat >> 1) * 8 + mrow, v_tok = (mat & 1) * 8 + mrow;
     const u32 k_row = (u32)(k_tok * D * 2), v_row = (u32)(v_tok * D * 2);
     const int k_swz = (mat & 1) ^ (k_tok & 7), v_swz = (mat >> 1) ^ (v_tok & 7);
+#endif
 
 #pragma unroll
     for (int c = 0; c < STAGES - 1; c++) {
