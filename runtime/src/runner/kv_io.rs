@@ -42,6 +42,9 @@ impl<B: RunnerBackend> KvBlockIo for LlamaRunner<B> {
             .kv
             .read_block(self.model.backend(), block)
             .map_err(|e| e.to_string())?;
+        if tokens >= self.kv.block_size() {
+            return Ok(full);
+        }
         Ok(tail_rows(&self.kv_layout(), &full, tokens))
     }
 

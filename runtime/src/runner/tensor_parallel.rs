@@ -126,7 +126,11 @@ impl<B: Backend> KvBlockIo for TensorParallelRunner<B> {
     }
 
     fn read_block(&mut self, block: u32, tokens: usize) -> Result<Vec<u8>, String> {
-        Ok(tail_rows(&self.kv_layout(), &self.gather(block)?, tokens))
+        let full = self.gather(block)?;
+        if tokens >= self.kvs.first().map_or(1, KvCache::block_size) {
+            return Ok(full);
+        }
+        Ok(tail_rows(&self.kv_layout(), &full, tokens))
     }
 
     fn write_block(&mut self, block: u32, tokens: usize, bytes: &[u8]) -> Result<(), String> {
