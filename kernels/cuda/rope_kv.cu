@@ -5,9 +5,8 @@
 // qkv rows: [(H + 2*KVH) * D] f32, q heads then k heads then v heads. cos/sin tables are
 // [max_pos, D/2] f32 computed by the model (Llama-3.1 rope_scaling baked in).
 // Paged cache layout, per layer: [num_blocks, block_size, KVH, D] bf16 (f32 in precise mode; for
-// an e4m3 cache, kv_e4m3_row_bytes a slot in groups of 16 slots, each head's codes contiguous,
-// common.cuh); a token's
-// slot is physical_block * block_size + offset_in_block.
+// an e4m3 cache, kv_e4m3_row_bytes a slot, slots in head-major groups of 16, common.cuh); a
+// token's slot is physical_block * block_size + offset_in_block.
 #include "common.cuh"
 
 // In place on the first n_rot_heads (= H + KVH) heads of each row: for j < D/2,
@@ -144,9 +143,10 @@ extern "C" __global__ void rope_kv_write_f32(float* __restrict__ qkv, float* __r
 
 // e4m3 cache (`--kv-dtype fp8`, slot-group layout in common.cuh): rope_kv_write's rotation, then
 // each k and v head of a token with a slot quantized with its own scale (kv_quant_inv /
-// kv_quant_scale) into its codes and scale (kv8_codes_at, kv8_scale_at). Without tables (cos_t null) nothing is rotated and the q heads are not visited:
-// kv_write for this cache. One warp per (token, head), lanes over the pairs (j, j + D/2); grid-
-// stride over warps. caches: num_slots * kv_e4m3_row_bytes(KVH, D) bytes; head_dim <= 256.
+// kv_quant_scale) into its codes and scale (kv8_codes_at, kv8_scale_at). Without tables (cos_t
+// null) nothing is rotated and the q heads are not visited: kv_write for this cache. One warp per
+// (token, head), lanes over the pairs (j, j + D/2); grid-stride over warps. caches: num_slots *
+// kv_e4m3_row_bytes(KVH, D) bytes; head_dim <= 256.
 extern "C" __global__ void rope_kv_write_e4m3(float* __restrict__ qkv, unsigned char* __restrict__ k_cache,
                                               unsigned char* __restrict__ v_cache, const u32* __restrict__ positions,
                                               const float* __restrict__ cos_t, const float* __restrict__ sin_t,
