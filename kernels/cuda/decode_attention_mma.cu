@@ -117,26 +117,58 @@ __device__ __forceinline__ void mma_top_rows(float* c, u32 a_lo, u32 a_hi, u32 b
         : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(0u), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(0.f), "f"(0.f));
 }
 
+// Token t's cache block and offset in it without an integer division (one compiles to about 35
+// instructions on sm_90, paid once a chunk): the block size's f32 reciprocal gives the quotient to
+// within one for any t < 2^24, and one correction step makes it exact.
+struct BlockDiv {
+    int size;
+    float inv;  // 1 / size
+};
+__device__ __forceinline__ BlockDiv block_div(int block_size) { return {block_size, __frcp_rn((float)block_size)}; }
+__device__ __forceinline__ void split_token(int t, BlockDiv d, int& blk, int& off) {
+    blk = __float2int_rz((float)t * d.inv);
+    off = t - blk * d.size;
+    if (off >= d.size) {
+        blk++;
+        off -= d.size;
+    } else if (off < 0) {
+        blk--;
+        off += d.size;
+    }
+}
+
 // Copies the K and V rows of the warp chunk starting at token t0 into the ring slot at shared
 // address ks (K) and ks + SLOT_BYTES (V); pieces of tokens at or past t_end are zero-filled without
 // being read; the token `skip` (-1: none) is left alone, neither read nor zero-filled. Lane `lane`
-// copies piece lane % PIECES of tokens lane / PIECES + i * TOK_STEP. When the chunk lies inside one cache block one block-table
-// entry serves all its tokens; otherwise each token looks its block up. (Chunks start at multiples
-// of 16 because splits start at multiples of the host's 64-token tile, so with block sizes that
-// are multiples of 16 the single-block path is always taken.)
+// copies piece lane % PIECES of tokens lane / PIECES + i * TOK_STEP. When the chunk lies inside one
+// cache block one block-table entry serves all its tokens (and when every token is valid and none
+// left out, its copies take no per-row tests); otherwise each token looks its block up. (Chunks
+// start at multiples of 16 because splits start at multiples of the host's 64-token tile, so with
+// block sizes that are multiples of 16 the single-block path is always taken.)
 #define TOK_STEP (32 / PIECES)
 #ifndef KV_FP8
 __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end, int skip,
-                                            const u32* __restrict__ bt, int block_size, size_t row_elems,
+                                            const u32* __restrict__ bt, BlockDiv bdiv, size_t row_elems,
                                             size_t head_off, const bf16_t* __restrict__ k_cache,
                                             const bf16_t* __restrict__ v_cache) {
     const int tok0 = lane / PIECES, piece = lane % PIECES;
-    const int blk = t0 / block_size, off = t0 - blk * block_size;
+    const int block_size = bdiv.size;
+    int blk, off;
+    split_token(t0, bdiv, blk, off);
     if (off + CHUNK <= block_size) {
         const size_t base = ((size_t)bt[blk] * block_size + off + tok0) * row_elems + head_off + piece * 8;
         const bf16_t* kp = k_cache + base;
         const bf16_t* vp = v_cache + base;
         const size_t step = (size_t)TOK_STEP * row_elems;
+        if (t0 + CHUNK <= t_end && (skip < t0 || skip >= t0 + CHUNK)) {  // every row, none left out
+#pragma unroll
+            for (int i = 0; i < PIECES_PER_LANE; i++) {
+                const u32 so = ks + slot_offset(tok0 + i * TOK_STEP, piece);
+                cp_async16(so, kp + i * step, true);
+                cp_async16(so + SLOT_BYTES, vp + i * step, true);
+            }
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < PIECES_PER_LANE; i++) {
             const int tok = tok0 + i * TOK_STEP;
@@ -173,17 +205,29 @@ __device__ __forceinline__ void issue_chunk(u32 ks, int t0, int lane, int t_end,
 // 16 * D run and its scales 64 bytes: one block lookup for the chunk. row_bytes: kv_e4m3_row_bytes.
 #define TOK_STEP8 (32 / PIECES8)
 __device__ __forceinline__ void issue_chunk(u32 st, int t0, int lane, int t_end, int skip,
-                                            const u32* __restrict__ bt, int block_size, size_t row_bytes,
+                                            const u32* __restrict__ bt, BlockDiv bdiv, size_t row_bytes,
                                             int kvh, int n_kv_heads, const kv_t* __restrict__ k_cache,
                                             const kv_t* __restrict__ v_cache) {
     const int tok0 = lane / PIECES8, piece = lane % PIECES8;
-    const int blk = t0 / block_size, off = t0 - blk * block_size;
+    const int block_size = bdiv.size;
+    int blk, off;
+    split_token(t0, bdiv, blk, off);
     const int stok = lane & (CHUNK - 1), st_ = t0 + stok;
     const u32 s_dst = st + 2 * CODE_BYTES + (u32)((lane >> 4) * CHUNK * 4 + stok * 4);
     const kv_t* s_cache = lane < 16 ? k_cache : v_cache;
     if (off + CHUNK <= block_size && off % KV8_GROUP == 0) {
         const size_t slot0 = (size_t)bt[blk] * block_size + off;
         const size_t at0 = kv8_codes_at(slot0, kvh, D, row_bytes) + (size_t)lane * 16;  // piece lane of the run
+        if (t0 + CHUNK <= t_end && (skip < t0 || skip >= t0 + CHUNK)) {  // every token, none left out
+#pragma unroll
+            for (int i = 0; i < CHUNK * PIECES8 / 32; i++) {
+                const int tok = tok0 + i * TOK_STEP8;
+                cp_async16(st + k8_offset(tok, piece), k_cache + at0 + i * 512, true);
+                cp_async16(st + CODE_BYTES + v8_offset(tok, piece), v_cache + at0 + i * 512, true);
+            }
+            cp_async4(s_dst, s_cache + kv8_scale_at(slot0, kvh, n_kv_heads, D, row_bytes) + (size_t)stok * 4, true);
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < CHUNK * PIECES8 / 32; i++) {
             const int tok = tok0 + i * TOK_STEP8;
@@ -295,6 +339,7 @@ __device__ __forceinline__ void decode_attention_mma(
     const u32 ring = (u32)__cvta_generic_to_shared(smem) + (u32)(warp * WARP_BYTES);
 
     const u32* bt = block_tables + (size_t)seq * max_blocks;
+    const BlockDiv bdiv = block_div(block_size);
 #ifdef KV_FP8
     const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes a slot
     __shared__ float fresh_f[2 * D];                          // the newest token's rows, f32
@@ -326,7 +371,7 @@ __device__ __forceinline__ void decode_attention_mma(
 #pragma unroll
     for (int c = 0; c < STAGES - 1; c++) {
         if (c < my_chunks) {
-            issue_chunk(ring + c * STAGE_BYTES, first + c * NWARPS * CHUNK, lane, t_end, fresh, bt, block_size,
+            issue_chunk(ring + c * STAGE_BYTES, first + c * NWARPS * CHUNK, lane, t_end, fresh, bt, bdiv,
                         ISSUE_ARGS, k_cache, v_cache);
         }
         cp_async_commit();
@@ -482,7 +527,7 @@ __device__ __forceinline__ void decode_attention_mma(
         const int next = c + STAGES - 1;
         if (next < my_chunks) {
             issue_chunk(ring + (next % STAGES) * STAGE_BYTES, first + next * NWARPS * CHUNK, lane, t_end,
-                        rope ? fresh : -1, bt, block_size, ISSUE_ARGS, k_cache, v_cache);
+                        rope ? fresh : -1, bt, bdiv, ISSUE_ARGS, k_cache, v_cache);
             if (rope && next == fresh_chunk)
 #ifdef KV_FP8
                 place_fresh8(ring + (next % STAGES) * STAGE_BYTES, fresh - (first + next * NWARPS * CHUNK), lane,

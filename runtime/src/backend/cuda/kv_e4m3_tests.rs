@@ -245,6 +245,7 @@ fn attention_over_an_e4m3_cache_matches_cpu() {
         block_size,
         seqs: seqs.to_vec(),
     };
+    let many: Vec<(usize, usize)> = (0..40).map(|i| ((i * 37) % 300 + 1, 1)).collect();
     let cases = [
         // Decode rows: block and chunk boundaries, split-K, a long context.
         case(
@@ -255,6 +256,8 @@ fn attention_over_an_e4m3_cache_matches_cpu() {
         case(smollm2, 16, &[(5, 1), (64, 1), (65, 1), (300, 1)]),
         case(wide, 32, &[(31, 1), (1500, 1)]),
         case(llama8b, 48, &[(1, 1), (50, 1), (301, 1)]),
+        // Many sequences of mixed lengths in one launch (more CTAs than the GPU holds at once).
+        case(llama8b, 16, &many),
         // Prompts of odd lengths, chunks over prefixes and decode rows in one launch.
         case(
             llama8b,

@@ -570,6 +570,13 @@ fn decode_attention_matches_cpu() {
             block_size: 16,
             seqs: vec![(5000, 1)],
         },
+        // Many sequences of mixed lengths in one launch: more CTAs than the GPU holds at once,
+        // some split and some not.
+        AttnCase {
+            heads: llama8b,
+            block_size: 16,
+            seqs: (0..300).map(|i| ((i * 37) % 700 + 1, 1)).collect(),
+        },
         AttnCase {
             heads: HeadShape {
                 n_heads: 9,
