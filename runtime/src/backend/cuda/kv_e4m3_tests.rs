@@ -245,7 +245,7 @@ fn attention_over_an_e4m3_cache_matches_cpu() {
         block_size,
         seqs: seqs.to_vec(),
     };
-    let many: Vec<(usize, usize)> = (0..40).map(|i| ((i * 37) % 300 + 1, 1)).collect();
+    let many: Vec<(usize, usize)> = (0..100).map(|i| ((i * 37) % 300 + 1, 1)).collect();
     let cases = [
         // Decode rows: block and chunk boundaries, split-K, a long context.
         case(
