@@ -163,6 +163,12 @@ __device__ __forceinline__ size_t kv8_scale_at(size_t slot, int kvh, int n_kv_he
     return (slot / KV8_GROUP) * KV8_GROUP * row_bytes + (size_t)n_kv_heads * KV8_GROUP * d +
            ((size_t)kvh * KV8_GROUP + slot % KV8_GROUP) * 4;
 }
+// A product-input row of absolute maximum a (fp8.cu's per-token quantization, and the producers
+// that write e4m3 rows in elementwise.cu): the factor its values are multiplied by, and its scale
+// (1 for a row of zeros).
+__device__ __forceinline__ float row_quant_inv(float a) { return a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f; }
+__device__ __forceinline__ float row_quant_scale(float a) { return a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f; }
+
 __device__ __forceinline__ float kv_quant_inv(float amax) { return amax > 0.f ? __fdiv_rn(FP8_MAX, amax) : 0.f; }
 __device__ __forceinline__ float kv_quant_scale(float amax) { return __fdiv_rn(amax, FP8_MAX); }
 

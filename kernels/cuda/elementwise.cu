@@ -7,7 +7,22 @@
 // (round to nearest even, as cast_f32_bf16), for products that multiply in bf16 anyway
 // (Backend::matmul_input_dtype): the values cuBLAS multiplies are the same, without the cast kernel
 // and with half the bytes written; gather_rows_bf16 widens such rows back to f32.
+// For FP8 products (Backend::takes_quantized_rows) they come in an `_e4m3` form too: the bf16
+// form's values, quantized per row exactly as fp8.cu's quantize_rows_vec_bf16 quantizes a bf16 row
+// (the same max, the same product and rounding of each element), so the codes and scales are the
+// bits the bf16 form + that kernel give, with one kernel and no bf16 row written or read.
+// Quantized rows q: [n, d] e4m3, scales: [n] f32 (the caller places them after the codes).
 #include "common.cuh"
+
+typedef unsigned char u8;
+
+// One value times inv, rounded to e4m3 as quantize_rows rounds it.
+__device__ __forceinline__ u8 e4m3_of(float v, float inv) {
+    return (u8)(f32x2_to_e4m3x2(__fmul_rn(v, inv), 0.f) & 0xff);
+}
+
+// A value as the `_bf16` form stores it, widened back (exact).
+__device__ __forceinline__ float as_bf16(float v) { return bf2f(f2bf(v)); }
 
 // If delta != null: residual[t] += delta[t] (stored). Then
 // out[t] = residual[t] * rsqrt(mean(residual[t]^2) + eps) * weight.
@@ -22,6 +37,44 @@
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_out(bf16_t* p, float v) { *p = f2bf(v); }
 
+// The shared first half of the RMSNorm kernels: row `row` of residual (+ delta, stored back), its
+// first RMS_KEEP * blockDim elements and their weights kept in keep / w; returns
+// rsqrt(mean(x^2) + eps).
+__device__ __forceinline__ float rms_row(float* __restrict__ r, const float* __restrict__ drow,
+                                         const float* __restrict__ weight, int d, float eps,
+                                         float* keep, float* w, float* scratch) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < RMS_KEEP; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        keep[j] = 0.f;
+        w[j] = 0.f;
+        if (i < d) {
+            keep[j] = r[i];
+            w[j] = weight[i];
+            if (drow != nullptr) keep[j] += drow[i];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < RMS_KEEP; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < d) {
+            if (drow != nullptr) r[i] = keep[j];
+            ss = fmaf(keep[j], keep[j], ss);
+        }
+    }
+    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x) {
+        float v = r[i];
+        if (drow != nullptr) {
+            v += drow[i];
+            r[i] = v;
+        }
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, scratch);
+    return rsqrtf(ss / (float)d + eps);
+}
+
 template <typename OutT>
 __device__ __forceinline__ void rmsnorm_rows(OutT* __restrict__ out, float* __restrict__ residual,
                                              const float* __restrict__ delta, const float* __restrict__ weight,
@@ -32,36 +85,7 @@ __device__ __forceinline__ void rmsnorm_rows(OutT* __restrict__ out, float* __re
     const size_t row = blockIdx.x;
     float* r = residual + row * d;
     float keep[RMS_KEEP], w[RMS_KEEP];
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < RMS_KEEP; j++) {
-        const int i = threadIdx.x + j * blockDim.x;
-        keep[j] = 0.f;
-        w[j] = 0.f;
-        if (i < d) {
-            keep[j] = r[i];
-            w[j] = weight[i];
-            if (delta != nullptr) keep[j] += delta[row * d + i];
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < RMS_KEEP; j++) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i < d) {
-            if (delta != nullptr) r[i] = keep[j];
-            ss = fmaf(keep[j], keep[j], ss);
-        }
-    }
-    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x) {
-        float v = r[i];
-        if (delta != nullptr) {
-            v += delta[row * d + i];
-            r[i] = v;
-        }
-        ss = fmaf(v, v, ss);
-    }
-    ss = block_sum(ss, scratch);
-    const float inv = rsqrtf(ss / (float)d + eps);
+    const float inv = rms_row(r, delta != nullptr ? delta + row * d : nullptr, weight, d, eps, keep, w, scratch);
 #pragma unroll
     for (int j = 0; j < RMS_KEEP; j++) {
         const int i = threadIdx.x + j * blockDim.x;
@@ -83,6 +107,40 @@ extern "C" __global__ void rmsnorm_residual_bf16(bf16_t* __restrict__ out, float
                                                  const float* __restrict__ delta,
                                                  const float* __restrict__ weight, int d, float eps) {
     rmsnorm_rows(out, residual, delta, weight, d, eps);
+}
+
+// The same as e4m3 rows: rmsnorm_residual_bf16's values, quantized per row (see the top).
+// q: [n, d] e4m3, scales: [n] f32.
+extern "C" __global__ void rmsnorm_residual_e4m3(u8* __restrict__ q, float* __restrict__ scales,
+                                                 float* __restrict__ residual, const float* __restrict__ delta,
+                                                 const float* __restrict__ weight, int d, float eps) {
+    __shared__ float scratch[32];
+    allow_dependents_early();
+    wait_for_prerequisites();
+    const size_t row = blockIdx.x;
+    float* r = residual + row * d;
+    float keep[RMS_KEEP], w[RMS_KEEP];
+    const float inv = rms_row(r, delta != nullptr ? delta + row * d : nullptr, weight, d, eps, keep, w, scratch);
+    float a = 0.f;
+#pragma unroll
+    for (int j = 0; j < RMS_KEEP; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        keep[j] = i < d ? as_bf16(keep[j] * inv * w[j]) : 0.f;
+        a = fmaxf(a, fabsf(keep[j]));
+    }
+    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x)
+        a = fmaxf(a, fabsf(as_bf16(r[i] * inv * weight[i])));
+    a = block_max(a, scratch);
+    const float qi = row_quant_inv(a);
+    if (threadIdx.x == 0) scales[row] = row_quant_scale(a);
+    u8* qr = q + row * d;
+#pragma unroll
+    for (int j = 0; j < RMS_KEEP; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < d) qr[i] = e4m3_of(keep[j], qi);
+    }
+    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x)
+        qr[i] = e4m3_of(as_bf16(r[i] * inv * weight[i]), qi);
 }
 
 // Four consecutive outputs from out[0].
@@ -127,6 +185,51 @@ extern "C" __global__ void silu_mul(float* __restrict__ out, const float* __rest
 // out: [n, f] bf16.
 extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
     silu_mul_rows(out, gate_up, n, f);
+}
+
+#define SILU_Q_THREADS 512
+#define SILU_Q_GROUPS 8  // groups of 4 values a thread holds: f <= 4 * 512 * 8 = 16384
+
+// silu_mul_bf16's values as e4m3 rows (see the top): q: [n, f] e4m3, scales: [n] f32,
+// gate_up: [n, 2f] f32. Grid: n, block: SILU_Q_THREADS; f % 4 == 0 and f <= 16384 (the row is
+// held in registers between its max and its quantization, so gate_up is read once).
+extern "C" __global__ void __launch_bounds__(SILU_Q_THREADS)
+silu_mul_e4m3(u8* __restrict__ q, float* __restrict__ scales, const float* __restrict__ gate_up, int f) {
+    __shared__ float scratch[32];
+    allow_dependents_early();
+    wait_for_prerequisites();
+    const size_t row = blockIdx.x;
+    const float4* g = (const float4*)(gate_up + row * 2 * (size_t)f);
+    const float4* u = (const float4*)(gate_up + row * 2 * (size_t)f + f);
+    const int groups = f >> 2;
+    float v[SILU_Q_GROUPS][4];
+    float a = 0.f;
+#pragma unroll
+    for (int c = 0; c < SILU_Q_GROUPS; c++) {
+        const int idx = threadIdx.x + c * SILU_Q_THREADS;
+        if (idx < groups) {
+            const float4 x = g[idx], y = u[idx];
+            v[c][0] = as_bf16(swiglu(x.x, y.x));
+            v[c][1] = as_bf16(swiglu(x.y, y.y));
+            v[c][2] = as_bf16(swiglu(x.z, y.z));
+            v[c][3] = as_bf16(swiglu(x.w, y.w));
+#pragma unroll
+            for (int j = 0; j < 4; j++) a = fmaxf(a, fabsf(v[c][j]));
+        }
+    }
+    a = block_max(a, scratch);
+    const float qi = row_quant_inv(a);
+    if (threadIdx.x == 0) scales[row] = row_quant_scale(a);
+    u32* qr = (u32*)(q + row * (size_t)f);
+#pragma unroll
+    for (int c = 0; c < SILU_Q_GROUPS; c++) {
+        const int idx = threadIdx.x + c * SILU_Q_THREADS;
+        if (idx < groups) {
+            const u32 lo = f32x2_to_e4m3x2(__fmul_rn(v[c][0], qi), __fmul_rn(v[c][1], qi));
+            const u32 hi = f32x2_to_e4m3x2(__fmul_rn(v[c][2], qi), __fmul_rn(v[c][3], qi));
+            qr[idx] = lo | (hi << 16);
+        }
+    }
 }
 
 // out[t, :] = f32(table[min(ids[t], vocab - 1), :]). table: [vocab, d] bf16, ids: [n] u32,

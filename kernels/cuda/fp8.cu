@@ -58,10 +58,6 @@ __device__ __forceinline__ float load_as_f32<bf16_t>(const bf16_t* p, size_t i) 
     return bf2f(p[i]);
 }
 
-// A row of absolute maximum a: the factor its values are multiplied by, and its scale (1 for a row
-// of zeros).
-__device__ __forceinline__ float row_quant_inv(float a) { return a > 0.f ? __fdiv_rn(FP8_MAX, a) : 0.f; }
-__device__ __forceinline__ float row_quant_scale(float a) { return a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f; }
 
 // q: [rows, k] e4m3, scale: [rows] f32, x: [rows, k]. Grid: rows CTAs of QUANT_THREADS.
 template <typename T>

@@ -387,8 +387,10 @@ impl KernelId {
             KernelId::Elementwise => &[
                 "rmsnorm_residual",
                 "rmsnorm_residual_bf16",
+                "rmsnorm_residual_e4m3",
                 "silu_mul",
                 "silu_mul_bf16",
+                "silu_mul_e4m3",
                 "embedding_gather",
                 "gather_rows",
                 "gather_rows_bf16",

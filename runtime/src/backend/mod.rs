@@ -271,6 +271,15 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// The op that writes a product's input, for [`Backend::takes_quantized_rows`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputProducer {
+    /// [`Backend::rms_norm`] / [`Backend::add_rms_norm`] (the qkv and gate/up inputs).
+    RmsNorm,
+    /// [`Backend::silu_mul`] / [`Backend::matmul_silu_mul`] (the down input).
+    SwiGlu,
+}
+
 /// Sizes of a SwiGLU feed-forward input ([`Backend::matmul_silu_mul`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SwiGluShape {
@@ -407,9 +416,36 @@ pub trait Backend: Send + Sync + Sized + 'static {
         DType::F32
     }
 
+    /// Whether the product `x[rows, k] @ w^T`, its input written by `producer`, takes `x` as
+    /// quantized rows (a buffer from [`Self::alloc_quantized_rows`]): the producer then writes
+    /// the rows quantized as the product would quantize them, and the product reads them as they
+    /// are. False unless a backend overrides it (the CUDA backend: FP8 products of more rows than
+    /// quantize their own input, for the producers whose quantizing kernel pays).
+    fn takes_quantized_rows(
+        &self,
+        rows: usize,
+        k: usize,
+        w: &Self::Buffer,
+        producer: InputProducer,
+    ) -> bool {
+        let _ = (rows, k, w, producer);
+        false
+    }
+
+    /// A buffer for up to `rows` quantized product-input rows of `k` values
+    /// ([`Self::takes_quantized_rows`]): [`DType::F8E4M3`] codes, then the rows' scales.
+    /// Unsupported unless a backend overrides it.
+    fn alloc_quantized_rows(&self, rows: usize, k: usize) -> Result<Self::Buffer, BackendError> {
+        let _ = (rows, k);
+        Err(BackendError::Unsupported(
+            "quantized product-input rows".into(),
+        ))
+    }
+
     /// RMSNorm as Hugging Face Llama: `out = x / sqrt(mean(x^2) + eps) * weight`, per row.
     /// `x: [n, d]` f32, `norm.weight: [d]` f32, `out: [n, d]` f32 or
-    /// [`Self::matmul_input_dtype`]`(n)` (the f32 result rounded to it).
+    /// [`Self::matmul_input_dtype`]`(n)` (the f32 result rounded to it), or quantized rows
+    /// ([`Self::alloc_quantized_rows`]).
     fn rms_norm(
         &self,
         x: &Self::Buffer,
@@ -421,7 +457,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Fused residual add and RMSNorm: `residual += x; out = rms_norm(residual)`.
     /// `residual: [n, d]` f32 (updated in place), `x: [n, d]` f32, `norm.weight: [d]` f32,
-    /// `out: [n, d]` f32 or [`Self::matmul_input_dtype`]`(n)`.
+    /// `out: [n, d]` f32, [`Self::matmul_input_dtype`]`(n)` or quantized rows.
     fn add_rms_norm(
         &self,
         residual: &mut Self::Buffer,
@@ -432,8 +468,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
         d: usize,
     ) -> Result<(), BackendError>;
 
-    /// `out = x @ w^T`: `x: [n, k]` f32 or [`Self::matmul_input_dtype`]`(n)`, `w: [m, k]` (weight
-    /// dtype, HF `[out, in]` layout), `out: [n, m]` f32 (overwritten).
+    /// `out = x @ w^T`: `x: [n, k]` f32 or [`Self::matmul_input_dtype`]`(n)` (or quantized rows
+    /// where [`Self::takes_quantized_rows`]), `w: [m, k]` (weight dtype, HF `[out, in]` layout),
+    /// `out: [n, m]` f32 (overwritten).
     fn matmul(
         &self,
         x: &Self::Buffer,
@@ -547,8 +584,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 
     /// SwiGLU activation: `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]`,
-    /// `silu(x) = x / (1 + exp(-x))`. `gate_up: [n, 2 * f]` f32, `out: [n, f]` f32 or
-    /// [`Self::matmul_input_dtype`]`(n)`.
+    /// `silu(x) = x / (1 + exp(-x))`. `gate_up: [n, 2 * f]` f32, `out: [n, f]` f32,
+    /// [`Self::matmul_input_dtype`]`(n)` or quantized rows.
     fn silu_mul(
         &self,
         gate_up: &Self::Buffer,
@@ -559,8 +596,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// The SwiGLU feed-forward input in one call: `out = silu(x @ Wg^T) * (x @ Wu^T)` where
     /// `w = [Wg; Wu]: [2 * f, k]` bf16 (gate rows, then up rows), `x: [n, k]` f32 or
-    /// [`Self::matmul_input_dtype`]`(n)`, `out: [n, f]` f32 or [`Self::matmul_input_dtype`]`(n)`,
-    /// sizes from `shape`. `gate_up: [n, 2 * f]` f32 is scratch: the default ([`Self::matmul`]
+    /// [`Self::matmul_input_dtype`]`(n)`, `out: [n, f]` as [`Self::silu_mul`]'s, sizes from
+    /// `shape`. `gate_up: [n, 2 * f]` f32 is scratch: the default ([`Self::matmul`]
     /// into it, then [`Self::silu_mul`]) leaves the two products there; a backend that fuses them
     /// may leave it untouched. Either way `out` holds the same values as the two calls.
     fn matmul_silu_mul(

@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backend::{
-    AttentionShape, Backend, BackendError, BatchMeta, DType, HeadShape, KvLayer, RmsNorm,
-    RopeTables, SwiGluShape,
+    AttentionShape, Backend, BackendError, BatchMeta, DType, HeadShape, InputProducer, KvLayer,
+    RmsNorm, RopeTables, SwiGluShape,
 };
 use crate::loader::tensor::HostTensor;
 
@@ -66,6 +66,27 @@ pub struct Activations<B: Backend> {
     gate_up: B::Buffer,
     /// `[n, F]` in `matmul_input_dtype(n)`: the SwiGLU output, the down product's input.
     act: B::Buffer,
+    /// `[n, hidden]` quantized rows ([`Backend::alloc_quantized_rows`]): `normed` for the qkv
+    /// and gate/up products of layers that take quantized rows; None when none does.
+    normed_q: Option<B::Buffer>,
+    /// `[n, F]` quantized rows: `act` for the down products that take them; None when none does.
+    act_q: Option<B::Buffer>,
+}
+
+/// The buffer a product of `w` takes its `(n, k)` input in: the quantized rows where the
+/// backend's product takes them and the activations hold some, else the plain input.
+fn pick_input<'a, B: Backend>(
+    b: &B,
+    plain: &'a mut B::Buffer,
+    quantized: &'a mut Option<B::Buffer>,
+    (n, k): (usize, usize),
+    w: &B::Buffer,
+    producer: InputProducer,
+) -> &'a mut B::Buffer {
+    match quantized {
+        Some(q) if b.takes_quantized_rows(n, k, w, producer) => q,
+        _ => plain,
+    }
 }
 
 fn check_config(c: &LlamaConfig) -> Result<HeadShape, ModelError> {
@@ -363,7 +384,17 @@ impl<B: Backend> LlamaModel<B> {
         let block_size = kv.block_size();
         b.embedding(&self.weights.embed, ids, &mut a.hidden, n, hidden)?;
         let scale = 1.0 / (self.heads.head_dim as f32).sqrt();
+        let f = c.intermediate_size;
         for (l, w) in self.weights.layers.iter().enumerate() {
+            // Each product input where its product takes it: quantized rows, or `normed` / `act`.
+            let qkv_in = pick_input(
+                b,
+                &mut a.normed,
+                &mut a.normed_q,
+                (n, hidden),
+                &w.qkv,
+                InputProducer::RmsNorm,
+            );
             if l == 0 {
                 b.rms_norm(
                     &a.hidden,
@@ -371,7 +402,7 @@ impl<B: Backend> LlamaModel<B> {
                         weight: &w.input_norm,
                         eps,
                     },
-                    &mut a.normed,
+                    qkv_in,
                     n,
                     hidden,
                 )?;
@@ -383,13 +414,13 @@ impl<B: Backend> LlamaModel<B> {
                         weight: &w.input_norm,
                         eps,
                     },
-                    &mut a.normed,
+                    qkv_in,
                     n,
                     hidden,
                 )?;
             }
             let qkv_w = self.heads.qkv_width();
-            b.matmul(&a.normed, &w.qkv, &mut a.qkv, n, hidden, qkv_w)?;
+            b.matmul(qkv_in, &w.qkv, &mut a.qkv, n, hidden, qkv_w)?;
             if let Some(bias) = &w.qkv_bias {
                 b.add_bias(&mut a.qkv, bias, n, qkv_w)?;
             }
@@ -421,6 +452,14 @@ impl<B: Backend> LlamaModel<B> {
                 hidden,
             )?;
             self.reduce_sub_out(a, n)?;
+            let gate_up_in = pick_input(
+                b,
+                &mut a.normed,
+                &mut a.normed_q,
+                (n, hidden),
+                &w.gate_up,
+                InputProducer::RmsNorm,
+            );
             b.add_rms_norm(
                 &mut a.hidden,
                 &a.sub_out,
@@ -428,19 +467,26 @@ impl<B: Backend> LlamaModel<B> {
                     weight: &w.post_norm,
                     eps,
                 },
-                &mut a.normed,
+                gate_up_in,
                 n,
                 hidden,
             )?;
-            let f = c.intermediate_size;
+            let down_in = pick_input(
+                b,
+                &mut a.act,
+                &mut a.act_q,
+                (n, f),
+                &w.down,
+                InputProducer::SwiGlu,
+            );
             b.matmul_silu_mul(
-                &a.normed,
+                gate_up_in,
                 &w.gate_up,
                 &mut a.gate_up,
-                &mut a.act,
+                down_in,
                 SwiGluShape { n, k: hidden, f },
             )?;
-            b.matmul(&a.act, &w.down, &mut a.sub_out, n, f, hidden)?;
+            b.matmul(down_in, &w.down, &mut a.sub_out, n, f, hidden)?;
             self.reduce_sub_out(a, n)?;
         }
         if self.weights.layers.is_empty() {
@@ -495,6 +541,22 @@ impl<B: Backend> LlamaModel<B> {
         // The product inputs (normed rows, attention output, SwiGLU output) in the dtype the
         // backend multiplies them in at this row count, so no product converts its input.
         let inputs = |len: usize| b.alloc(b.matmul_input_dtype(n), len);
+        // Quantized rows where some layer's product takes them (`run_layers` decides per layer).
+        let layers = &self.weights.layers;
+        let (h, f) = (c.hidden_size, c.intermediate_size);
+        let normed_q = layers
+            .iter()
+            .any(|w| {
+                b.takes_quantized_rows(n, h, &w.qkv, InputProducer::RmsNorm)
+                    || b.takes_quantized_rows(n, h, &w.gate_up, InputProducer::RmsNorm)
+            })
+            .then(|| b.alloc_quantized_rows(n, h))
+            .transpose()?;
+        let act_q = layers
+            .iter()
+            .any(|w| b.takes_quantized_rows(n, f, &w.down, InputProducer::SwiGlu))
+            .then(|| b.alloc_quantized_rows(n, f))
+            .transpose()?;
         Ok(Activations {
             hidden: f32s(n * c.hidden_size)?,
             normed: inputs(n * c.hidden_size)?,
@@ -503,6 +565,8 @@ impl<B: Backend> LlamaModel<B> {
             sub_out: f32s(n * c.hidden_size)?,
             gate_up: f32s(n * 2 * c.intermediate_size)?,
             act: inputs(n * c.intermediate_size)?,
+            normed_q,
+            act_q,
         })
     }
 }

@@ -6,8 +6,8 @@ use super::buffer::CudaBuffer;
 use super::device::CudaBackend;
 use super::driver_error::driver_err;
 use crate::backend::{
-    AttentionShape, Backend, BackendError, BatchMeta, DType, HeadShape, KvLayer, NewTokens,
-    ProjectionSite, RmsNorm, RopeTables, SwiGluShape, check_buffer,
+    AttentionShape, Backend, BackendError, BatchMeta, DType, HeadShape, InputProducer, KvLayer,
+    NewTokens, ProjectionSite, RmsNorm, RopeTables, SwiGluShape, check_buffer,
 };
 use crate::loader::tensor::{HostData, HostTensor};
 
@@ -176,6 +176,20 @@ impl Backend for CudaBackend {
 
     fn matmul_input_dtype(&self, rows: usize) -> DType {
         self.matmul_input_dtype_impl(rows)
+    }
+
+    fn takes_quantized_rows(
+        &self,
+        rows: usize,
+        k: usize,
+        w: &CudaBuffer,
+        producer: InputProducer,
+    ) -> bool {
+        self.takes_quantized_rows_impl(rows, k, w, producer)
+    }
+
+    fn alloc_quantized_rows(&self, rows: usize, k: usize) -> Result<CudaBuffer, BackendError> {
+        self.alloc_quantized_rows_impl(rows, k)
     }
 
     fn rms_norm(

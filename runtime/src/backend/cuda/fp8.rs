@@ -220,12 +220,18 @@ impl CudaBackend {
         path: Fp8Path,
     ) -> Result<(), BackendError> {
         const OP: &str = "matmul (fp8)";
-        let xt = if x.dtype == DType::BF16 {
-            DType::BF16
+        // Quantized rows from the input's producer (`fp8_inputs.rs`), or rows to quantize here.
+        let quantized = x.dtype == DType::F8E4M3;
+        if quantized {
+            Self::quantized_rows(OP, x, n, k)?;
         } else {
-            DType::F32
-        };
-        check_buffer(OP, "x", x, xt, n * k)?;
+            let xt = if x.dtype == DType::BF16 {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            check_buffer(OP, "x", x, xt, n * k)?;
+        }
         check_buffer(OP, "w", w, DType::F8E4M3, m * k)?;
         check_buffer(OP, "out", out, DType::F32, n * m)?;
         if w.mem.len() < scales_offset(m * k) + 4 * m {
@@ -237,7 +243,8 @@ impl CudaBackend {
         if n == 0 || m == 0 {
             return Ok(());
         }
-        let fused = self.fp8_fused_applies(n, k);
+        // The fused kernels quantize raw rows themselves.
+        let fused = !quantized && self.fp8_fused_applies(n, k);
         match path {
             Fp8Path::SmallFused if !fused => return Err(unsupported("fused small-M", n, k, m)),
             Fp8Path::Auto | Fp8Path::SmallFused if fused => {
@@ -245,7 +252,11 @@ impl CudaBackend {
             }
             _ => {}
         }
-        let (qx, sx) = self.quantize_input(x, n, k)?;
+        let (qx, sx) = if quantized {
+            Self::quantized_rows(OP, x, n, k)?
+        } else {
+            self.quantize_input(x, n, k)?
+        };
         let (qw, sw) = (w.ptr(), w.ptr() + scales_offset(m * k) as u64);
         let small_ok = k.is_multiple_of(16) && n <= super::tuning::FP8_SMALL_LIMIT;
         let lt_ok = k.is_multiple_of(16) && m.is_multiple_of(4) && self.fp8.is_some();

@@ -77,7 +77,7 @@ pub(super) fn encode(v: f32) -> u8 {
 }
 
 /// The W8A8 quantization of one row (see `fp8.cu`): e4m3 bytes and the scale.
-fn quantize_row(x: &[f32]) -> (Vec<u8>, f32) {
+pub(super) fn quantize_row(x: &[f32]) -> (Vec<u8>, f32) {
     let a = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let (inv, scale) = if a > 0.0 {
         (448.0f32 / a, a / 448.0)
@@ -134,7 +134,7 @@ fn encoder_matches_the_scan() {
 /// A device in FP8 mode with every layer quantized (no bf16 edge layers), so the model-level tests
 /// measure FP8 in all of them, and the fused small-M kernels taking every row count they can
 /// (the default takes one row; the outputs are the same bits either way).
-fn fp8_device() -> Option<CudaBackend> {
+pub(super) fn fp8_device() -> Option<CudaBackend> {
     device_with(|t| {
         t.quantization = Quantization::Fp8W8A8;
         t.deterministic = false;
@@ -144,7 +144,7 @@ fn fp8_device() -> Option<CudaBackend> {
 }
 
 /// Random values, some rows scaled far up or down and one row of zeros (row 1, if any).
-fn values(rng: &mut StdRng, rows: usize, cols: usize) -> Vec<f32> {
+pub(super) fn values(rng: &mut StdRng, rows: usize, cols: usize) -> Vec<f32> {
     let mut v: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
     for r in 0..rows {
         let f = match r % 4 {
@@ -158,11 +158,11 @@ fn values(rng: &mut StdRng, rows: usize, cols: usize) -> Vec<f32> {
     v
 }
 
-fn bf16_round(v: &[f32]) -> Vec<f32> {
+pub(super) fn bf16_round(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()
 }
 
-fn upload_bf16(b: &CudaBackend, v: &[f32], rows: usize, cols: usize) -> CudaBuffer {
+pub(super) fn upload_bf16(b: &CudaBackend, v: &[f32], rows: usize, cols: usize) -> CudaBuffer {
     let t = HostTensor {
         shape: vec![rows, cols],
         data: HostData::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect()),
@@ -343,7 +343,7 @@ fn fused_products_give_the_bits_of_quantize_then_product() {
 }
 
 /// A buffer of f32 or bf16 as f32 values (bf16 widened exactly).
-fn download_any(b: &CudaBackend, buf: &CudaBuffer) -> Vec<f32> {
+pub(super) fn download_any(b: &CudaBackend, buf: &CudaBuffer) -> Vec<f32> {
     let mut v = vec![0f32; buf.len];
     if buf.dtype == DType::BF16 {
         let mut h = vec![bf16::ZERO; buf.len];

@@ -36,6 +36,7 @@ mod device;
 mod driver_error;
 mod fp8;
 mod fp8_fused;
+mod fp8_inputs;
 mod gemm;
 mod gemm_fp8;
 mod gemm_pinned;
@@ -55,6 +56,8 @@ mod bench;
 #[cfg(test)]
 mod deterministic_tests;
 #[cfg(test)]
+mod fp8_inputs_tests;
+#[cfg(test)]
 mod fp8_tests;
 #[cfg(test)]
 mod fused_rope_tests;
@@ -72,6 +75,6 @@ pub use gemm_fp8::ScaleMode;
 pub use graph::StepGraph;
 pub use sampling::SamplingRow;
 pub use tuning::{
-    CudaTuning, DecodeCarveout, KernelBuild, Quantization, RETIRED_VARS, TuningError,
-    retired_vars_set,
+    CudaTuning, DecodeCarveout, Fp8QuantizedInputs, KernelBuild, Quantization, RETIRED_VARS,
+    TuningError, retired_vars_set,
 };

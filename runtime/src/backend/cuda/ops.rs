@@ -24,7 +24,7 @@ fn grid_stride(n: usize) -> LaunchConfig {
     }
 }
 
-fn per_row(rows: usize, width: usize) -> LaunchConfig {
+pub(super) fn per_row(rows: usize, width: usize) -> LaunchConfig {
     let threads = width.div_ceil(32).clamp(1, 32) as u32 * 32;
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
@@ -106,6 +106,16 @@ impl CudaBackend {
         };
         let RmsNorm { weight, eps } = norm;
         check_buffer(op, "weight", weight, DType::F32, d)?;
+        if out.dtype == DType::F8E4M3 {
+            if let Some(x) = delta {
+                check_buffer(op, "x", x, DType::F32, n * d)?;
+            }
+            if n == 0 {
+                return Ok(());
+            }
+            let delta = delta.map_or(0u64, |b| b.ptr());
+            return self.rms_norm_e4m3(op, residual, delta, norm, out, (n, d));
+        }
         let name = match out.dtype {
             DType::BF16 => "rmsnorm_residual_bf16",
             _ => "rmsnorm_residual",
@@ -347,6 +357,12 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         const OP: &str = "silu_mul";
         check_buffer(OP, "gate_up", gate_up, DType::F32, n * 2 * f)?;
+        if out.dtype == DType::F8E4M3 {
+            if n * f == 0 {
+                return Ok(());
+            }
+            return self.silu_mul_e4m3(gate_up, out, n, f);
+        }
         check_product_input(OP, "out", out, n * f)?;
         if n * f == 0 {
             return Ok(());

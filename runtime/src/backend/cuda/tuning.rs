@@ -122,6 +122,14 @@ pub struct CudaTuning {
     /// and the gate/up product applies SwiGLU there too (`fp8_small_q_*`, `fp8_fused.rs`;
     /// `SOV_FP8_FUSED_ROWS`, 0..=8, 0 = off). The outputs are the same bits either way.
     pub fp8_fused_max_rows: usize,
+    /// Which producers of FP8 product inputs write them as e4m3 rows, so the product (of more
+    /// rows than [`Self::fp8_fused_max_rows`]) runs no quantization launch of its own: they
+    /// quantize what they would have stored in bf16, with the same arithmetic, so the products
+    /// see the same codes and scales either way (`SOV_FP8_QUANTIZED_INPUTS`, `fp8_inputs.rs`).
+    /// Default [`Fp8QuantizedInputs::SwiGlu`]: on the H200 the SwiGLU kernel quantizes at no
+    /// cost and the down product's quantization goes, while the quantizing RMSNorm costs more
+    /// than the launch it saves (`kernels/README.md`).
+    pub fp8_quantized_inputs: Fp8QuantizedInputs,
     /// The KV cache in e4m3 with one f32 scale per token and head (`sov --kv-dtype fp8`; not an
     /// environment variable of this struct, the command line sets it), half the bytes of bf16
     /// per token (`kv_e4m3.rs`). Default off: a bf16 cache (f32 in precise mode, which this
@@ -237,9 +245,29 @@ impl Default for CudaTuning {
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 16,
             fp8_fused_max_rows: DEFAULT_FP8_FUSED_ROWS,
+            fp8_quantized_inputs: Fp8QuantizedInputs::SwiGlu,
             kv_e4m3: false,
             kernels: KernelBuild::default(),
         }
+    }
+}
+
+/// Which producers write FP8 product inputs quantized ([`CudaTuning::fp8_quantized_inputs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8QuantizedInputs {
+    /// None: every FP8 product of more rows quantizes its input in a launch of its own.
+    Off,
+    /// The SwiGLU kernel (the down product's input).
+    SwiGlu,
+    /// The SwiGLU and RMSNorm kernels (the down, qkv and gate/up inputs).
+    All,
+}
+
+impl Fp8QuantizedInputs {
+    /// Whether `producer` writes quantized rows under this setting.
+    pub fn covers(self, producer: crate::backend::InputProducer) -> bool {
+        use crate::backend::InputProducer as P;
+        matches!((self, producer), (Self::All, _) | (Self::SwiGlu, P::SwiGlu))
     }
 }
 
@@ -370,6 +398,7 @@ const FP8_FUSED_VAR: &str = "SOV_FP8_FUSED_ROWS";
 const FP8_FUSED_EXPECTED: &str = "a whole number 0..=8";
 /// [`CudaTuning::fp8_fused_max_rows`]'s default.
 const DEFAULT_FP8_FUSED_ROWS: usize = 1;
+const FP8_INPUTS_VAR: &str = "SOV_FP8_QUANTIZED_INPUTS";
 /// Most rows the `fp8_small_q_*` kernels take (one tile of 8).
 pub(super) const FP8_FUSED_LIMIT: usize = 8;
 
@@ -383,7 +412,7 @@ const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (th
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 18] = [
+    pub const VARS: [&str; 19] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -402,6 +431,7 @@ impl CudaTuning {
         DET_K_SPLIT_VAR,
         FP8_SMALL_VAR,
         FP8_FUSED_VAR,
+        FP8_INPUTS_VAR,
     ];
 
     /// The default tuning with every variable that `get` returns applied (a program's edge calls
@@ -472,6 +502,14 @@ impl CudaTuning {
                 Ok(r) if r <= FP8_FUSED_LIMIT => t.fp8_fused_max_rows = r,
                 _ => return Err(invalid(FP8_FUSED_VAR, &v, FP8_FUSED_EXPECTED)),
             }
+        }
+        if let Some(v) = lookup(&get, FP8_INPUTS_VAR) {
+            t.fp8_quantized_inputs = match v.to_ascii_lowercase().as_str() {
+                "off" | "0" => Fp8QuantizedInputs::Off,
+                "swiglu" => Fp8QuantizedInputs::SwiGlu,
+                "all" => Fp8QuantizedInputs::All,
+                _ => return Err(invalid(FP8_INPUTS_VAR, &v, "off, swiglu or all")),
+            };
         }
         let k = &mut t.kernels;
         if let Some(v) = lookup(&get, STAGES_VAR) {
@@ -724,6 +762,7 @@ mod tests {
             ("SOV_DETERMINISTIC_K_SPLIT", "1"),
             ("SOV_FP8_SMALL_ROWS", "4"),
             ("SOV_FP8_FUSED_ROWS", "2"),
+            ("SOV_FP8_QUANTIZED_INPUTS", "all"),
         ]))
         .unwrap();
         let expect = CudaTuning {
@@ -745,6 +784,7 @@ mod tests {
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 4,
             fp8_fused_max_rows: 2,
+            fp8_quantized_inputs: Fp8QuantizedInputs::All,
             kv_e4m3: false,
             kernels: KernelBuild {
                 decode_stages: 3,

@@ -1,0 +1,249 @@
+//! Checks of the quantized product inputs (`fp8_inputs.rs`): RMSNorm and SwiGLU writing e4m3
+//! rows give, byte for byte and scale bit for bit, the host quantization (the OCP encoder of
+//! `fp8_tests.rs`) of what their bf16 forms store; the residual they update is the same; an FP8
+//! product of those rows gives the bits of the same product quantizing the bf16 rows itself; and a
+//! whole FP8 model gives the same logits, bit for bit, with and without them. GPU tests print why
+//! and return without a usable GPU.
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use super::fp8_tests::{download_any, fp8_device, quantize_row, values};
+use super::tests::device_with;
+use super::{CudaBackend, CudaBuffer, Fp8QuantizedInputs, Quantization};
+use crate::backend::{Backend, DType, InputProducer, RmsNorm};
+
+/// The codes and scales of `n` quantized rows of `k` in `q`.
+fn download_rows(b: &CudaBackend, q: &CudaBuffer, n: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    let mut codes = vec![0u8; n * k];
+    b.download_raw(q, 0, &mut codes).expect("download");
+    let mut scales = vec![0f32; n];
+    let off = super::fp8::scales_offset(n * k);
+    b.download_raw(q, off, bytemuck::cast_slice_mut(&mut scales))
+        .expect("download");
+    (codes, scales)
+}
+
+/// `codes` / `scales` against the host quantization of each row of `rows` (`[n, k]`).
+fn assert_quantized_rows(rows: &[f32], codes: &[u8], scales: &[f32], k: usize, what: &str) {
+    let mut bad_codes = 0;
+    let mut bad_scales = 0;
+    for (r, row) in rows.chunks(k).enumerate() {
+        let (want, scale) = quantize_row(row);
+        bad_codes += want
+            .iter()
+            .zip(&codes[r * k..(r + 1) * k])
+            .filter(|(a, b)| a != b)
+            .count();
+        bad_scales += usize::from(scale.to_bits() != scales[r].to_bits());
+    }
+    println!("{what}: {bad_codes} codes and {bad_scales} scales differ");
+    assert_eq!((bad_codes, bad_scales), (0, 0), "{what}");
+}
+
+#[test]
+fn rms_norm_into_quantized_rows_quantizes_the_bf16_rows() {
+    let Some(b) = fp8_device() else { return };
+    let mut rng = StdRng::seed_from_u64(17);
+    // Widths under, at and past what a CTA keeps in registers (4 x 1024), odd row counts, a zero
+    // row (row 1 of `values`), with and without the residual add.
+    for (n, d) in [
+        (1, 4096),
+        (3, 576),
+        (64, 4096),
+        (5, 5000),
+        (2, 8192),
+        (7, 64),
+        (9, 1000),
+    ] {
+        let res = values(&mut rng, n, d);
+        let delta = super::reference::random(n * d, 0.5, n as u64); // [n, d]
+        let weight = super::reference::random(d, 1.0, d as u64); // [d]
+        let (delta_b, w) = (
+            b.upload_f32(&delta).expect("upload"),
+            b.upload_f32(&weight).expect("upload"),
+        );
+        for add in [false, true] {
+            let norm = RmsNorm {
+                weight: &w,
+                eps: 1e-5,
+            };
+            let run = |out: &mut CudaBuffer| -> Vec<f32> {
+                let mut r = b.upload_f32(&res).expect("upload"); // [n, d]
+                if add {
+                    b.add_rms_norm(&mut r, &delta_b, norm, out, n, d)
+                } else {
+                    b.rms_norm(&r, norm, out, n, d)
+                }
+                .expect("rms norm");
+                download_any(&b, &r)
+            };
+            let mut plain = b.alloc(DType::BF16, n * d).expect("alloc"); // [n, d] bf16
+            let mut q = b.alloc_quantized_rows(n, d).expect("alloc"); // [n, d] e4m3 + [n] f32
+            let (res_plain, res_q) = (run(&mut plain), run(&mut q));
+            let (codes, scales) = download_rows(&b, &q, n, d);
+            let what = format!("rms_norm n={n} d={d} add={add}");
+            assert_quantized_rows(&download_any(&b, &plain), &codes, &scales, d, &what);
+            assert!(
+                res_plain
+                    .iter()
+                    .zip(&res_q)
+                    .all(|(a, c)| a.to_bits() == c.to_bits()),
+                "{what}: residuals differ"
+            );
+        }
+    }
+}
+
+#[test]
+fn silu_mul_into_quantized_rows_quantizes_the_bf16_rows() {
+    let Some(b) = fp8_device() else { return };
+    let mut rng = StdRng::seed_from_u64(19);
+    // Llama-3-8B's 14336, the longest row the kernel holds, short and odd-group rows.
+    for (n, f) in [
+        (1, 14336),
+        (33, 14336),
+        (4, 16384),
+        (6, 1536),
+        (3, 12),
+        (2, 4100),
+    ] {
+        let gate_up = values(&mut rng, n, 2 * f);
+        let g = b.upload_f32(&gate_up).expect("upload"); // [n, 2f]
+        let mut plain = b.alloc(DType::BF16, n * f).expect("alloc"); // [n, f] bf16
+        let mut q = b.alloc_quantized_rows(n, f).expect("alloc"); // [n, f] e4m3 + [n] f32
+        b.silu_mul(&g, &mut plain, n, f).expect("silu_mul");
+        b.silu_mul(&g, &mut q, n, f).expect("silu_mul e4m3");
+        let (codes, scales) = download_rows(&b, &q, n, f);
+        let what = format!("silu_mul n={n} f={f}");
+        assert_quantized_rows(&download_any(&b, &plain), &codes, &scales, f, &what);
+    }
+    // A row the kernel cannot hold is refused, not truncated.
+    let g = b.alloc(DType::F32, 2 * 16388).expect("alloc");
+    let mut q = b.alloc_quantized_rows(1, 16388).expect("alloc");
+    assert!(b.silu_mul(&g, &mut q, 1, 16388).is_err());
+}
+
+#[test]
+fn products_of_quantized_rows_give_the_bits_of_bf16_rows() {
+    let Some(b) = fp8_device() else { return };
+    let mut rng = StdRng::seed_from_u64(23);
+    // Small-M rows (9 and 16: past the 8 rows `fp8_device` quantizes inside the product) and
+    // cuBLASLt rows (17, 300) at the 8B shapes' k.
+    for (n, k, m) in [
+        (9, 4096, 256),
+        (16, 14336, 128),
+        (17, 4096, 512),
+        (300, 14336, 256),
+    ] {
+        let gate_up = values(&mut rng, n, 2 * k);
+        let g = b.upload_f32(&gate_up).expect("upload"); // [n, 2k]
+        let w = super::fp8_tests::upload_bf16(&b, &values(&mut rng, m, k), m, k);
+        let wq = b.quantize_weight(&w, m, k).expect("quantize");
+        assert!(
+            b.takes_quantized_rows(n, k, &wq, InputProducer::SwiGlu),
+            "n={n} k={k}"
+        );
+        let mut plain = b.alloc(DType::BF16, n * k).expect("alloc"); // [n, k] bf16
+        let mut q = b.alloc_quantized_rows(n, k).expect("alloc");
+        b.silu_mul(&g, &mut plain, n, k).expect("silu_mul");
+        b.silu_mul(&g, &mut q, n, k).expect("silu_mul e4m3");
+        let mut out_plain = b.alloc(DType::F32, n * m).expect("alloc"); // [n, m]
+        let mut out_q = b.alloc(DType::F32, n * m).expect("alloc"); // [n, m]
+        b.matmul(&plain, &wq, &mut out_plain, n, k, m)
+            .expect("matmul");
+        b.matmul(&q, &wq, &mut out_q, n, k, m)
+            .expect("matmul of rows");
+        let (a, c) = (download_any(&b, &out_plain), download_any(&b, &out_q));
+        let differ = a
+            .iter()
+            .zip(&c)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        println!("product n={n} k={k} m={m}: {differ} of {} differ", a.len());
+        assert_eq!(differ, 0, "n={n} k={k} m={m}");
+    }
+}
+
+#[test]
+fn fp8_model_logits_are_the_same_with_quantized_rows() {
+    use crate::model::LlamaModel;
+    use crate::model::batch::SeqChunk;
+    use crate::model::random::{WeightDtype, random_weights, tiny_config};
+    let device = |inputs: Fp8QuantizedInputs| {
+        device_with(|t| {
+            t.quantization = Quantization::Fp8W8A8;
+            t.deterministic = false;
+            t.fp8_quantized_inputs = inputs;
+        })
+    };
+    let Some(without) = device(Fp8QuantizedInputs::Off) else {
+        return;
+    };
+    let c = crate::model::config::LlamaConfig {
+        vocab_size: 4099,
+        hidden_size: 576,
+        intermediate_size: 1536,
+        num_hidden_layers: 4,
+        num_attention_heads: 9,
+        num_key_value_heads: 3,
+        head_dim: 64,
+        tie_word_embeddings: false,
+        ..tiny_config()
+    };
+    let w = random_weights(&c, 7, WeightDtype::BF16);
+    let run = |b: CudaBackend| -> Vec<f32> {
+        let model = LlamaModel::new(b, &c, &w).expect("model");
+        // Three prompts (a prefill of 102 rows through cuBLASLt; the first and last layers in bf16,
+        // the default edge layers), then a decode step of three rows (the small-M kernel).
+        let prompts: Vec<Vec<u32>> = (0..3)
+            .map(|s| {
+                (0..(5 + 29 * s))
+                    .map(|i| ((i * 131 + s * 977 + 5) % 4099) as u32)
+                    .collect()
+            })
+            .collect();
+        let tables: Vec<Vec<u32>> = (0..3)
+            .map(|s| (0..4).map(|j| (j * 3 + s) as u32).collect())
+            .collect();
+        let mut kv = model.new_kv_cache(12, 16).expect("kv");
+        let chunks: Vec<SeqChunk<'_>> = prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| SeqChunk {
+                tokens: p,
+                start_pos: 0,
+                block_table: t,
+            })
+            .collect();
+        let mut logits = model.forward(&mut kv, &chunks).expect("forward");
+        let next: Vec<[u32; 1]> = (0..3).map(|s| [(s * 7 + 1) as u32]).collect();
+        let steps: Vec<SeqChunk<'_>> = prompts
+            .iter()
+            .zip(&tables)
+            .zip(&next)
+            .map(|((p, t), id)| SeqChunk {
+                tokens: id,
+                start_pos: p.len(),
+                block_table: t,
+            })
+            .collect();
+        logits.extend(model.forward(&mut kv, &steps).expect("decode"));
+        logits
+    };
+    let r = run(without);
+    for inputs in [Fp8QuantizedInputs::SwiGlu, Fp8QuantizedInputs::All] {
+        let Some(with) = device(inputs) else { return };
+        let a = run(with);
+        let differ = a
+            .iter()
+            .zip(&r)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        println!(
+            "FP8 model with quantized rows from {inputs:?} / none: {differ} of {} logits differ",
+            a.len()
+        );
+        assert_eq!(differ, 0, "{inputs:?}");
+    }
+}
