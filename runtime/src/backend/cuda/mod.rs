@@ -19,7 +19,9 @@
 //! copies ([`CudaBackend::upload_u32_many`], [`CudaBackend::download_f32_at`]) and the on-device
 //! argmax ([`CudaBackend::argmax_rows`]). This module knows nothing of the model.
 //! Under `--quantization fp8` the linear layers' weights are e4m3 with per-channel scales and
-//! their inputs are quantized per token before each product (`fp8.rs`, `gemm_fp8.rs`); under
+//! their inputs are quantized per token before each product (`fp8.rs`, `gemm_fp8.rs`), inside
+//! the product at one row (`fp8_fused.rs`) and by the RMSNorm and SwiGLU kernels that produce
+//! them at more rows (`fp8_inputs.rs`); under
 //! `--kv-dtype fp8` the KV cache holds e4m3 codes with a scale per token and head (`kv_e4m3.rs`).
 //! cudarc loads the CUDA libraries at run time, so sov builds and runs without CUDA installed:
 //! [`CudaBackend::new`] then returns a clear error.

@@ -126,9 +126,8 @@ pub struct CudaTuning {
     /// rows than [`Self::fp8_fused_max_rows`]) runs no quantization launch of its own: they
     /// quantize what they would have stored in bf16, with the same arithmetic, so the products
     /// see the same codes and scales either way (`SOV_FP8_QUANTIZED_INPUTS`, `fp8_inputs.rs`).
-    /// Default [`Fp8QuantizedInputs::SwiGlu`]: on the H200 the SwiGLU kernel quantizes at no
-    /// cost and the down product's quantization goes, while the quantizing RMSNorm costs more
-    /// than the launch it saves (`kernels/README.md`).
+    /// Default [`Fp8QuantizedInputs::All`]: on the H200 both quantizing kernels cost less than
+    /// the quantization launches they replace (`kernels/README.md`, FP8).
     pub fp8_quantized_inputs: Fp8QuantizedInputs,
     /// The KV cache in e4m3 with one f32 scale per token and head (`sov --kv-dtype fp8`; not an
     /// environment variable of this struct, the command line sets it), half the bytes of bf16
@@ -245,7 +244,7 @@ impl Default for CudaTuning {
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 16,
             fp8_fused_max_rows: DEFAULT_FP8_FUSED_ROWS,
-            fp8_quantized_inputs: Fp8QuantizedInputs::SwiGlu,
+            fp8_quantized_inputs: Fp8QuantizedInputs::All,
             kv_e4m3: false,
             kernels: KernelBuild::default(),
         }
@@ -762,7 +761,7 @@ mod tests {
             ("SOV_DETERMINISTIC_K_SPLIT", "1"),
             ("SOV_FP8_SMALL_ROWS", "4"),
             ("SOV_FP8_FUSED_ROWS", "2"),
-            ("SOV_FP8_QUANTIZED_INPUTS", "all"),
+            ("SOV_FP8_QUANTIZED_INPUTS", "swiglu"),
         ]))
         .unwrap();
         let expect = CudaTuning {
@@ -784,7 +783,7 @@ mod tests {
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 4,
             fp8_fused_max_rows: 2,
-            fp8_quantized_inputs: Fp8QuantizedInputs::All,
+            fp8_quantized_inputs: Fp8QuantizedInputs::SwiGlu,
             kv_e4m3: false,
             kernels: KernelBuild {
                 decode_stages: 3,
@@ -1034,6 +1033,28 @@ mod tests {
             ..Default::default()
         };
         assert!(t.validate().is_err());
+    }
+
+    #[test]
+    fn fp8_quantized_inputs_name_their_producers() {
+        use crate::backend::InputProducer::{RmsNorm, SwiGlu};
+        assert_eq!(
+            CudaTuning::default().fp8_quantized_inputs,
+            Fp8QuantizedInputs::All
+        );
+        for (v, want, norm, swiglu) in [
+            ("off", Fp8QuantizedInputs::Off, false, false),
+            ("0", Fp8QuantizedInputs::Off, false, false),
+            ("SwiGLU", Fp8QuantizedInputs::SwiGlu, false, true),
+            ("all", Fp8QuantizedInputs::All, true, true),
+        ] {
+            let t = CudaTuning::from_vars(vars(&[("SOV_FP8_QUANTIZED_INPUTS", v)])).unwrap();
+            assert_eq!(t.fp8_quantized_inputs, want, "{v}");
+            assert_eq!(want.covers(RmsNorm), norm, "{v}");
+            assert_eq!(want.covers(SwiGlu), swiglu, "{v}");
+        }
+        let e = CudaTuning::from_vars(vars(&[("SOV_FP8_QUANTIZED_INPUTS", "1")])).unwrap_err();
+        assert_eq!(e.var, "SOV_FP8_QUANTIZED_INPUTS");
     }
 
     #[test]
