@@ -6,7 +6,10 @@
 // is quantized per token (row) right before the product. Both use quantize_rows_*: for a row of
 // absolute maximum a > 0, scale = a / 448 and q = e4m3(x * (448 / a)) (round to nearest even,
 // saturated to +-448: cvt.rn.satfinite), both with IEEE f32 division and multiplication (no
-// fast math); a row of zeros gets scale 1 and zeros. A product is then
+// fast math); a row of zeros gets scale 1 and zeros. elementwise.cu's `_e4m3` RMSNorm and
+// SwiGLU kernels quantize the rows they produce with quantize_rows_vec's arithmetic (the same
+// row_quant_* of common.cuh, the same product and rounding): a change here must be made there.
+// A product is then
 //   out[r, j] = (sum_k qx[r, k] * qw[j, k]) * sx[r] * sw[j]
 // with the sum accumulated in f32 (each e4m3 product is exact in f32), the scales applied in that
 // order. Every path below computes exactly that; they differ only in the order of the sum.
@@ -57,7 +60,6 @@ template <>
 __device__ __forceinline__ float load_as_f32<bf16_t>(const bf16_t* p, size_t i) {
     return bf2f(p[i]);
 }
-
 
 // q: [rows, k] e4m3, scale: [rows] f32, x: [rows, k]. Grid: rows CTAs of QUANT_THREADS.
 template <typename T>

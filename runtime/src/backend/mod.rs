@@ -596,7 +596,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// The SwiGLU feed-forward input in one call: `out = silu(x @ Wg^T) * (x @ Wu^T)` where
     /// `w = [Wg; Wu]: [2 * f, k]` bf16 (gate rows, then up rows), `x: [n, k]` f32 or
-    /// [`Self::matmul_input_dtype`]`(n)`, `out: [n, f]` as [`Self::silu_mul`]'s, sizes from
+    /// [`Self::matmul_input_dtype`]`(n)` (or quantized rows where
+    /// [`Self::takes_quantized_rows`]), `out: [n, f]` as [`Self::silu_mul`]'s, sizes from
     /// `shape`. `gate_up: [n, 2 * f]` f32 is scratch: the default ([`Self::matmul`]
     /// into it, then [`Self::silu_mul`]) leaves the two products there; a backend that fuses them
     /// may leave it untouched. Either way `out` holds the same values as the two calls.

@@ -64,7 +64,8 @@ pub struct Activations<B: Backend> {
     sub_out: B::Buffer,
     /// `[n, 2 * F]`.
     gate_up: B::Buffer,
-    /// `[n, F]` in `matmul_input_dtype(n)`: the SwiGLU output, the down product's input.
+    /// `[n, F]` in `matmul_input_dtype(n)`: the SwiGLU output, the down product's input where
+    /// that product does not take quantized rows (`act_q`).
     act: B::Buffer,
     /// `[n, hidden]` quantized rows ([`Backend::alloc_quantized_rows`]): `normed` for the qkv
     /// and gate/up products of layers that take quantized rows; None when none does.

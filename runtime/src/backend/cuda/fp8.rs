@@ -12,7 +12,9 @@
 //! `n <= CudaTuning::fp8_small_max_rows` (batch-1 decode: cuBLASLt FP8 is no GEMV), cuBLASLt
 //! ([`super::gemm_fp8`]) above that, and a scalar kernel for shapes neither takes
 //! (`k % 16 != 0`, or `m % 4 != 0` for cuBLASLt). Products of very few rows (one by default)
-//! skip the scratch: their kernel quantizes the input itself ([`super::fp8_fused`]). The lm head
+//! skip the scratch: their kernel quantizes the input itself ([`super::fp8_fused`]); an input
+//! that arrives as quantized rows ([`DType::F8E4M3`], written by its producer:
+//! [`super::fp8_inputs`]) is multiplied as it is. The lm head
 //! and the embedding stay bf16, as in the FP8-dynamic checkpoints.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -222,8 +224,9 @@ impl CudaBackend {
         const OP: &str = "matmul (fp8)";
         // Quantized rows from the input's producer (`fp8_inputs.rs`), or rows to quantize here.
         let quantized = x.dtype == DType::F8E4M3;
-        if quantized {
-            Self::quantized_rows(OP, x, n, k)?;
+        // The rows' codes and scales addresses, where they arrive quantized.
+        let rows = if quantized {
+            Some(Self::quantized_rows(OP, x, n, k)?)
         } else {
             let xt = if x.dtype == DType::BF16 {
                 DType::BF16
@@ -231,7 +234,8 @@ impl CudaBackend {
                 DType::F32
             };
             check_buffer(OP, "x", x, xt, n * k)?;
-        }
+            None
+        };
         check_buffer(OP, "w", w, DType::F8E4M3, m * k)?;
         check_buffer(OP, "out", out, DType::F32, n * m)?;
         if w.mem.len() < scales_offset(m * k) + 4 * m {
@@ -252,10 +256,9 @@ impl CudaBackend {
             }
             _ => {}
         }
-        let (qx, sx) = if quantized {
-            Self::quantized_rows(OP, x, n, k)?
-        } else {
-            self.quantize_input(x, n, k)?
+        let (qx, sx) = match rows {
+            Some(rows) => rows,
+            None => self.quantize_input(x, n, k)?,
         };
         let (qw, sw) = (w.ptr(), w.ptr() + scales_offset(m * k) as u64);
         let small_ok = k.is_multiple_of(16) && n <= super::tuning::FP8_SMALL_LIMIT;
@@ -286,7 +289,8 @@ impl CudaBackend {
                     return Err(unsupported("cuBLASLt", n, k, m));
                 };
                 let stream = self.stream.cu_stream() as _;
-                // SAFETY: qx/sx hold n*k bytes and n f32 (the scratch), qw/sw m*k bytes and m f32
+                // SAFETY: qx/sx hold n*k bytes and n f32 (the scratch, or the caller's quantized
+                // rows checked by `quantized_rows`), qw/sw m*k bytes and m f32
                 // (checked above), out n*m f32; k % 16 == 0 and m % 4 == 0 (lt_ok).
                 let mode = unsafe { lt.matmul(stream, (qx, sx), (qw, sw), o, (n, k, m))? };
                 if mode == ScaleMode::OuterVector {
@@ -326,7 +330,7 @@ impl CudaBackend {
         ];
         // SAFETY: both kernels take (out, qx, sx, qw, sw, n, k, m), alive for the call; the
         // buffers hold what those sizes need (checked above; the scratch reserved by
-        // quantize_input); the small kernel gets ceil(n / 8) <= 4 tiles and k % 16 == 0
+        // quantize_input, or the caller's quantized rows); the small kernel gets ceil(n / 8) <= 4 tiles and k % 16 == 0
         // (small_ok) and reads only the weights before its wait for the prerequisites; the
         // scalar kernel starts after the kernel before it.
         unsafe {

@@ -31,9 +31,11 @@ const SILU_Q_MAX_F: usize = 16384;
 
 impl CudaBackend {
     /// [`crate::backend::Backend::takes_quantized_rows`]: a producer that
-    /// [`super::CudaTuning::fp8_quantized_inputs`] names, an FP8 weight, more rows than the fused
-    /// small-M kernels take, and rows of 16-byte multiples (the products' alignment) no longer
-    /// than `silu_mul_e4m3` holds.
+    /// [`super::CudaTuning::fp8_quantized_inputs`] names, an FP8 weight, a row count whose plain
+    /// product input is bf16 (the `_e4m3` kernels quantize the bf16 values; an f32 input would
+    /// be quantized unrounded), more rows than the fused small-M kernels take, rows of 16-byte
+    /// multiples (the products' alignment), and for the SwiGLU rows no longer than
+    /// `silu_mul_e4m3` holds.
     pub(super) fn takes_quantized_rows_impl(
         &self,
         rows: usize,
@@ -46,7 +48,8 @@ impl CudaBackend {
             && rows > 0
             && k > 0
             && k.is_multiple_of(16)
-            && k <= SILU_Q_MAX_F
+            && (producer != InputProducer::SwiGlu || k <= SILU_Q_MAX_F)
+            && self.matmul_input_dtype_impl(rows) == DType::BF16
             && !self.fp8_fused_applies(rows, k)
     }
 

@@ -59,10 +59,8 @@ fn rms_norm_into_quantized_rows_quantizes_the_bf16_rows() {
         let res = values(&mut rng, n, d);
         let delta = super::reference::random(n * d, 0.5, n as u64); // [n, d]
         let weight = super::reference::random(d, 1.0, d as u64); // [d]
-        let (delta_b, w) = (
-            b.upload_f32(&delta).expect("upload"),
-            b.upload_f32(&weight).expect("upload"),
-        );
+        let delta_b = b.upload_f32(&delta).expect("upload"); // [n, d]
+        let w = b.upload_f32(&weight).expect("upload"); // [d]
         for add in [false, true] {
             let norm = RmsNorm {
                 weight: &w,
@@ -119,8 +117,8 @@ fn silu_mul_into_quantized_rows_quantizes_the_bf16_rows() {
         assert_quantized_rows(&download_any(&b, &plain), &codes, &scales, f, &what);
     }
     // A row the kernel cannot hold is refused, not truncated.
-    let g = b.alloc(DType::F32, 2 * 16388).expect("alloc");
-    let mut q = b.alloc_quantized_rows(1, 16388).expect("alloc");
+    let g = b.alloc(DType::F32, 2 * 16388).expect("alloc"); // [1, 2 * 16388]
+    let mut q = b.alloc_quantized_rows(1, 16388).expect("alloc"); // [1, 16388] e4m3 + [1] f32
     assert!(b.silu_mul(&g, &mut q, 1, 16388).is_err());
 }
 
@@ -138,14 +136,14 @@ fn products_of_quantized_rows_give_the_bits_of_bf16_rows() {
     ] {
         let gate_up = values(&mut rng, n, 2 * k);
         let g = b.upload_f32(&gate_up).expect("upload"); // [n, 2k]
-        let w = super::fp8_tests::upload_bf16(&b, &values(&mut rng, m, k), m, k);
-        let wq = b.quantize_weight(&w, m, k).expect("quantize");
+        let w = super::fp8_tests::upload_bf16(&b, &values(&mut rng, m, k), m, k); // [m, k] bf16
+        let wq = b.quantize_weight(&w, m, k).expect("quantize"); // [m, k] e4m3 + [m] f32
         assert!(
             b.takes_quantized_rows(n, k, &wq, InputProducer::SwiGlu),
             "n={n} k={k}"
         );
         let mut plain = b.alloc(DType::BF16, n * k).expect("alloc"); // [n, k] bf16
-        let mut q = b.alloc_quantized_rows(n, k).expect("alloc");
+        let mut q = b.alloc_quantized_rows(n, k).expect("alloc"); // [n, k] e4m3 + [n] f32
         b.silu_mul(&g, &mut plain, n, k).expect("silu_mul");
         b.silu_mul(&g, &mut q, n, k).expect("silu_mul e4m3");
         let mut out_plain = b.alloc(DType::F32, n * m).expect("alloc"); // [n, m]
@@ -165,85 +163,100 @@ fn products_of_quantized_rows_give_the_bits_of_bf16_rows() {
     }
 }
 
+/// A 4-layer FP8 model (the first and last layers in bf16, the default edge layers) gives the
+/// same logits, bit for bit, with quantized rows from the SwiGLU or from both producers as with
+/// none: a prefill of 102 rows (cuBLASLt), a decode step of three rows (small-M) and one of one
+/// row. Also where the gate/up product quantizes its own input but the down product does not
+/// (`SOV_FP8_FUSED_ROWS=8`, 3 x 576 values fit the fused kernel, 3 x 12288 do not), and where a
+/// row's plain input is f32 (`SOV_FP8_FUSED_ROWS=0`: the one-row step feeds the GEMV's f32 rows,
+/// which no producer quantizes).
 #[test]
 fn fp8_model_logits_are_the_same_with_quantized_rows() {
     use crate::model::LlamaModel;
     use crate::model::batch::SeqChunk;
     use crate::model::random::{WeightDtype, random_weights, tiny_config};
-    let device = |inputs: Fp8QuantizedInputs| {
-        device_with(|t| {
-            t.quantization = Quantization::Fp8W8A8;
-            t.deterministic = false;
-            t.fp8_quantized_inputs = inputs;
-        })
-    };
-    let Some(without) = device(Fp8QuantizedInputs::Off) else {
-        return;
-    };
-    let c = crate::model::config::LlamaConfig {
-        vocab_size: 4099,
-        hidden_size: 576,
-        intermediate_size: 1536,
-        num_hidden_layers: 4,
-        num_attention_heads: 9,
-        num_key_value_heads: 3,
-        head_dim: 64,
-        tie_word_embeddings: false,
-        ..tiny_config()
-    };
-    let w = random_weights(&c, 7, WeightDtype::BF16);
-    let run = |b: CudaBackend| -> Vec<f32> {
-        let model = LlamaModel::new(b, &c, &w).expect("model");
-        // Three prompts (a prefill of 102 rows through cuBLASLt; the first and last layers in bf16,
-        // the default edge layers), then a decode step of three rows (the small-M kernel).
-        let prompts: Vec<Vec<u32>> = (0..3)
-            .map(|s| {
-                (0..(5 + 29 * s))
-                    .map(|i| ((i * 131 + s * 977 + 5) % 4099) as u32)
-                    .collect()
+    for (fused_rows, f) in [(1, 1536), (8, 12288), (0, 1536)] {
+        let device = |inputs: Fp8QuantizedInputs| {
+            device_with(|t| {
+                t.quantization = Quantization::Fp8W8A8;
+                t.deterministic = false;
+                t.fp8_quantized_inputs = inputs;
+                t.fp8_fused_max_rows = fused_rows;
             })
-            .collect();
-        let tables: Vec<Vec<u32>> = (0..3)
-            .map(|s| (0..4).map(|j| (j * 3 + s) as u32).collect())
-            .collect();
-        let mut kv = model.new_kv_cache(12, 16).expect("kv");
-        let chunks: Vec<SeqChunk<'_>> = prompts
-            .iter()
-            .zip(&tables)
-            .map(|(p, t)| SeqChunk {
-                tokens: p,
-                start_pos: 0,
-                block_table: t,
-            })
-            .collect();
-        let mut logits = model.forward(&mut kv, &chunks).expect("forward");
-        let next: Vec<[u32; 1]> = (0..3).map(|s| [(s * 7 + 1) as u32]).collect();
-        let steps: Vec<SeqChunk<'_>> = prompts
-            .iter()
-            .zip(&tables)
-            .zip(&next)
-            .map(|((p, t), id)| SeqChunk {
-                tokens: id,
-                start_pos: p.len(),
-                block_table: t,
-            })
-            .collect();
-        logits.extend(model.forward(&mut kv, &steps).expect("decode"));
-        logits
-    };
-    let r = run(without);
-    for inputs in [Fp8QuantizedInputs::SwiGlu, Fp8QuantizedInputs::All] {
-        let Some(with) = device(inputs) else { return };
-        let a = run(with);
-        let differ = a
-            .iter()
-            .zip(&r)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        println!(
-            "FP8 model with quantized rows from {inputs:?} / none: {differ} of {} logits differ",
-            a.len()
-        );
-        assert_eq!(differ, 0, "{inputs:?}");
+        };
+        let Some(without) = device(Fp8QuantizedInputs::Off) else {
+            return;
+        };
+        let c = crate::model::config::LlamaConfig {
+            vocab_size: 4099,
+            hidden_size: 576,
+            intermediate_size: f,
+            num_hidden_layers: 4,
+            num_attention_heads: 9,
+            num_key_value_heads: 3,
+            head_dim: 64,
+            tie_word_embeddings: false,
+            ..tiny_config()
+        };
+        let w = random_weights(&c, 7, WeightDtype::BF16);
+        let run = |b: CudaBackend| -> Vec<f32> {
+            let model = LlamaModel::new(b, &c, &w).expect("model");
+            let prompts: Vec<Vec<u32>> = (0..3)
+                .map(|s| {
+                    (0..(5 + 29 * s))
+                        .map(|i| ((i * 131 + s * 977 + 5) % 4099) as u32)
+                        .collect()
+                })
+                .collect();
+            let tables: Vec<Vec<u32>> = (0..3)
+                .map(|s| (0..4).map(|j| (j * 3 + s) as u32).collect())
+                .collect();
+            let mut kv = model.new_kv_cache(12, 16).expect("kv");
+            let chunks: Vec<SeqChunk<'_>> = prompts
+                .iter()
+                .zip(&tables)
+                .map(|(p, t)| SeqChunk {
+                    tokens: p,
+                    start_pos: 0,
+                    block_table: t,
+                })
+                .collect();
+            let mut logits = model.forward(&mut kv, &chunks).expect("forward");
+            let next: Vec<[u32; 1]> = (0..3).map(|s| [(s * 7 + 1) as u32]).collect();
+            let steps: Vec<SeqChunk<'_>> = prompts
+                .iter()
+                .zip(&tables)
+                .zip(&next)
+                .map(|((p, t), id)| SeqChunk {
+                    tokens: id,
+                    start_pos: p.len(),
+                    block_table: t,
+                })
+                .collect();
+            logits.extend(model.forward(&mut kv, &steps).expect("decode"));
+            let one = [SeqChunk {
+                tokens: &[11],
+                start_pos: prompts[0].len() + 1,
+                block_table: &tables[0],
+            }];
+            logits.extend(model.forward(&mut kv, &one).expect("decode of one row"));
+            logits
+        };
+        let r = run(without);
+        for inputs in [Fp8QuantizedInputs::SwiGlu, Fp8QuantizedInputs::All] {
+            let Some(with) = device(inputs) else { return };
+            let a = run(with);
+            let differ = a
+                .iter()
+                .zip(&r)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            println!(
+                "FP8 model (fused rows {fused_rows}, f {f}) with quantized rows from {inputs:?} \
+                 / none: {differ} of {} logits differ",
+                a.len()
+            );
+            assert_eq!(differ, 0, "{inputs:?} fused rows {fused_rows} f {f}");
+        }
     }
 }

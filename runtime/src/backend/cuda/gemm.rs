@@ -207,7 +207,15 @@ impl CudaBackend {
             && f > 0
             && x.dtype == DType::F32
             && out.dtype == DType::F32;
-        if w.dtype == DType::F8E4M3 && f > 0 && self.fp8_fused_applies(n, k) {
+        // The fused FP8 kernel reads raw rows and writes f32 or bf16: quantized rows in or out
+        // (`fp8_inputs.rs`; the down product's `takes_quantized_rows` does not see this product's
+        // k) take the product and `silu_mul` below.
+        if w.dtype == DType::F8E4M3
+            && f > 0
+            && self.fp8_fused_applies(n, k)
+            && x.dtype != DType::F8E4M3
+            && out.dtype != DType::F8E4M3
+        {
             return self.matmul_silu_mul_fp8_fused(x, w, out, shape);
         }
         if !fused {

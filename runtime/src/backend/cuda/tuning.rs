@@ -122,10 +122,12 @@ pub struct CudaTuning {
     /// and the gate/up product applies SwiGLU there too (`fp8_small_q_*`, `fp8_fused.rs`;
     /// `SOV_FP8_FUSED_ROWS`, 0..=8, 0 = off). The outputs are the same bits either way.
     pub fp8_fused_max_rows: usize,
-    /// Which producers of FP8 product inputs write them as e4m3 rows, so the product (of more
-    /// rows than [`Self::fp8_fused_max_rows`]) runs no quantization launch of its own: they
-    /// quantize what they would have stored in bf16, with the same arithmetic, so the products
-    /// see the same codes and scales either way (`SOV_FP8_QUANTIZED_INPUTS`, `fp8_inputs.rs`).
+    /// Which producers of FP8 product inputs write them as e4m3 rows, so the product runs no
+    /// quantization launch of its own (`SOV_FP8_QUANTIZED_INPUTS`: `off`, `swiglu`, `all`;
+    /// `fp8_inputs.rs`): products whose plain input would be bf16 and that do not quantize it
+    /// themselves (more rows than [`Self::fp8_fused_max_rows`]). The producers quantize what
+    /// they would have stored in bf16, with the products' arithmetic, so the products see the
+    /// same codes and scales either way.
     /// Default [`Fp8QuantizedInputs::All`]: on the H200 both quantizing kernels cost less than
     /// the quantization launches they replace (`kernels/README.md`, FP8).
     pub fp8_quantized_inputs: Fp8QuantizedInputs,
@@ -398,6 +400,7 @@ const FP8_FUSED_EXPECTED: &str = "a whole number 0..=8";
 /// [`CudaTuning::fp8_fused_max_rows`]'s default.
 const DEFAULT_FP8_FUSED_ROWS: usize = 1;
 const FP8_INPUTS_VAR: &str = "SOV_FP8_QUANTIZED_INPUTS";
+const FP8_INPUTS_EXPECTED: &str = "off, swiglu or all";
 /// Most rows the `fp8_small_q_*` kernels take (one tile of 8).
 pub(super) const FP8_FUSED_LIMIT: usize = 8;
 
@@ -504,10 +507,10 @@ impl CudaTuning {
         }
         if let Some(v) = lookup(&get, FP8_INPUTS_VAR) {
             t.fp8_quantized_inputs = match v.to_ascii_lowercase().as_str() {
-                "off" | "0" => Fp8QuantizedInputs::Off,
+                "off" => Fp8QuantizedInputs::Off,
                 "swiglu" => Fp8QuantizedInputs::SwiGlu,
                 "all" => Fp8QuantizedInputs::All,
-                _ => return Err(invalid(FP8_INPUTS_VAR, &v, "off, swiglu or all")),
+                _ => return Err(invalid(FP8_INPUTS_VAR, &v, FP8_INPUTS_EXPECTED)),
             };
         }
         let k = &mut t.kernels;
@@ -1044,7 +1047,6 @@ mod tests {
         );
         for (v, want, norm, swiglu) in [
             ("off", Fp8QuantizedInputs::Off, false, false),
-            ("0", Fp8QuantizedInputs::Off, false, false),
             ("SwiGLU", Fp8QuantizedInputs::SwiGlu, false, true),
             ("all", Fp8QuantizedInputs::All, true, true),
         ] {
@@ -1053,8 +1055,10 @@ mod tests {
             assert_eq!(want.covers(RmsNorm), norm, "{v}");
             assert_eq!(want.covers(SwiGlu), swiglu, "{v}");
         }
-        let e = CudaTuning::from_vars(vars(&[("SOV_FP8_QUANTIZED_INPUTS", "1")])).unwrap_err();
-        assert_eq!(e.var, "SOV_FP8_QUANTIZED_INPUTS");
+        for bad in ["0", "1", "norm"] {
+            let e = CudaTuning::from_vars(vars(&[("SOV_FP8_QUANTIZED_INPUTS", bad)])).unwrap_err();
+            assert_eq!(e.var, "SOV_FP8_QUANTIZED_INPUTS");
+        }
     }
 
     #[test]
