@@ -7,7 +7,9 @@
 //!
 //! - `bench_decode_attention`: paged decode attention at Llama-3-8B heads (32 q / 8 kv, d 128) for
 //!   (batch, context) = (1, 4096), (64, 2048), (256, 1024); bytes of K and V read per launch over the
-//!   median time, next to a device-to-device copy measured in the same process.
+//!   median time, next to a device-to-device copy measured in the same process; then the launch a
+//!   decode step makes, with the RoPE and the new token's K/V write fused in
+//!   (`decode_attention_fused` lines).
 //! - `bench_decode_matmuls`: the products of a Llama-3-8B decode step (qkv, o, gate_up, down, lm
 //!   head) at 1 and 4 rows, through cuBLAS (with its input cast) and through `gemv.cu`; weight
 //!   bytes over the median time. Enough weight copies are cycled that none is served from L2.
@@ -23,7 +25,7 @@ use rand::{Rng, SeedableRng};
 
 use super::tests::device;
 use super::{CudaBackend, CudaBuffer};
-use crate::backend::{AttentionShape, Backend, BatchMeta, DType, HeadShape, KvLayer};
+use crate::backend::{AttentionShape, Backend, BatchMeta, DType, HeadShape, KvLayer, RopeTables};
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -255,6 +257,50 @@ fn decode_attention_shapes(b: &CudaBackend) -> R<()> {
             pct(cold_ms),
             graph_cold_ms * 1e3,
             pct(graph_cold_ms)
+        );
+        // The launch a decode step makes: RoPE of the step's q and k and the new token's K/V
+        // write fused into the attention (`rope_kv_attention`), each sequence's newest token at
+        // position ctx - 1 written into its last slot.
+        let slots: Vec<u32> = (0..batch)
+            .map(|s| {
+                let block = ids[s * blocks_per_seq + (ctx - 1) / bs];
+                block * bs as u32 + ((ctx - 1) % bs) as u32
+            })
+            .collect(); // [batch]
+        let fused_meta = BatchMeta::<CudaBackend> {
+            positions: b.upload_u32(&vec![ctx as u32 - 1; batch])?,
+            slot_mapping: b.upload_u32(&slots)?,
+            q_starts: b.upload_u32(&(0..=batch as u32).collect::<Vec<_>>())?,
+            ctx_lens: b.upload_u32(&vec![ctx as u32; batch])?,
+            block_tables: b.upload_u32(&ids)?,
+            ..meta
+        };
+        let (cos, sin) = super::fused_rope_tests::rope_tables(ctx, heads.head_dim);
+        let (cos, sin) = (b.upload_f32(&cos)?, b.upload_f32(&sin)?); // [ctx, d / 2] each
+        let mut qkv = b.upload_f32(&q)?; // [batch, qkv_width] f32, rotated in place by each call
+        let mut fused = |i: usize| {
+            let (kc, vc) = &mut caches[i % copies];
+            let tables = RopeTables {
+                cos: &cos,
+                sin: &sin,
+            };
+            let kv = KvLayer { k: kc, v: vc };
+            b.rope_kv_attention(&mut qkv, tables, kv, &fused_meta, &mut out, shape)
+        };
+        let fused_ms = time_ms(b, 5, 50, || Ok(fused(0)?))?;
+        let mut next = 0;
+        let fused_cold_ms = time_ms(b, 5, 50, || {
+            next += 1;
+            Ok(fused(next)?)
+        })?;
+        println!(
+            "BENCH decode_attention_fused kv={:?} batch={batch} ctx={ctx} time_us={:.1} \
+             pct_of_copy={:.1}% cold_one_us={:.1} cold_one_pct_of_copy={:.1}%",
+            b.kv_dtype(),
+            fused_ms * 1e3,
+            pct(fused_ms),
+            fused_cold_ms * 1e3,
+            pct(fused_cold_ms)
         );
     }
     Ok(())
