@@ -12,6 +12,8 @@
 // (the same max, the same product and rounding of each element), so the codes and scales are the
 // bits the bf16 form + that kernel give, with one kernel and no bf16 row written or read.
 // Quantized rows q: [n, d] e4m3, scales: [n] f32 (the caller places them after the codes).
+// The SiLU-mul kernels read the gate/up rows in f32, or (`_from_bf16`) in bf16 where an FP8 product
+// wrote them so (CudaTuning::fp8_gate_up_bf16): half the bytes written by the product and read here.
 #include "common.cuh"
 
 typedef unsigned char u8;
@@ -153,39 +155,62 @@ __device__ __forceinline__ void store_out4(bf16_t* p, float a, float b, float c,
     *(uint2*)p = make_uint2((u32)f2bf(a) | ((u32)f2bf(b) << 16), (u32)f2bf(c) | ((u32)f2bf(d) << 16));
 }
 
-// out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]; gate_up: [n, 2f] f32, out: [n, f] OutT.
+// Four consecutive gate/up values from g[4 q ..]: f32 (16-byte load) or bf16 (8-byte load, widened).
+__device__ __forceinline__ float4 load4(const float* g, int q) { return ((const float4*)g)[q]; }
+__device__ __forceinline__ float4 load4(const bf16_t* g, int q) {
+    const uint2 v = ((const uint2*)g)[q];
+    return make_float4(bf2f((bf16_t)(v.x & 0xffff)), bf2f((bf16_t)(v.x >> 16)), bf2f((bf16_t)(v.y & 0xffff)),
+                       bf2f((bf16_t)(v.y >> 16)));
+}
+__device__ __forceinline__ float load1(const float* g, int j) { return g[j]; }
+__device__ __forceinline__ float load1(const bf16_t* g, int j) { return bf2f(g[j]); }
+
+// out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]; gate_up: [n, 2f] InT (f32, or bf16 where an
+// FP8 product wrote it so), out: [n, f] OutT.
 // Grid: (x, y) with y over rows (strided past gridDim.y), x over the row's columns: four a
-// thread with 16-byte loads where f % 4 == 0 (rows then 16-byte aligned), else one a thread.
-// Each output is the same expression either way, so the bits do not depend on the path.
+// thread with 16-byte (8-byte for bf16) loads where f % 4 == 0 (rows then aligned), else one a
+// thread. Each output is the same expression either way, so the bits do not depend on the path.
 // Design: a 2-D grid, no division per element; the flat grid-stride loop this replaced divided
 // a 64-bit index by f for every element and moved 1.8 TB/s on the H200 (kernels/README.md).
-template <typename OutT>
-__device__ __forceinline__ void silu_mul_rows(OutT* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
+template <typename InT, typename OutT>
+__device__ __forceinline__ void silu_mul_rows(OutT* __restrict__ out, const InT* __restrict__ gate_up, int n, int f) {
     allow_dependents_early();  // a GEMV after this may start streaming its weights
     wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     const int lane = blockIdx.x * blockDim.x + threadIdx.x, lanes = gridDim.x * blockDim.x;
     for (int t = blockIdx.y; t < n; t += gridDim.y) {
-        const float* g = gate_up + (size_t)t * 2 * f;
-        const float* u = g + f;
+        const InT* g = gate_up + (size_t)t * 2 * f;
+        const InT* u = g + f;
         OutT* o = out + (size_t)t * f;
         if ((f & 3) == 0) {
             for (int q = lane; q < (f >> 2); q += lanes) {
-                const float4 a = ((const float4*)g)[q], b = ((const float4*)u)[q];
+                const float4 a = load4(g, q), b = load4(u, q);
                 store_out4(o + 4 * q, swiglu(a.x, b.x), swiglu(a.y, b.y), swiglu(a.z, b.z), swiglu(a.w, b.w));
             }
         } else {
-            for (int j = lane; j < f; j += lanes) store_out(&o[j], swiglu(g[j], u[j]));
+            for (int j = lane; j < f; j += lanes) store_out(&o[j], swiglu(load1(g, j), load1(u, j)));
         }
     }
 }
 
-// out: [n, f] f32.
+// gate_up: [n, 2f] f32, out: [n, f] f32.
 extern "C" __global__ void silu_mul(float* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
     silu_mul_rows(out, gate_up, n, f);
 }
 
-// out: [n, f] bf16.
+// gate_up: [n, 2f] f32, out: [n, f] bf16.
 extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out, const float* __restrict__ gate_up, int n, int f) {
+    silu_mul_rows(out, gate_up, n, f);
+}
+
+// gate_up: [n, 2f] bf16, out: [n, f] f32.
+extern "C" __global__ void silu_mul_from_bf16(float* __restrict__ out, const bf16_t* __restrict__ gate_up, int n,
+                                              int f) {
+    silu_mul_rows(out, gate_up, n, f);
+}
+
+// gate_up: [n, 2f] bf16, out: [n, f] bf16.
+extern "C" __global__ void silu_mul_bf16_from_bf16(bf16_t* __restrict__ out, const bf16_t* __restrict__ gate_up,
+                                                   int n, int f) {
     silu_mul_rows(out, gate_up, n, f);
 }
 
@@ -193,16 +218,17 @@ extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out, const float* 
 #define SILU_Q_GROUPS 8  // groups of 4 values a thread holds: f <= 4 * 512 * 8 = 16384
 
 // silu_mul_bf16's values as e4m3 rows (see the top): q: [n, f] e4m3, scales: [n] f32,
-// gate_up: [n, 2f] f32. Grid: n, block: SILU_Q_THREADS; f % 4 == 0 and f <= 16384 (the row is
-// held in registers between its max and its quantization, so gate_up is read once).
-extern "C" __global__ void __launch_bounds__(SILU_Q_THREADS)
-silu_mul_e4m3(u8* __restrict__ q, float* __restrict__ scales, const float* __restrict__ gate_up, int f) {
+// gate_up: [n, 2f] InT (f32 or bf16). Grid: n, block: SILU_Q_THREADS; f % 4 == 0 and f <= 16384
+// (the row is held in registers between its max and its quantization, so gate_up is read once).
+template <typename InT>
+__device__ __forceinline__ void silu_mul_e4m3_row(u8* __restrict__ q, float* __restrict__ scales,
+                                                  const InT* __restrict__ gate_up, int f) {
     __shared__ float scratch[32];
     allow_dependents_early();
     wait_for_prerequisites();
     const size_t row = blockIdx.x;
-    const float4* g = (const float4*)(gate_up + row * 2 * (size_t)f);
-    const float4* u = (const float4*)(gate_up + row * 2 * (size_t)f + f);
+    const InT* g = gate_up + row * 2 * (size_t)f;
+    const InT* u = g + f;
     const int groups = f >> 2;
     float v[SILU_Q_GROUPS][4];
     float a = 0.f;
@@ -210,7 +236,7 @@ silu_mul_e4m3(u8* __restrict__ q, float* __restrict__ scales, const float* __res
     for (int c = 0; c < SILU_Q_GROUPS; c++) {
         const int idx = threadIdx.x + c * SILU_Q_THREADS;
         if (idx < groups) {
-            const float4 x = g[idx], y = u[idx];
+            const float4 x = load4(g, idx), y = load4(u, idx);
             v[c][0] = as_bf16(swiglu(x.x, y.x));
             v[c][1] = as_bf16(swiglu(x.y, y.y));
             v[c][2] = as_bf16(swiglu(x.z, y.z));
@@ -232,6 +258,18 @@ silu_mul_e4m3(u8* __restrict__ q, float* __restrict__ scales, const float* __res
             qr[idx] = lo | (hi << 16);
         }
     }
+}
+
+// gate_up: [n, 2f] f32.
+extern "C" __global__ void __launch_bounds__(SILU_Q_THREADS)
+silu_mul_e4m3(u8* __restrict__ q, float* __restrict__ scales, const float* __restrict__ gate_up, int f) {
+    silu_mul_e4m3_row(q, scales, gate_up, f);
+}
+
+// gate_up: [n, 2f] bf16.
+extern "C" __global__ void __launch_bounds__(SILU_Q_THREADS)
+silu_mul_e4m3_from_bf16(u8* __restrict__ q, float* __restrict__ scales, const bf16_t* __restrict__ gate_up, int f) {
+    silu_mul_e4m3_row(q, scales, gate_up, f);
 }
 
 // out[t, :] = f32(table[min(ids[t], vocab - 1), :]). table: [vocab, d] bf16, ids: [n] u32,

@@ -71,7 +71,9 @@ def e4m3_rows(x):
 
 class Model:
     def __init__(self, cfg, weights, mode):
-        """mode(layer, product) -> 'f32' | 'bf16' | 'fp8'; product in qkv, o, gate_up, down."""
+        """mode(layer, product) -> 'f32' | 'bf16' | 'fp8' | 'fp8 bf16 out' (the FP8 product's
+        output rounded to bf16, as sov's gate/up with CudaTuning::fp8_gate_up_bf16); product in
+        qkv, o, gate_up, down."""
         self.c, self.w, self.mode, self.wq = cfg, weights, mode, {}
 
     def linear(self, x, name, layer, product):
@@ -85,7 +87,8 @@ class Model:
             self.wq[name] = e4m3_rows(bf16(w))
         qw, sw = self.wq[name]
         qx, sx = e4m3_rows(x)
-        return (qx @ qw.T) * sx * sw.T
+        y = (qx @ qw.T) * sx * sw.T
+        return bf16(y) if how == "fp8 bf16 out" else y
 
     def rms(self, x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.c["eps"]) * w
@@ -163,6 +166,10 @@ def cases(last):
         "fp8 but layer 0 and last": fp8_unless(lambda l, w: l in (0, last)),
         "fp8 but gate_up of 0 and last": fp8_unless(lambda l, w: w == "gate_up" and l in (0, last)),
         "fp8 but layers 0, 1 and last": fp8_unless(lambda l, w: l in (0, 1, last)),
+        # sov's FP8 default: edge layers in bf16, the gate/up product written in bf16.
+        "fp8 but layer 0 and last, gate_up out bf16": lambda l, w: (
+            "bf16" if l is None or l in (0, last) else "fp8 bf16 out" if w == "gate_up" else "fp8"
+        ),
     }
 
 

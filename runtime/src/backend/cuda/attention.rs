@@ -103,8 +103,9 @@ pub(super) struct FusedRope<'a> {
 
 impl CudaBackend {
     /// `rope_kv_write` then `paged_attention`; fused into the tensor-core decode kernel for decode
-    /// steps where it applies (bf16 cache, head_dim 64/128/256; batch-1 step 4.11 ms fused vs
-    /// 4.13-4.14 unfused on the H200).
+    /// steps where it applies (head_dim 64/128/256; batch-1 step 4.11 ms fused vs 4.13-4.14
+    /// unfused on the H200) and of at most [`super::CudaTuning::decode_fused_rope_max_rows`]
+    /// rows.
     pub(super) fn rope_kv_attention_impl(
         &self,
         qkv: &mut CudaBuffer,
@@ -120,6 +121,7 @@ impl CudaBackend {
         let fused = self.tuning.decode_tensor_cores
             && KernelId::DecodeAttentionMma.supports(Some(cfg))
             && n > 0
+            && n <= self.tuning.decode_fused_rope_max_rows
             && meta.max_q_len == 1
             && n == meta.n_seqs;
         if !fused {

@@ -9,7 +9,7 @@
 //!   (batch, context) = (1, 4096), (64, 2048), (256, 1024); bytes of K and V read per launch over the
 //!   median time, next to a device-to-device copy measured in the same process; then the launch a
 //!   decode step makes, with the RoPE and the new token's K/V write fused in
-//!   (`decode_attention_fused` lines).
+//!   (`decode_attention_fused` lines, with the same two steps as separate launches).
 //! - `bench_decode_matmuls`: the products of a Llama-3-8B decode step (qkv, o, gate_up, down, lm
 //!   head) at 1 and 4 rows, through cuBLAS (with its input cast) and through `gemv.cu`; weight
 //!   bytes over the median time. Enough weight copies are cycled that none is served from L2.
@@ -293,14 +293,39 @@ fn decode_attention_shapes(b: &CudaBackend) -> R<()> {
             next += 1;
             Ok(fused(next)?)
         })?;
+        // The same two steps as separate launches: `rope_kv_write`, then `paged_attention`.
+        let mut unfused = |i: usize| {
+            let (kc, vc) = &mut caches[i % copies];
+            let tables = RopeTables {
+                cos: &cos,
+                sin: &sin,
+            };
+            let kv = KvLayer { k: kc, v: vc };
+            crate::backend::rope_kv_then_attention(
+                b,
+                &mut qkv,
+                tables,
+                kv,
+                &fused_meta,
+                &mut out,
+                shape,
+            )
+        };
+        let mut next = 0;
+        let unfused_cold_ms = time_ms(b, 5, 50, || {
+            next += 1;
+            Ok(unfused(next)?)
+        })?;
         println!(
             "BENCH decode_attention_fused kv={:?} batch={batch} ctx={ctx} time_us={:.1} \
-             pct_of_copy={:.1}% cold_one_us={:.1} cold_one_pct_of_copy={:.1}%",
+             pct_of_copy={:.1}% cold_one_us={:.1} cold_one_pct_of_copy={:.1}% \
+             unfused_cold_one_us={:.1}",
             b.kv_dtype(),
             fused_ms * 1e3,
             pct(fused_ms),
             fused_cold_ms * 1e3,
-            pct(fused_cold_ms)
+            pct(fused_cold_ms),
+            unfused_cold_ms * 1e3
         );
     }
     Ok(())

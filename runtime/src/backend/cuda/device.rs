@@ -197,6 +197,7 @@ impl CudaBackend {
             }
             let workspace = backend.alloc_zeroed(DType::U32, FP8_WORKSPACE_BYTES / 4)?;
             backend.fp8 = Some(Fp8Gemm::new(workspace)?);
+            backend.probe_fp8()?;
         }
         Ok(backend)
     }

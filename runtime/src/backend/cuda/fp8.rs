@@ -23,8 +23,8 @@ use sov_kernels::KernelId;
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, grid_for};
 use super::driver_error::driver_err;
-use super::gemm_fp8::ScaleMode;
-use super::ops::to_i32;
+use super::gemm_fp8::{Fp8Gemm, Fp8Out, ScaleMode};
+use super::ops::{GateUpRows, to_i32};
 use super::pdl::arg;
 use super::tuning::Quantization;
 use crate::backend::{Backend, BackendError, DType, ProjectionSite, check_buffer};
@@ -292,7 +292,8 @@ impl CudaBackend {
                 // SAFETY: qx/sx hold n*k bytes and n f32 (the scratch, or the caller's quantized
                 // rows checked by `quantized_rows`), qw/sw m*k bytes and m f32
                 // (checked above), out n*m f32; k % 16 == 0 and m % 4 == 0 (lt_ok).
-                let mode = unsafe { lt.matmul(stream, (qx, sx), (qw, sw), o, (n, k, m))? };
+                let mode =
+                    unsafe { lt.matmul(stream, (qx, sx), (qw, sw), (o, Fp8Out::F32), (n, k, m))? };
                 if mode == ScaleMode::OuterVector {
                     return Ok(());
                 }
@@ -340,6 +341,78 @@ impl CudaBackend {
                 self.launch_serial(&f, cfg, &mut params)
             }
         }
+    }
+
+    /// Settles the cuBLASLt FP8 scale mode and whether bf16 outputs run ([`Fp8Gemm::probe`]) with
+    /// one product on zeros, before any of the model's.
+    pub(super) fn probe_fp8(&self) -> Result<(), BackendError> {
+        let Some(lt) = self.fp8.as_ref() else {
+            return Ok(());
+        };
+        let zeros = self.alloc_zeroed(DType::U32, Fp8Gemm::PROBE_BYTES / 4)?; // [PROBE_BYTES] bytes
+        let stream = self.stream.cu_stream() as _;
+        // SAFETY: `zeros` holds PROBE_BYTES zeroed bytes and outlives the synchronize below.
+        unsafe { lt.probe(stream, zeros.ptr())? };
+        self.stream.synchronize().map_err(driver_err)
+    }
+
+    /// The gate/up product `gate_up[n, m] = x[n, k] @ w^T` of an FP8 weight in bf16, written over
+    /// the first half of the f32 `gate_up` scratch's bytes, where
+    /// [`super::CudaTuning::fp8_gate_up_bf16`] asks for it and cuBLASLt multiplies this shape with
+    /// bf16 outputs; `None` (nothing run) otherwise. The caller checked `x` and `w`.
+    pub(super) fn gate_up_bf16(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        gate_up: &mut CudaBuffer,
+        (n, k, m): (usize, usize, usize),
+    ) -> Result<Option<GateUpRows>, BackendError> {
+        const OP: &str = "matmul_silu_mul (fp8, bf16 gate/up)";
+        let Some(lt) = self.fp8.as_ref() else {
+            return Ok(None);
+        };
+        let quantized = x.dtype == DType::F8E4M3;
+        let applies = self.tuning.fp8_gate_up_bf16
+            && lt.bf16_out()
+            && w.dtype == DType::F8E4M3
+            && n > self.tuning.fp8_small_max_rows
+            && n > 0
+            && k.is_multiple_of(16)
+            && m.is_multiple_of(4)
+            && (quantized || !self.fp8_fused_applies(n, k));
+        if !applies {
+            return Ok(None);
+        }
+        check_buffer(OP, "gate_up", gate_up, DType::F32, n * m)?;
+        check_buffer(OP, "w", w, DType::F8E4M3, m * k)?;
+        if w.mem.len() < scales_offset(m * k) + 4 * m {
+            return Err(BackendError::Shape {
+                op: OP,
+                detail: format!("w holds no scales for {m} rows"),
+            });
+        }
+        let (qx, sx) = if quantized {
+            Self::quantized_rows(OP, x, n, k)?
+        } else {
+            let xt = if x.dtype == DType::BF16 {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            check_buffer(OP, "x", x, xt, n * k)?;
+            self.quantize_input(x, n, k)?
+        };
+        let (qw, sw) = (w.ptr(), w.ptr() + scales_offset(m * k) as u64);
+        let out = gate_up.ptr();
+        let stream = self.stream.cu_stream() as _;
+        // SAFETY: qx/sx hold n*k bytes and n f32 (the scratch, or the caller's quantized rows
+        // checked by `quantized_rows`), qw/sw m*k bytes and m f32 (checked above); gate_up holds
+        // n*m f32, twice the n*m bf16 written; k % 16 == 0 and m % 4 == 0.
+        unsafe { lt.matmul(stream, (qx, sx), (qw, sw), (out, Fp8Out::Bf16), (n, k, m))? };
+        Ok(Some(GateUpRows {
+            ptr: out,
+            bf16: true,
+        }))
     }
 
     /// The e4m3 bytes and the `[m]` scales of an FP8 weight of `m` rows (for tests and tools).

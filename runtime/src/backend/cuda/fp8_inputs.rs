@@ -20,7 +20,7 @@ use sov_kernels::KernelId;
 use super::buffer::CudaBuffer;
 use super::device::CudaBackend;
 use super::fp8::scales_offset;
-use super::ops::to_i32;
+use super::ops::{GateUpRows, to_i32};
 use super::pdl::arg;
 use crate::backend::{BackendError, DType, InputProducer, RmsNorm, check_buffer};
 
@@ -114,10 +114,13 @@ impl CudaBackend {
         unsafe { self.launch_overlapping(&f, super::ops::per_row(n, d), &mut params) }
     }
 
-    /// SwiGLU of `gate_up` (`[n, 2f]` f32, checked by the caller) into quantized rows `out`.
-    pub(super) fn silu_mul_e4m3(
+    /// SwiGLU of `gate_up` (`[n, 2f]` f32 or bf16) into quantized rows `out`.
+    ///
+    /// # Safety
+    /// `gate_up` must address `n * 2f` elements of its type, live until the launch has run.
+    pub(super) unsafe fn silu_mul_e4m3(
         &self,
-        gate_up: &CudaBuffer,
+        gate_up: GateUpRows,
         out: &mut CudaBuffer,
         n: usize,
         f: usize,
@@ -129,11 +132,14 @@ impl CudaBackend {
             )));
         }
         let (q, scales) = Self::quantized_rows(OP, out, n, f)?;
-        let func = self
-            .modules
-            .function(KernelId::Elementwise, None, "silu_mul_e4m3")?;
+        let name = if gate_up.bf16 {
+            "silu_mul_e4m3_from_bf16"
+        } else {
+            "silu_mul_e4m3"
+        };
+        let func = self.modules.function(KernelId::Elementwise, None, name)?;
         let fi = to_i32(f, "f")?;
-        let g = gate_up.ptr();
+        let g = gate_up.ptr;
         let mut params = [arg(&q), arg(&scales), arg(&g), arg(&fi)];
         let cfg = LaunchConfig {
             grid_dim: (
@@ -147,8 +153,8 @@ impl CudaBackend {
             block_dim: (SILU_Q_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: out holds n*f codes and n scales (checked above), gate_up n*2f f32 (the
-        // caller); f % 4 == 0 and f <= SILU_Q_MAX_F as the kernel needs. It waits for its
+        // SAFETY: out holds n*f codes and n scales (checked above), gate_up n*2f elements of
+        // its type (the caller); f % 4 == 0 and f <= SILU_Q_MAX_F as the kernel needs. It waits for its
         // prerequisites before touching memory (super::pdl).
         unsafe { self.launch_overlapping(&func, cfg, &mut params) }
     }

@@ -163,6 +163,73 @@ fn products_of_quantized_rows_give_the_bits_of_bf16_rows() {
     }
 }
 
+/// A 4-layer model of hidden size 576 and intermediate size `f` (heads 9 / 3 of 64).
+pub(super) fn four_layer_config(f: usize) -> crate::model::config::LlamaConfig {
+    crate::model::config::LlamaConfig {
+        vocab_size: 4099,
+        hidden_size: 576,
+        intermediate_size: f,
+        num_hidden_layers: 4,
+        num_attention_heads: 9,
+        num_key_value_heads: 3,
+        head_dim: 64,
+        tie_word_embeddings: false,
+        ..crate::model::random::tiny_config()
+    }
+}
+
+/// The logits of `c` with weights `w` on `b`: a prefill of three prompts (5, 34 and 63 tokens,
+/// 102 rows), a decode step of the three, then a decode step of the first alone.
+pub(super) fn four_layer_logits(
+    b: CudaBackend,
+    c: &crate::model::config::LlamaConfig,
+    w: &std::collections::HashMap<String, crate::loader::tensor::HostTensor>,
+) -> Vec<f32> {
+    use crate::model::LlamaModel;
+    use crate::model::batch::SeqChunk;
+    let model = LlamaModel::new(b, c, w).expect("model");
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|s| {
+            (0..(5 + 29 * s))
+                .map(|i| ((i * 131 + s * 977 + 5) % 4099) as u32)
+                .collect()
+        })
+        .collect();
+    let tables: Vec<Vec<u32>> = (0..3)
+        .map(|s| (0..4).map(|j| (j * 3 + s) as u32).collect())
+        .collect();
+    let mut kv = model.new_kv_cache(12, 16).expect("kv");
+    let chunks: Vec<SeqChunk<'_>> = prompts
+        .iter()
+        .zip(&tables)
+        .map(|(p, t)| SeqChunk {
+            tokens: p,
+            start_pos: 0,
+            block_table: t,
+        })
+        .collect();
+    let mut logits = model.forward(&mut kv, &chunks).expect("forward");
+    let next: Vec<[u32; 1]> = (0..3).map(|s| [(s * 7 + 1) as u32]).collect();
+    let steps: Vec<SeqChunk<'_>> = prompts
+        .iter()
+        .zip(&tables)
+        .zip(&next)
+        .map(|((p, t), id)| SeqChunk {
+            tokens: id,
+            start_pos: p.len(),
+            block_table: t,
+        })
+        .collect();
+    logits.extend(model.forward(&mut kv, &steps).expect("decode"));
+    let one = [SeqChunk {
+        tokens: &[11],
+        start_pos: prompts[0].len() + 1,
+        block_table: &tables[0],
+    }];
+    logits.extend(model.forward(&mut kv, &one).expect("decode of one row"));
+    logits
+}
+
 /// A 4-layer FP8 model (the first and last layers in bf16, the default edge layers) gives the
 /// same logits, bit for bit, with quantized rows from the SwiGLU or from both producers as with
 /// none: a prefill of 102 rows (cuBLASLt), a decode step of three rows (small-M) and one of one
@@ -172,9 +239,7 @@ fn products_of_quantized_rows_give_the_bits_of_bf16_rows() {
 /// which no producer quantizes).
 #[test]
 fn fp8_model_logits_are_the_same_with_quantized_rows() {
-    use crate::model::LlamaModel;
-    use crate::model::batch::SeqChunk;
-    use crate::model::random::{WeightDtype, random_weights, tiny_config};
+    use crate::model::random::{WeightDtype, random_weights};
     for (fused_rows, f) in [(1, 1536), (8, 12288), (0, 1536)] {
         let device = |inputs: Fp8QuantizedInputs| {
             device_with(|t| {
@@ -187,65 +252,12 @@ fn fp8_model_logits_are_the_same_with_quantized_rows() {
         let Some(without) = device(Fp8QuantizedInputs::Off) else {
             return;
         };
-        let c = crate::model::config::LlamaConfig {
-            vocab_size: 4099,
-            hidden_size: 576,
-            intermediate_size: f,
-            num_hidden_layers: 4,
-            num_attention_heads: 9,
-            num_key_value_heads: 3,
-            head_dim: 64,
-            tie_word_embeddings: false,
-            ..tiny_config()
-        };
+        let c = four_layer_config(f);
         let w = random_weights(&c, 7, WeightDtype::BF16);
-        let run = |b: CudaBackend| -> Vec<f32> {
-            let model = LlamaModel::new(b, &c, &w).expect("model");
-            let prompts: Vec<Vec<u32>> = (0..3)
-                .map(|s| {
-                    (0..(5 + 29 * s))
-                        .map(|i| ((i * 131 + s * 977 + 5) % 4099) as u32)
-                        .collect()
-                })
-                .collect();
-            let tables: Vec<Vec<u32>> = (0..3)
-                .map(|s| (0..4).map(|j| (j * 3 + s) as u32).collect())
-                .collect();
-            let mut kv = model.new_kv_cache(12, 16).expect("kv");
-            let chunks: Vec<SeqChunk<'_>> = prompts
-                .iter()
-                .zip(&tables)
-                .map(|(p, t)| SeqChunk {
-                    tokens: p,
-                    start_pos: 0,
-                    block_table: t,
-                })
-                .collect();
-            let mut logits = model.forward(&mut kv, &chunks).expect("forward");
-            let next: Vec<[u32; 1]> = (0..3).map(|s| [(s * 7 + 1) as u32]).collect();
-            let steps: Vec<SeqChunk<'_>> = prompts
-                .iter()
-                .zip(&tables)
-                .zip(&next)
-                .map(|((p, t), id)| SeqChunk {
-                    tokens: id,
-                    start_pos: p.len(),
-                    block_table: t,
-                })
-                .collect();
-            logits.extend(model.forward(&mut kv, &steps).expect("decode"));
-            let one = [SeqChunk {
-                tokens: &[11],
-                start_pos: prompts[0].len() + 1,
-                block_table: &tables[0],
-            }];
-            logits.extend(model.forward(&mut kv, &one).expect("decode of one row"));
-            logits
-        };
-        let r = run(without);
+        let r = four_layer_logits(without, &c, &w);
         for inputs in [Fp8QuantizedInputs::SwiGlu, Fp8QuantizedInputs::All] {
             let Some(with) = device(inputs) else { return };
-            let a = run(with);
+            let a = four_layer_logits(with, &c, &w);
             let differ = a
                 .iter()
                 .zip(&r)

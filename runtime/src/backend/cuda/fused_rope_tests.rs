@@ -11,7 +11,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::reference as cpu;
-use super::tests::{device, weight};
+use super::tests::weight;
 use super::{CudaBackend, CudaBuffer};
 use crate::backend::{AttentionShape, Backend, BatchMeta, DType, HeadShape, KvLayer, RopeTables};
 
@@ -191,9 +191,17 @@ fn cases() -> Vec<(HeadShape, usize, Vec<usize>)> {
     ]
 }
 
+/// A device that fuses the RoPE into every decode step it can, whatever its row count.
+fn fused_device(kv_e4m3: bool) -> Option<CudaBackend> {
+    super::tests::device_with(|t| {
+        t.kv_e4m3 = kv_e4m3;
+        t.decode_fused_rope_max_rows = usize::MAX;
+    })
+}
+
 #[test]
 fn fused_rope_attention_matches_the_unfused_ops() {
-    let Some(b) = device() else { return };
+    let Some(b) = fused_device(false) else { return };
     if b.kv_dtype() != DType::BF16 {
         return;
     }
@@ -205,9 +213,7 @@ fn fused_rope_attention_matches_the_unfused_ops() {
 /// The e4m3 cache: the fused write quantizes as `rope_kv_write_e4m3` does, byte for byte.
 #[test]
 fn fused_rope_attention_matches_the_unfused_ops_e4m3() {
-    let Some(b) = super::tests::device_with(|t| t.kv_e4m3 = true) else {
-        return;
-    };
+    let Some(b) = fused_device(true) else { return };
     // Its blocks are whole groups of 16 slots: the cases' block sizes 7 and 24 become 16 and 32.
     assert_eq!(b.kv_block_multiple(), 16);
     for (i, (heads, bs, ctxs)) in cases().iter().enumerate() {

@@ -190,7 +190,8 @@ impl CudaBackend {
     /// `out = silu(x @ Wg^T) * (x @ Wu^T)` for `w = [Wg; Wu]` (see
     /// [`crate::backend::Backend::matmul_silu_mul`]): one fused GEMV where the GEMV applies, one
     /// fused FP8 product for an FP8 weight where [`Self::fp8_fused_applies`] (`fp8_fused.rs`),
-    /// otherwise the product into `gate_up` and `silu_mul`.
+    /// otherwise the product into `gate_up` (in bf16 where [`Self::gate_up_bf16`] applies) and
+    /// `silu_mul`.
     pub(super) fn matmul_silu_mul_impl(
         &self,
         x: &CudaBuffer,
@@ -219,6 +220,10 @@ impl CudaBackend {
             return self.matmul_silu_mul_fp8_fused(x, w, out, shape);
         }
         if !fused {
+            if let Some(rows) = self.gate_up_bf16(x, w, gate_up, (n, k, 2 * f))? {
+                // SAFETY: the product just wrote n*2f bf16 at rows.ptr, inside gate_up.
+                return unsafe { self.silu_mul_from(rows, out, n, f) };
+            }
             self.matmul_impl(x, w, gate_up, n, k, 2 * f)?;
             return self.silu_mul_impl(gate_up, out, n, f);
         }

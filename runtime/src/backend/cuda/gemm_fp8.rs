@@ -1,4 +1,4 @@
-//! FP8 products through cuBLASLt: e4m3 x e4m3, f32 accumulation, f32 output.
+//! FP8 products through cuBLASLt: e4m3 x e4m3, f32 accumulation, f32 (or bf16) output.
 //!
 //! Design: the layout of [`super::gemm`] (cuBLAS's `C[m, n] = op(W)[m, k] · X[k, n]` with `W`
 //! transposed, the "TN" form Hopper's FP8 kernels require). The scales of the W8A8 scheme
@@ -7,13 +7,17 @@
 //! the `[m]` weight scales and `B_SCALE_POINTER` the `[n]` input scales, and the product comes out
 //! scaled. Where this cuBLASLt refuses that mode (no algorithm from its heuristic), the product
 //! runs with unit scales ([`ScaleMode::Unit`]) and the caller rescales it (`fp8_rescale`): one
-//! more pass over the output. The mode that worked is remembered for the process; the algorithm of
-//! each `(m, n, k)` is the heuristic's first pick, cached.
+//! more pass over the output. The backend runs one small product when it opens
+//! ([`Fp8Gemm::probe`]), so every product of a run takes the same mode; the algorithm of each
+//! `(m, n, k, output)` is the heuristic's first pick, cached. A bf16 output ([`Fp8Out::Bf16`],
+//! the gate/up product's, `fp8.rs`) is the scaled f32 result rounded once, so it exists only in
+//! outer-vector mode.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::size_of;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::cublaslt::{result as lt, sys};
 
@@ -23,6 +27,22 @@ use crate::backend::BackendError;
 
 /// Workspace bytes an algorithm may use (NVIDIA's recommendation for Hopper).
 pub(super) const FP8_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// The element type an FP8 product writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Fp8Out {
+    F32,
+    Bf16,
+}
+
+impl Fp8Out {
+    fn cuda_type(self) -> sys::cudaDataType_t {
+        match self {
+            Fp8Out::F32 => sys::cudaDataType_t::CUDA_R_32F,
+            Fp8Out::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
+        }
+    }
+}
 
 /// How a cuBLASLt FP8 product applies the scales.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,7 +59,9 @@ pub(super) struct Fp8Gemm {
     workspace: CudaBuffer,
     /// `None` until the first product found which mode this cuBLASLt supports.
     mode: Mutex<Option<ScaleMode>>,
-    algos: Mutex<HashMap<(usize, usize, usize, ScaleMode), sys::cublasLtMatmulAlgo_t>>,
+    algos: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
+    /// Whether [`Self::probe`] ran a bf16-output product.
+    bf16_out: AtomicBool,
 }
 
 // SAFETY: the handle is used only under the backend's stream order (one op at a time through
@@ -60,14 +82,19 @@ fn lt_err(what: &str, e: lt::CublasError) -> BackendError {
     BackendError::Device(format!("cuBLASLt FP8 {what}: {e:?}"))
 }
 
-/// The descriptors of an FP8 product: `C[m, n] (f32) = W^T · X` with `W: [k, m]` e4m3 (ld k),
-/// `X: [k, n]` e4m3 (ld k); with `scales = Some((sw, sx))` in outer-vector mode, `sw` `[m]` and
-/// `sx` `[n]` f32.
+/// What an algorithm is cached by: `(m, n, k)`, the scale mode and the output type.
+type AlgoKey = (usize, usize, usize, ScaleMode, Fp8Out);
+
+/// The descriptors of an FP8 product: `C[m, n] (f32 or bf16) = W^T · X` with `W: [k, m]` e4m3
+/// (ld k), `X: [k, n]` e4m3 (ld k); with `scales = Some((sw, sx))` in outer-vector mode, `sw` `[m]`
+/// and `sx` `[n]` f32.
 fn fp8_problem(
     dims: (usize, usize, usize),
     scales: Option<(u64, u64)>,
+    out: Fp8Out,
 ) -> Result<LtProblem, BackendError> {
-    let p = LtProblem::tn(dims, sys::cudaDataType_t::CUDA_R_8F_E4M3, "cuBLASLt FP8")?;
+    let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
+    let p = LtProblem::tn_into(dims, e4m3, out.cuda_type(), "cuBLASLt FP8")?;
     if let Some((sw, sx)) = scales {
         use sys::cublasLtMatmulDescAttributes_t as A;
         let mode =
@@ -94,7 +121,46 @@ impl Fp8Gemm {
             workspace,
             mode: Mutex::new(None),
             algos: Mutex::new(HashMap::new()),
+            bf16_out: AtomicBool::new(false),
         })
+    }
+
+    /// Bytes of device memory [`Self::probe`] needs.
+    pub(super) const PROBE_BYTES: usize = 2048;
+
+    /// Runs a 16 x 16 @ 16 x 16 product on `zeros` (at least [`Self::PROBE_BYTES`] zeroed bytes)
+    /// on `stream`, in f32 and then in bf16, so the scale mode is settled before the model's
+    /// first product and [`Self::bf16_out`] says whether bf16 outputs run.
+    ///
+    /// # Safety
+    /// `zeros` must be device memory of at least [`Self::PROBE_BYTES`] bytes, live until `stream`
+    /// has run the products.
+    pub(super) unsafe fn probe(
+        &self,
+        stream: sys::cudaStream_t,
+        zeros: u64,
+    ) -> Result<(), BackendError> {
+        // [16, 16] e4m3 input and weight, [16] f32 scales each, [16, 16] f32 (or bf16) output.
+        let (qx, sx, qw, sw, out) = (zeros, zeros + 256, zeros + 512, zeros + 768, zeros + 1024);
+        let dims = (16, 16, 16);
+        // SAFETY: the caller's contract on `zeros`; each piece is as large as the product needs.
+        let mode = unsafe { self.matmul(stream, (qx, sx), (qw, sw), (out, Fp8Out::F32), dims)? };
+        if mode == ScaleMode::OuterVector {
+            // SAFETY: as above (the bf16 output takes half the f32 one's bytes).
+            let bf16 =
+                unsafe { self.matmul(stream, (qx, sx), (qw, sw), (out, Fp8Out::Bf16), dims) };
+            if let Err(e) = &bf16 {
+                tracing::info!("cuBLASLt FP8 products: no bf16 output ({e})");
+            }
+            self.bf16_out.store(bf16.is_ok(), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Whether products may write bf16 ([`Fp8Out::Bf16`]): outer-vector scales, and the probe's
+    /// bf16 product ran.
+    pub(super) fn bf16_out(&self) -> bool {
+        self.bf16_out.load(Ordering::Relaxed)
     }
 
     /// The scale mode products use, once the first one has found it (`None` before).
@@ -103,11 +169,7 @@ impl Fp8Gemm {
     }
 
     /// The heuristic's algorithm for `p` of shape `key`, cached.
-    fn algo(
-        &self,
-        p: &LtProblem,
-        key: (usize, usize, usize, ScaleMode),
-    ) -> Result<sys::cublasLtMatmulAlgo_t, BackendError> {
+    fn algo(&self, p: &LtProblem, key: AlgoKey) -> Result<sys::cublasLtMatmulAlgo_t, BackendError> {
         let mut algos = self
             .algos
             .lock()
@@ -133,9 +195,9 @@ impl Fp8Gemm {
             found
         }
         .map_err(|e| {
-            let (m, n, k, mode) = key;
+            let (m, n, k, mode, out) = key;
             lt_err(
-                &format!("no algorithm for {n}x{k} @ {m}x{k}^T ({mode:?})"),
+                &format!("no algorithm for {n}x{k} @ {m}x{k}^T ({mode:?}, {out:?} out)"),
                 e,
             )
         })?;
@@ -143,21 +205,22 @@ impl Fp8Gemm {
         Ok(found.algo)
     }
 
-    /// `out[n, m] (f32) = qx[n, k] @ qw[m, k]^T` (e4m3) on `stream`, scaled by `sw` `[m]` and `sx`
-    /// `[n]` where the returned mode is [`ScaleMode::OuterVector`]; unscaled (the caller
-    /// rescales) where it is [`ScaleMode::Unit`].
+    /// `out[n, m] = qx[n, k] @ qw[m, k]^T` (e4m3) on `stream`, in f32 or (`out_type`
+    /// [`Fp8Out::Bf16`], outer-vector mode only) bf16, scaled by `sw` `[m]` and `sx` `[n]` where
+    /// the returned mode is [`ScaleMode::OuterVector`]; unscaled (the caller rescales) where it is
+    /// [`ScaleMode::Unit`].
     ///
     /// # Safety
     /// The addresses must be device buffers of at least `n*k` (`qx`), `m*k` (`qw`) bytes, `n`
-    /// (`sx`), `m` (`sw`) and `n*m` (`out`) f32, live until the product has run on `stream`;
-    /// `k % 16 == 0` and `m % 4 == 0` (cuBLASLt's FP8 alignment).
+    /// (`sx`), `m` (`sw`) f32 and `n*m` (`out`) elements of `out_type`, live until the product
+    /// has run on `stream`; `k % 16 == 0` and `m % 4 == 0` (cuBLASLt's FP8 alignment).
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn matmul(
         &self,
         stream: sys::cudaStream_t,
         (qx, sx): (u64, u64),
         (qw, sw): (u64, u64),
-        out: u64,
+        (out, out_type): (u64, Fp8Out),
         (n, k, m): (usize, usize, usize),
     ) -> Result<ScaleMode, BackendError> {
         let known = self.mode();
@@ -168,9 +231,15 @@ impl Fp8Gemm {
         };
         let mut last_err = None;
         for &mode in modes {
+            if mode == ScaleMode::Unit && out_type == Fp8Out::Bf16 {
+                last_err = Some(BackendError::Unsupported(
+                    "a bf16 FP8 product without cuBLASLt's outer-vector scales".into(),
+                ));
+                continue;
+            }
             let scales = (mode == ScaleMode::OuterVector).then_some((sw, sx));
-            let p = fp8_problem((m, n, k), scales)?;
-            let algo = match self.algo(&p, (m, n, k, mode)) {
+            let p = fp8_problem((m, n, k), scales, out_type)?;
+            let algo = match self.algo(&p, (m, n, k, mode, out_type)) {
                 Ok(a) => a,
                 Err(e) => {
                     last_err = Some(e);

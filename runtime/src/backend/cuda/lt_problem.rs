@@ -3,7 +3,8 @@
 //!
 //! Design: sov's layout throughout ([`super::gemm`]): cuBLAS's column-major
 //! `C[m, n] = op(W)[m, k] · X[k, n]` with `W` stored `[m, k]` row-major, read transposed (the "TN"
-//! form Hopper's FP8 kernels require), `X` `[n, k]` row-major and `C` `[n, m]` row-major f32. The
+//! form Hopper's FP8 kernels require), `X` `[n, k]` row-major and `C` `[n, m]` row-major f32 (or,
+//! for an FP8 product that asks for it, bf16: [`LtProblem::tn_into`]). The
 //! descriptors are created together and destroyed on drop; a path adds its own attributes
 //! (FP8 scales) through [`LtProblem::set_attr`].
 
@@ -25,22 +26,34 @@ pub(super) struct LtProblem {
 }
 
 impl LtProblem {
-    /// `C[m, n]` (f32) `= W^T · X` with `W: [k, m]` (ld k) and `X: [k, n]` (ld k), both of
-    /// `input` type, f32 compute; `label` names the path in errors.
-    pub(super) fn tn(
+    /// `C[m, n]` (of type `output`, f32 compute) `= W^T · X` with `W: [k, m]` (ld k) and
+    /// `X: [k, n]` (ld k), both of `input` type; `label` names the path in errors.
+    pub(super) fn tn_into(
         mnk: (usize, usize, usize),
+        input: sys::cudaDataType_t,
+        output: sys::cudaDataType_t,
+        label: &'static str,
+    ) -> Result<Self, BackendError> {
+        Self::tn_layouts(mnk, mnk.2, input, output, label)
+    }
+
+    /// As [`Self::tn_into`] (f32 `C`) with the columns of `W` and `X` `ld` elements apart (`ld >= k`: the first
+    /// `k` of each row's `ld` elements, one part of a K-split product).
+    pub(super) fn tn_strided(
+        mnk: (usize, usize, usize),
+        ld: usize,
         input: sys::cudaDataType_t,
         label: &'static str,
     ) -> Result<Self, BackendError> {
-        Self::tn_strided(mnk, mnk.2, input, label)
+        Self::tn_layouts(mnk, ld, input, sys::cudaDataType_t::CUDA_R_32F, label)
     }
 
-    /// As [`Self::tn`] with the columns of `W` and `X` `ld` elements apart (`ld >= k`: the first
-    /// `k` of each row's `ld` elements, one part of a K-split product).
-    pub(super) fn tn_strided(
+    /// The descriptors of [`Self::tn_strided`] with `C` of type `output`.
+    fn tn_layouts(
         (m, n, k): (usize, usize, usize),
         ld: usize,
         input: sys::cudaDataType_t,
+        output: sys::cudaDataType_t,
         label: &'static str,
     ) -> Result<Self, BackendError> {
         let err =
@@ -70,8 +83,7 @@ impl LtProblem {
         let ld = ld as i64;
         p.a = lt::create_matrix_layout(input, k, m, ld).map_err(|e| err("layout", e))?;
         p.b = lt::create_matrix_layout(input, k, n, ld).map_err(|e| err("layout", e))?;
-        p.c = lt::create_matrix_layout(sys::cudaDataType_t::CUDA_R_32F, m, n, m as i64)
-            .map_err(|e| err("layout", e))?;
+        p.c = lt::create_matrix_layout(output, m, n, m as i64).map_err(|e| err("layout", e))?;
         Ok(p)
     }
 
@@ -100,7 +112,7 @@ impl LtProblem {
 
 impl Drop for LtProblem {
     fn drop(&mut self) {
-        // SAFETY: each descriptor was created by `LtProblem::tn` (null ones were not and are
+        // SAFETY: each descriptor was created by `LtProblem::tn_layouts` (null ones were not and are
         // skipped) and is destroyed once, here.
         unsafe {
             for l in [self.a, self.b, self.c] {

@@ -12,6 +12,26 @@ use crate::backend::{
 };
 
 /// `v` as a kernel `int`, or an error naming `what`.
+/// The gate/up rows a SiLU-mul reads (`[n, 2f]`): f32, or bf16 where an FP8 product wrote them so
+/// ([`super::CudaTuning::fp8_gate_up_bf16`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GateUpRows {
+    /// Device address of element 0.
+    pub(super) ptr: u64,
+    /// Whether the elements are bf16 (else f32).
+    pub(super) bf16: bool,
+}
+
+impl GateUpRows {
+    /// The f32 rows of `b`.
+    pub(super) fn f32(b: &CudaBuffer) -> Self {
+        Self {
+            ptr: b.ptr(),
+            bf16: false,
+        }
+    }
+}
+
 pub(super) fn to_i32(v: usize, what: &str) -> Result<i32, BackendError> {
     i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("{what} = {v} exceeds i32")))
 }
@@ -355,25 +375,43 @@ impl CudaBackend {
         n: usize,
         f: usize,
     ) -> Result<(), BackendError> {
+        check_buffer("silu_mul", "gate_up", gate_up, DType::F32, n * 2 * f)?;
+        // SAFETY: gate_up holds n*2f f32 (checked above).
+        unsafe { self.silu_mul_from(GateUpRows::f32(gate_up), out, n, f) }
+    }
+
+    /// [`Self::silu_mul_impl`] from gate/up rows in f32 or bf16.
+    ///
+    /// # Safety
+    /// `gate_up` must address `n * 2f` elements of its type, live until the launch has run.
+    pub(super) unsafe fn silu_mul_from(
+        &self,
+        gate_up: GateUpRows,
+        out: &mut CudaBuffer,
+        n: usize,
+        f: usize,
+    ) -> Result<(), BackendError> {
         const OP: &str = "silu_mul";
-        check_buffer(OP, "gate_up", gate_up, DType::F32, n * 2 * f)?;
         if out.dtype == DType::F8E4M3 {
             if n * f == 0 {
                 return Ok(());
             }
-            return self.silu_mul_e4m3(gate_up, out, n, f);
+            // SAFETY: the caller's contract on gate_up.
+            return unsafe { self.silu_mul_e4m3(gate_up, out, n, f) };
         }
         check_product_input(OP, "out", out, n * f)?;
         if n * f == 0 {
             return Ok(());
         }
-        let name = match out.dtype {
-            DType::BF16 => "silu_mul_bf16",
-            _ => "silu_mul",
+        let name = match (out.dtype, gate_up.bf16) {
+            (DType::BF16, false) => "silu_mul_bf16",
+            (DType::BF16, true) => "silu_mul_bf16_from_bf16",
+            (_, false) => "silu_mul",
+            (_, true) => "silu_mul_from_bf16",
         };
         let func = self.modules.function(KernelId::Elementwise, None, name)?;
         let (ni, fi) = (to_i32(n, "n")?, to_i32(f, "f")?);
-        let (o, g) = (out.ptr(), gate_up.ptr());
+        let (o, g) = (out.ptr(), gate_up.ptr);
         let mut params = [arg(&o), arg(&g), arg(&ni), arg(&fi)];
         // Rows along y (the kernel strides past the grid's 65535), a row's columns along x, four a
         // thread.
@@ -382,7 +420,7 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: sizes checked above.
+        // SAFETY: out checked above, gate_up the caller's contract.
         // The kernel waits for its prerequisites before touching them (super::pdl).
         unsafe { self.launch_overlapping(&func, cfg, &mut params) }?;
         Ok(())

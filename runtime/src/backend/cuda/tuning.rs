@@ -38,6 +38,12 @@ pub struct CudaTuning {
     /// checking that kernel on shapes the tensor-core one would take; it is the only kernel for f32
     /// caches and head_dim 16/32 either way.
     pub decode_tensor_cores: bool,
+    /// Most rows of a decode step whose RoPE and new-token K/V write run inside the tensor-core
+    /// attention (`rope_kv_attention`, `SOV_DECODE_FUSED_ROPE_ROWS`, a whole number; 0 = never);
+    /// larger steps launch `rope_kv_write` and then the attention. Same bits either way. The
+    /// fused write puts the newest token's rotation and quantization on one warp of every CTA,
+    /// which at wide grids costs more than the launch it saves (`kernels/README.md`).
+    pub decode_fused_rope_max_rows: usize,
     /// Prefill attention (prompt chunks, and the decode rows of a mixed step) on tensor cores
     /// (`prefill_attention_mma.cu`) where the head shape allows (`SOV_PREFILL_MMA`, a switch).
     /// Default on. Off keeps the CUDA-core kernel (`prefill_attention.cu`), which took 14.5 ms of
@@ -131,6 +137,12 @@ pub struct CudaTuning {
     /// Default [`Fp8QuantizedInputs::All`]: on the H200 both quantizing kernels cost less than
     /// the quantization launches they replace (`kernels/README.md`, FP8).
     pub fp8_quantized_inputs: Fp8QuantizedInputs,
+    /// Whether the FP8 gate/up product that cuBLASLt multiplies (more rows than
+    /// [`Self::fp8_small_max_rows`]) writes its `[n, 2f]` output in bf16 instead of f32, for the
+    /// SiLU-mul to read (`SOV_FP8_GATE_UP_BF16`, a switch; `fp8.rs`): half the bytes written and
+    /// read again, at the cost of rounding gate and up to bf16 before the SwiGLU, as a bf16
+    /// model does. Needs cuBLASLt's outer-vector scales (else f32 stays).
+    pub fp8_gate_up_bf16: bool,
     /// The KV cache in e4m3 with one f32 scale per token and head (`sov --kv-dtype fp8`; not an
     /// environment variable of this struct, the command line sets it), half the bytes of bf16
     /// per token (`kv_e4m3.rs`). Default off: a bf16 cache (f32 in precise mode, which this
@@ -233,6 +245,7 @@ impl Default for CudaTuning {
             decode_min_split_tokens: 64,
             decode_max_split_tokens: None,
             decode_tensor_cores: true,
+            decode_fused_rope_max_rows: DEFAULT_FUSED_ROPE_ROWS,
             prefill_tensor_cores: true,
             gemv_max_rows: 1,
             gemv_split: None,
@@ -247,6 +260,7 @@ impl Default for CudaTuning {
             fp8_small_max_rows: 16,
             fp8_fused_max_rows: DEFAULT_FP8_FUSED_ROWS,
             fp8_quantized_inputs: Fp8QuantizedInputs::All,
+            fp8_gate_up_bf16: true,
             kv_e4m3: false,
             kernels: KernelBuild::default(),
         }
@@ -365,6 +379,9 @@ const MIN_SPLIT_VAR: &str = "SOV_DECODE_MIN_SPLIT_TOKENS";
 const MAX_SPLIT_VAR: &str = "SOV_DECODE_SPLIT_TOKENS";
 const MMA_VAR: &str = "SOV_DECODE_MMA";
 const PREFILL_MMA_VAR: &str = "SOV_PREFILL_MMA";
+const FUSED_ROPE_VAR: &str = "SOV_DECODE_FUSED_ROPE_ROWS";
+/// [`CudaTuning::decode_fused_rope_max_rows`]'s default.
+const DEFAULT_FUSED_ROPE_ROWS: usize = 64;
 const GEMV_VAR: &str = "SOV_GEMV";
 const GEMV_SPLIT_VAR: &str = "SOV_GEMV_SPLIT";
 const STAGES_VAR: &str = "SOV_DECODE_STAGES";
@@ -401,6 +418,7 @@ const FP8_FUSED_EXPECTED: &str = "a whole number 0..=8";
 const DEFAULT_FP8_FUSED_ROWS: usize = 1;
 const FP8_INPUTS_VAR: &str = "SOV_FP8_QUANTIZED_INPUTS";
 const FP8_INPUTS_EXPECTED: &str = "off, swiglu or all";
+const FP8_GATE_UP_VAR: &str = "SOV_FP8_GATE_UP_BF16";
 /// Most rows the `fp8_small_q_*` kernels take (one tile of 8).
 pub(super) const FP8_FUSED_LIMIT: usize = 8;
 
@@ -414,11 +432,12 @@ const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (th
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 19] = [
+    pub const VARS: [&str; 21] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
         MMA_VAR,
+        FUSED_ROPE_VAR,
         PREFILL_MMA_VAR,
         GEMV_VAR,
         GEMV_SPLIT_VAR,
@@ -434,6 +453,7 @@ impl CudaTuning {
         FP8_SMALL_VAR,
         FP8_FUSED_VAR,
         FP8_INPUTS_VAR,
+        FP8_GATE_UP_VAR,
     ];
 
     /// The default tuning with every variable that `get` returns applied (a program's edge calls
@@ -453,6 +473,9 @@ impl CudaTuning {
         }
         if let Some(v) = lookup(&get, MMA_VAR) {
             t.decode_tensor_cores = parse_switch(MMA_VAR, &v)?;
+        }
+        if let Some(v) = lookup(&get, FUSED_ROPE_VAR) {
+            t.decode_fused_rope_max_rows = parse_count(FUSED_ROPE_VAR, &v, 0)?;
         }
         if let Some(v) = lookup(&get, PREFILL_MMA_VAR) {
             t.prefill_tensor_cores = parse_switch(PREFILL_MMA_VAR, &v)?;
@@ -512,6 +535,9 @@ impl CudaTuning {
                 "all" => Fp8QuantizedInputs::All,
                 _ => return Err(invalid(FP8_INPUTS_VAR, &v, FP8_INPUTS_EXPECTED)),
             };
+        }
+        if let Some(v) = lookup(&get, FP8_GATE_UP_VAR) {
+            t.fp8_gate_up_bf16 = parse_switch(FP8_GATE_UP_VAR, &v)?;
         }
         let k = &mut t.kernels;
         if let Some(v) = lookup(&get, STAGES_VAR) {
@@ -750,6 +776,7 @@ mod tests {
             ("SOV_DECODE_SPLIT_TOKENS", " 512 "),
             ("SOV_DECODE_MMA", "off"),
             ("SOV_PREFILL_MMA", "0"),
+            ("SOV_DECODE_FUSED_ROPE_ROWS", "64"),
             ("SOV_GEMV", "0"),
             ("SOV_GEMV_SPLIT", "8"),
             ("SOV_DECODE_STAGES", "3"),
@@ -765,6 +792,7 @@ mod tests {
             ("SOV_FP8_SMALL_ROWS", "4"),
             ("SOV_FP8_FUSED_ROWS", "2"),
             ("SOV_FP8_QUANTIZED_INPUTS", "swiglu"),
+            ("SOV_FP8_GATE_UP_BF16", "off"),
         ]))
         .unwrap();
         let expect = CudaTuning {
@@ -772,6 +800,7 @@ mod tests {
             decode_min_split_tokens: 256,
             decode_max_split_tokens: Some(512),
             decode_tensor_cores: false,
+            decode_fused_rope_max_rows: 64,
             prefill_tensor_cores: false,
             gemv_max_rows: 0,
             gemv_split: Some(8),
@@ -787,6 +816,7 @@ mod tests {
             fp8_small_max_rows: 4,
             fp8_fused_max_rows: 2,
             fp8_quantized_inputs: Fp8QuantizedInputs::SwiGlu,
+            fp8_gate_up_bf16: false,
             kv_e4m3: false,
             kernels: KernelBuild {
                 decode_stages: 3,
