@@ -211,6 +211,36 @@ impl CudaBackend {
         Ok((qp, sp))
     }
 
+    /// Checks an FP8 product's input `x` (`[n, k]`: quantized rows, bf16 or f32) and weight `w`
+    /// (`[m, k]` e4m3 codes, then their `[m]` scales); returns the rows' codes and scales
+    /// addresses where `x` arrives quantized.
+    fn check_fp8_operands(
+        op: &'static str,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        (n, k, m): (usize, usize, usize),
+    ) -> Result<Option<(u64, u64)>, BackendError> {
+        let rows = match x.dtype {
+            DType::F8E4M3 => Some(Self::quantized_rows(op, x, n, k)?),
+            DType::BF16 => {
+                check_buffer(op, "x", x, DType::BF16, n * k)?;
+                None
+            }
+            _ => {
+                check_buffer(op, "x", x, DType::F32, n * k)?;
+                None
+            }
+        };
+        check_buffer(op, "w", w, DType::F8E4M3, m * k)?;
+        if w.mem.len() < scales_offset(m * k) + 4 * m {
+            return Err(BackendError::Shape {
+                op,
+                detail: format!("w holds no scales for {m} rows"),
+            });
+        }
+        Ok(rows)
+    }
+
     /// `out[n, m] = x[n, k] @ w^T` for an FP8 weight `w` (see the module doc) on `path`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul_fp8(
@@ -225,25 +255,8 @@ impl CudaBackend {
         // Quantized rows from the input's producer (`fp8_inputs.rs`), or rows to quantize here.
         let quantized = x.dtype == DType::F8E4M3;
         // The rows' codes and scales addresses, where they arrive quantized.
-        let rows = if quantized {
-            Some(Self::quantized_rows(OP, x, n, k)?)
-        } else {
-            let xt = if x.dtype == DType::BF16 {
-                DType::BF16
-            } else {
-                DType::F32
-            };
-            check_buffer(OP, "x", x, xt, n * k)?;
-            None
-        };
-        check_buffer(OP, "w", w, DType::F8E4M3, m * k)?;
+        let rows = Self::check_fp8_operands(OP, x, w, (n, k, m))?;
         check_buffer(OP, "out", out, DType::F32, n * m)?;
-        if w.mem.len() < scales_offset(m * k) + 4 * m {
-            return Err(BackendError::Shape {
-                op: OP,
-                detail: format!("w holds no scales for {m} rows"),
-            });
-        }
         if n == 0 || m == 0 {
             return Ok(());
         }
@@ -384,23 +397,9 @@ impl CudaBackend {
             return Ok(None);
         }
         check_buffer(OP, "gate_up", gate_up, DType::F32, n * m)?;
-        check_buffer(OP, "w", w, DType::F8E4M3, m * k)?;
-        if w.mem.len() < scales_offset(m * k) + 4 * m {
-            return Err(BackendError::Shape {
-                op: OP,
-                detail: format!("w holds no scales for {m} rows"),
-            });
-        }
-        let (qx, sx) = if quantized {
-            Self::quantized_rows(OP, x, n, k)?
-        } else {
-            let xt = if x.dtype == DType::BF16 {
-                DType::BF16
-            } else {
-                DType::F32
-            };
-            check_buffer(OP, "x", x, xt, n * k)?;
-            self.quantize_input(x, n, k)?
+        let (qx, sx) = match Self::check_fp8_operands(OP, x, w, (n, k, m))? {
+            Some(rows) => rows,
+            None => self.quantize_input(x, n, k)?,
         };
         let (qw, sw) = (w.ptr(), w.ptr() + scales_offset(m * k) as u64);
         let out = gate_up.ptr();

@@ -370,22 +370,12 @@ fn assert_bits_equal(got: &[f32], want: &[f32], what: &str) {
 fn fp8_logits_stay_close_to_bf16() {
     use crate::model::LlamaModel;
     use crate::model::batch::SeqChunk;
-    use crate::model::random::{WeightDtype, random_weights, tiny_config};
+    use crate::model::random::{WeightDtype, random_weights};
     let Some(fp8) = fp8_device() else { return };
     let Some(plain) = device_with(|t| t.deterministic = false) else {
         return;
     };
-    let c = crate::model::config::LlamaConfig {
-        vocab_size: 4099,
-        hidden_size: 576,
-        intermediate_size: 1536,
-        num_hidden_layers: 4,
-        num_attention_heads: 9,
-        num_key_value_heads: 3,
-        head_dim: 64,
-        tie_word_embeddings: false,
-        ..tiny_config()
-    };
+    let c = super::fp8_inputs_tests::four_layer_config(1536);
     let w = random_weights(&c, 7, WeightDtype::BF16);
     let run = |b: CudaBackend| -> Vec<f32> {
         let model = LlamaModel::new(b, &c, &w).expect("model");
