@@ -11,7 +11,6 @@ use crate::backend::{
     BackendError, DType, HeadShape, KvLayer, NewTokens, RmsNorm, RopeTables, check_buffer,
 };
 
-/// `v` as a kernel `int`, or an error naming `what`.
 /// The gate/up rows a SiLU-mul reads (`[n, 2f]`): f32, or bf16 where an FP8 product wrote them so
 /// ([`super::CudaTuning::fp8_gate_up_bf16`]).
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +31,7 @@ impl GateUpRows {
     }
 }
 
+/// `v` as a kernel `int`, or an error naming `what`.
 pub(super) fn to_i32(v: usize, what: &str) -> Result<i32, BackendError> {
     i32::try_from(v).map_err(|_| BackendError::Unsupported(format!("{what} = {v} exceeds i32")))
 }
