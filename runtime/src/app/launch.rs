@@ -132,6 +132,7 @@ pub(crate) fn launch<M: Machine + 'static, F: ForwardModel + 'static>(
             max_batch: opts.max_batch,
             max_prefill_tokens: opts.max_prefill_tokens,
             mixed_prefill: opts.mixed_prefill,
+            overlap_host: opts.overlap_host,
             context_len,
             eos_ids: parts.eos_ids,
             trace: opts.trace,

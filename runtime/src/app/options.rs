@@ -63,6 +63,9 @@ pub struct EngineOptions {
     pub max_prefill_tokens: usize,
     /// Run prompts in chunks inside decode steps ([`crate::engine::handle::EngineConfig::mixed_prefill`]).
     pub mixed_prefill: bool,
+    /// Overlap each decode step's host work with the next forward pass
+    /// ([`crate::engine::handle::EngineConfig::overlap_host`]).
+    pub overlap_host: bool,
     /// Context length cap (None: the model's `max_position_embeddings`).
     pub max_context: Option<usize>,
     /// On a GPU: f32-accurate matmul inputs and an f32 KV cache
@@ -139,6 +142,7 @@ impl Default for EngineOptions {
             max_batch: 256,
             max_prefill_tokens: 2048,
             mixed_prefill: true,
+            overlap_host: false,
             max_context: None,
             precise: false,
             trace: false,

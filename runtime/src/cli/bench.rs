@@ -76,6 +76,9 @@ pub struct BenchResult {
     pub host_retire_us: f64,
     /// Per decode step: the rest of the busy time, neither forward nor checkpoint, µs.
     pub host_other_us: f64,
+    /// Per decode step: host work run while the next forward pass computed (text and events of
+    /// overlapped steps, `--no-host-overlap` to turn off), µs; not part of the others.
+    pub host_overlapped_us: f64,
     /// Tokens every prompt shares at its start (`--shared-prefix-tokens`).
     pub shared_prefix_tokens: usize,
     /// KV memory during the benchmark: preemptions, swaps, recomputations, prefix-cache hits.
@@ -327,8 +330,14 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
         host_tokens_us: host.per_step_us(host.tokens),
         host_retire_us: host.per_step_us(host.retire),
         host_other_us: host.per_step_us(Duration::from_secs_f64(
-            (busy - forward - checkpoint - host.total().as_secs_f64()).max(0.0),
+            (busy
+                - forward
+                - checkpoint
+                - host.total().as_secs_f64()
+                - host.overlapped.as_secs_f64())
+            .max(0.0),
         )),
+        host_overlapped_us: host.per_step_us(host.overlapped),
         shared_prefix_tokens: args.shared_prefix_tokens,
         kv: KvReport {
             prefix_cache: !args.model.no_prefix_cache,
@@ -423,6 +432,10 @@ fn print_report(r: &BenchResult) {
         format!("{:.1}", r.host_retire_us),
     );
     line("Other (prefill, loop):", format!("{:.1}", r.host_other_us));
+    line(
+        "Overlapped with the next forward:",
+        format!("{:.1}", r.host_overlapped_us),
+    );
     let kv = &r.kv;
     println!("{:-^52}", "KV memory");
     line(

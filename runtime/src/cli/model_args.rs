@@ -112,6 +112,11 @@ pub struct ModelArgs {
     /// requests: 4.9k output tok/s mixed against 17.5k unmixed, `runtime/BENCHMARKS.md`).
     #[arg(long)]
     pub mixed_prefill: bool,
+    /// Run each decode step's host work (detokenizing, stop strings, events) between forward
+    /// passes instead of while the next pass computes on the GPU (the default there; outputs are
+    /// the same either way). The CPU always runs it in turn.
+    #[arg(long)]
+    pub no_host_overlap: bool,
     /// Cap on the context length (default: the model's).
     #[arg(long)]
     pub max_context: Option<usize>,
@@ -248,6 +253,12 @@ impl ModelArgs {
             (None, Device::Cpu) => CPU_MAX_PREFILL_TOKENS,
             (None, _) => GPU_MAX_PREFILL_TOKENS,
         }
+    }
+
+    /// Whether decode steps overlap their host work with the next forward pass on `device`: on a
+    /// GPU unless `--no-host-overlap`, never on the CPU (whose cores run the pass).
+    pub fn overlap_host(&self, device: Device) -> bool {
+        device != Device::Cpu && !self.no_host_overlap
     }
 
     /// Whether prompts run in chunks inside decode steps on `device` (`--mixed-prefill`,
@@ -388,6 +399,7 @@ impl ModelArgs {
             max_batch: self.max_batch,
             max_prefill_tokens: self.max_prefill_tokens(device),
             mixed_prefill: self.mixed_prefill(device),
+            overlap_host: self.overlap_host(device),
             max_context: self.max_context,
             precise: self.precision == PrecisionChoice::F32,
             trace,
@@ -564,5 +576,16 @@ mod tests {
             .model;
         assert!(a.mixed_prefill(Device::Cuda(0)));
         assert!(Cli::try_parse_from(["sov", "--mixed-prefill", "--no-mixed-prefill"]).is_err());
+    }
+
+    #[test]
+    fn host_work_overlaps_on_a_gpu_unless_turned_off() {
+        let a = Cli::try_parse_from(["sov"]).unwrap().model;
+        assert!(!a.overlap_host(Device::Cpu));
+        assert!(a.overlap_host(Device::Cuda(0)));
+        let a = Cli::try_parse_from(["sov", "--no-host-overlap"])
+            .unwrap()
+            .model;
+        assert!(!a.overlap_host(Device::Cuda(0)));
     }
 }

@@ -3,6 +3,9 @@
 //! (pending_request_count, batch_size, kv_blocks_used, current_seq_id), so guards of the next step
 //! and any outside reader of the slot file see the truth.
 //!
+//! Every action but `admit` and `decode` first runs the text and events an overlapped decode step
+//! left pending ([`super::overlap`]), so it sees the sequences as an in-turn step leaves them.
+//!
 //! Side paths: `checkpoint` and `restore` run the installed [`super::hook::CheckpointHook`] (the
 //! WORM store) and are counted no-ops without one; `swap_out` and `swap_in` move a sequence's
 //! KV to and from the host swap pool ([`super::swap`]), `swap_out` falling back to preemption by
@@ -23,12 +26,14 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
     }
 
     fn prefill(&mut self) -> Result<(), EngineError> {
+        self.flush_pending();
         let r = EngineCore::prefill(self);
         self.publish();
         r
     }
 
     fn mixed_step(&mut self) -> Result<(), EngineError> {
+        self.flush_pending();
         let r = EngineCore::mixed_step(self);
         self.publish();
         r
@@ -41,36 +46,42 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
     }
 
     fn draft(&mut self) -> Result<(), EngineError> {
+        self.flush_pending();
         let r = EngineCore::draft(self);
         self.publish();
         r
     }
 
     fn verify(&mut self) -> Result<(), EngineError> {
+        self.flush_pending();
         let r = EngineCore::verify(self);
         self.publish();
         r
     }
 
     fn preempt(&mut self) -> Result<(), EngineError> {
+        self.flush_pending();
         let r = EngineCore::preempt(self);
         self.publish();
         r
     }
 
     fn swap_out(&mut self) -> Result<(), EngineError> {
+        self.flush_pending();
         let r = EngineCore::swap_out(self);
         self.publish();
         r
     }
 
     fn swap_in(&mut self) -> Result<(), EngineError> {
+        self.flush_pending();
         let r = EngineCore::swap_in(self);
         self.publish();
         r
     }
 
     fn checkpoint(&mut self) -> Result<(), EngineError> {
+        self.flush_pending();
         self.checkpoints += 1;
         match self.checkpoint_hook.take() {
             Some(mut hook) => {
@@ -88,6 +99,7 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
     fn restore(&mut self) -> Result<(), EngineError> {
         self.restores += 1;
         // The sequences are replaced: their earlier events go out first.
+        self.flush_pending();
         self.outbox.settle();
         match self.checkpoint_hook.take() {
             Some(mut hook) => {

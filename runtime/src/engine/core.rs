@@ -95,6 +95,10 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) kv_counts: KvCounters,
     /// Prompts run inside decode steps (see [`super::mixed`]), else in prefill passes.
     pub(crate) mix_prefill: bool,
+    /// Decode steps overlap their host work with the next forward pass (see [`super::overlap`]).
+    pub(crate) overlap_host: bool,
+    /// The text and events of the last overlapped decode step, not yet made.
+    pub(crate) pending: Option<super::pending::PendingStep>,
 }
 
 /// Running totals the engine reports in its stats (and a server in its metrics).
@@ -142,7 +146,18 @@ impl<F: ForwardModel> EngineCore<F> {
             swap,
             kv_counts: KvCounters::default(),
             mix_prefill: true,
+            overlap_host: false,
+            pending: None,
         }
+    }
+
+    /// Overlaps each decode step's host work with the next forward pass from now on (or stops,
+    /// after running what is pending); see [`super::overlap`].
+    pub fn set_overlap_host(&mut self, on: bool) {
+        if !on {
+            self.flush_pending();
+        }
+        self.overlap_host = on;
     }
 
     /// Delivers output events on a thread of their own from now on, so that waking the clients
@@ -185,7 +200,10 @@ impl<F: ForwardModel> EngineCore<F> {
 
     /// Nothing waiting, running or swapped out.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty() && self.swap.is_empty()
+        self.waiting.is_empty()
+            && self.running.is_empty()
+            && self.swap.is_empty()
+            && self.pending.is_none()
     }
 
     /// The current values of the slot counters.

@@ -24,10 +24,51 @@ pub trait ForwardModel: Send {
     ) -> Result<PickedRows, String> {
         pick_on_host(self.vocab_size(), self.forward(chunks)?, picks)
     }
+    /// [`ForwardModel::forward_pick`], running `host` (the host work of the step before: text,
+    /// events) while the pass computes: exactly once, whether the pass succeeds or not. A model
+    /// on an accelerator runs it between launching the pass and waiting for its answer, so the
+    /// host work no longer stands between two passes; the default (a model on the host's own
+    /// cores) runs it after the pass.
+    fn forward_pick_overlapped(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        host: &mut HostWork<'_>,
+    ) -> Result<PickedRows, String> {
+        let picked = self.forward_pick(chunks, picks);
+        host.run();
+        picked
+    }
     /// Block-level access to the KV cache, for checkpoints that store KV (`KvMode::Blocks`);
     /// None when the model keeps no KV the engine can read (then only `Recompute` mode works).
     fn kv_io(&mut self) -> Option<&mut dyn KvBlockIo> {
         None
+    }
+}
+
+/// Host work handed to [`ForwardModel::forward_pick_overlapped`], run at most once: whoever
+/// launches the pass runs it while the pass computes, and the caller runs it afterwards if nobody
+/// did ([`HostWork::run`] is a no-op the second time).
+pub struct HostWork<'a> {
+    work: Option<&'a mut dyn FnMut()>,
+}
+
+impl<'a> HostWork<'a> {
+    /// Work to run once.
+    pub fn new(work: &'a mut dyn FnMut()) -> Self {
+        Self { work: Some(work) }
+    }
+
+    /// No work (callers of the overlapped paths that have none).
+    pub fn none() -> Self {
+        Self { work: None }
+    }
+
+    /// Runs the work if it has not run yet.
+    pub fn run(&mut self) {
+        if let Some(work) = self.work.take() {
+            work();
+        }
     }
 }
 
@@ -44,6 +85,14 @@ impl<T: ForwardModel + ?Sized> ForwardModel for Box<T> {
         picks: &[RowPick],
     ) -> Result<PickedRows, String> {
         (**self).forward_pick(chunks, picks)
+    }
+    fn forward_pick_overlapped(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        host: &mut HostWork<'_>,
+    ) -> Result<PickedRows, String> {
+        (**self).forward_pick_overlapped(chunks, picks, host)
     }
     fn kv_io(&mut self) -> Option<&mut dyn KvBlockIo> {
         (**self).kv_io()
@@ -137,5 +186,18 @@ mod tests {
         // A forward that returned the wrong number of values is an error, not a panic.
         assert!(pick_on_host(4, logits[..8].to_vec(), &picks).is_err());
         assert!(pick_on_host(0, Vec::new(), &picks).is_err());
+    }
+
+    #[test]
+    fn host_work_runs_once() {
+        let mut count = 0;
+        {
+            let mut work = || count += 1;
+            let mut host = HostWork::new(&mut work);
+            host.run();
+            host.run();
+        }
+        assert_eq!(count, 1);
+        HostWork::none().run();
     }
 }

@@ -42,6 +42,10 @@ pub struct EngineConfig {
     /// Run prompts in chunks inside decode steps (the machine's `mix_prefill` predicate) rather
     /// than in prefill passes that stall the running streams.
     pub mixed_prefill: bool,
+    /// Run each decode step's host work (text, stop strings, events) while the next forward pass
+    /// computes ([`super::overlap`]): pays where the pass runs on an accelerator; on the host's
+    /// own cores it only delays retirement by a step.
+    pub overlap_host: bool,
     /// The model's context length (`max_position_embeddings`).
     pub context_len: usize,
     /// End-of-sequence token ids.
@@ -80,6 +84,7 @@ impl Default for EngineConfig {
             max_batch: 256,
             max_prefill_tokens: 2048,
             mixed_prefill: true,
+            overlap_host: false,
             context_len: 2048,
             eos_ids: Vec::new(),
             trace: false,
@@ -247,6 +252,7 @@ impl Engine {
         let mut core = EngineCore::new(model, codec.clone(), core_cfg, slots.clone());
         core.set_grammar(config.grammar.clone());
         core.set_mix_prefill(config.mixed_prefill);
+        core.set_overlap_host(config.overlap_host);
         core.deliver_on_own_thread();
         let mut machine = M::new();
         let mut journal = None;
@@ -501,6 +507,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
                 // An engine with nothing to do, or one that took a power event (suspend, resume,
                 // low battery), has delivered everything.
                 if t.is_noop() || matches!(t.cause, Cause::Interrupt(_)) {
+                    core.flush_pending();
                     core.outbox.settle();
                 }
                 stats.steps += 1;
@@ -554,6 +561,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
             break;
         }
     }
+    core.flush_pending();
     core.publish();
     let (checkpoints, restores) = core.checkpoint_counts();
     let (spec_proposed, spec_accepted) = core.speculation_counts();

@@ -1,26 +1,29 @@
-//! A reproducible measure of the engine's host work per decode step at batch 256, the time an
-//! accelerator would idle between forward passes. Run it with
-//! `cargo test --release -p sov --lib engine::host_bench -- --ignored --nocapture`.
+//! A reproducible measure of the engine's host work per decode step at batch 256 (or
+//! `SOV_BENCH_HOST_BATCH`), the time an accelerator would idle between forward passes, with the
+//! host work in turn and overlapped with the next pass (`EngineConfig::overlap_host`). Run it with
+//! `[SOV_BENCH_HOST_BATCH=1024] cargo test --release -p sov --lib engine::host_bench -- --ignored --nocapture`.
 //!
 //! The real engine runs (its thread, the default machine `seed`, block manager, sampler, text
 //! streams, output channels to one client thread per request, as `sov bench` has them) over a model
 //! whose forward pass is a sleep, the accelerator's time during which the host is free, answering
 //! greedy rows with pseudo-random ids of Llama-3's vocabulary decoded by the byte codec, as
-//! `random:llama3-8b` does. It prints microseconds per decode step by phase; it asserts only that
-//! every request got all its tokens, never a time.
+//! `random:llama3-8b` does. Its overlapped pass runs the host work while it sleeps, as a GPU's
+//! launched step computes. It prints microseconds per decode step by phase and the wall time per
+//! decode step; it asserts only that every request got all its tokens, never a time.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::codec::ByteCodec;
-use super::forward::{ForwardModel, PickedRows, RowPick};
+use super::forward::{ForwardModel, HostWork, PickedRows, RowPick};
 use super::handle::{Engine, EngineConfig};
 use super::request::{Prompt, Request, SamplingParams};
 use crate::model::batch::SeqChunk;
 use crate::scheduler::seed::Scheduler;
 
 const VOCAB: usize = 128_256;
-const BATCH: usize = 256;
+/// Requests decoding at once unless `SOV_BENCH_HOST_BATCH` names another count.
+const DEFAULT_BATCH: usize = 256;
 const PROMPT: usize = 128;
 const OUTPUT: usize = 256;
 /// Stand-in for the accelerator's time per forward pass (an H200 decode step of the 8B shape at
@@ -63,21 +66,51 @@ impl ForwardModel for SleepingModel {
             return super::forward::pick_on_host(VOCAB, self.forward(chunks)?, picks);
         }
         std::thread::sleep(FORWARD);
-        Ok(PickedRows {
-            tokens: chunks
-                .iter()
-                .zip(picks)
-                .map(|(c, p)| (*p == RowPick::Argmax).then(|| token_for(c)))
-                .collect(),
-            logits: Vec::new(),
-        })
+        Ok(picked_rows(chunks, picks))
     }
+
+    /// The host work runs first, inside the pass's [`FORWARD`] (a GPU computing the launched
+    /// step); the pass ends when both are done.
+    fn forward_pick_overlapped(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        host: &mut HostWork<'_>,
+    ) -> Result<PickedRows, String> {
+        if picks.contains(&RowPick::Logits) {
+            let picked = self.forward_pick(chunks, picks);
+            host.run();
+            return picked;
+        }
+        let t0 = Instant::now();
+        host.run();
+        std::thread::sleep(FORWARD.saturating_sub(t0.elapsed()));
+        Ok(picked_rows(chunks, picks))
+    }
+}
+
+/// The model's choice for every `Argmax` row.
+fn picked_rows(chunks: &[SeqChunk<'_>], picks: &[RowPick]) -> PickedRows {
+    PickedRows {
+        tokens: chunks
+            .iter()
+            .zip(picks)
+            .map(|(c, p)| (*p == RowPick::Argmax).then(|| token_for(c)))
+            .collect(),
+        logits: Vec::new(),
+    }
+}
+
+/// Prefill passes of `batch` prompts of `PROMPT` tokens at 2048 prompt tokens a pass.
+fn prefill_passes(batch: usize) -> usize {
+    (batch * PROMPT).div_ceil(2048)
 }
 
 #[test]
 #[ignore = "a benchmark: run with --ignored --nocapture in release mode"]
 fn host_time_per_decode_step_at_batch_256() {
-    run_batch("greedy", SamplingParams::greedy(), OUTPUT);
+    run_batch("greedy", SamplingParams::greedy(), OUTPUT, false);
+    run_batch("greedy overlapped", SamplingParams::greedy(), OUTPUT, true);
 }
 
 /// Seeded sampling at temperature 1 (the default request): every row's logits go to the host
@@ -90,25 +123,32 @@ fn host_time_per_sampled_decode_step_at_batch_256() {
         seed: Some(7),
         ..SamplingParams::default()
     };
-    run_batch("sampled t=1", sampling, 16);
+    run_batch("sampled t=1", sampling, 16, false);
 }
 
-/// Runs `BATCH` requests of `PROMPT` tokens and `output` new tokens with `sampling`; prints the
-/// engine's host time per decode step.
-fn run_batch(label: &str, sampling: SamplingParams, output: usize) {
+/// Runs `batch` requests of `PROMPT` tokens and `output` new tokens with `sampling`, the host work
+/// overlapped or not; prints the engine's host time per decode step.
+fn run_batch(label: &str, sampling: SamplingParams, output: usize, overlap: bool) {
+    let batch = std::env::var("SOV_BENCH_HOST_BATCH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&b| b > 0)
+        .unwrap_or(DEFAULT_BATCH);
     let engine = Engine::start::<Scheduler, _>(
         SleepingModel,
         Arc::new(ByteCodec),
         EngineConfig {
-            num_blocks: BATCH * (PROMPT + output).div_ceil(16) + 64,
-            max_batch: BATCH,
+            num_blocks: batch * (PROMPT + output).div_ceil(16) + 64,
+            max_batch: batch,
             max_prefill_tokens: 2048,
+            mixed_prefill: false,
+            overlap_host: overlap,
             context_len: 2048,
             ..EngineConfig::default()
         },
     )
     .unwrap();
-    let requests: Vec<Request> = (0..BATCH)
+    let requests: Vec<Request> = (0..batch)
         .map(|i| {
             let prompt = (0..PROMPT)
                 .map(|j| ((i * 7919 + j * 104_729) % VOCAB) as u32)
@@ -143,13 +183,13 @@ fn run_batch(label: &str, sampling: SamplingParams, output: usize) {
     });
     let wall = t0.elapsed();
     let stats = engine.shutdown().unwrap();
-    assert_eq!(tokens, BATCH * output, "every request got all its tokens");
+    assert_eq!(tokens, batch * output, "every request got all its tokens");
     let h = stats.decode_host;
     let other = stats
         .busy_time
-        .saturating_sub(stats.forward_time + stats.checkpoint_time + h.total());
+        .saturating_sub(stats.forward_time + stats.checkpoint_time + h.total() + h.overlapped);
     println!(
-        "host_bench {label} batch={BATCH} prompt={PROMPT} output={output} forward_sleep_ms={} \
+        "host_bench {label} batch={batch} prompt={PROMPT} output={output} forward_sleep_ms={} \
          decode_steps={} wall_s={:.2}",
         FORWARD.as_millis(),
         h.steps,
@@ -157,11 +197,21 @@ fn run_batch(label: &str, sampling: SamplingParams, output: usize) {
     );
     println!(
         "host_bench {label} us_per_decode_step: schedule={:.1} tokens={:.1} retire={:.1} total={:.1} \
-         other(prefill, loop)={:.1}",
+         overlapped={:.1} other(prefill, loop)={:.1}",
         h.per_step_us(h.schedule),
         h.per_step_us(h.tokens),
         h.per_step_us(h.retire),
         h.per_step_us(h.total()),
+        h.per_step_us(h.overlapped),
         h.per_step_us(other),
+    );
+    // The decode steps' share of the run: the busy time less the prefill passes' forward sleeps.
+    let decode_busy = stats
+        .busy_time
+        .saturating_sub(FORWARD * prefill_passes(batch) as u32);
+    println!(
+        "host_bench {label} wall_us_per_decode_step={:.1} (forward sleep {} us)",
+        decode_busy.as_secs_f64() * 1e6 / h.steps.max(1) as f64,
+        FORWARD.as_micros()
     );
 }

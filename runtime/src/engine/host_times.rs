@@ -17,6 +17,10 @@ pub struct DecodeHostTimes {
     /// Retiring finished sequences (blocks, journal) and handing the step's events over for
     /// delivery (waiting for the previous step's to be delivered).
     pub retire: Duration,
+    /// Host work run while the next forward pass computed (text and events of overlapped decode
+    /// steps, `EngineConfig::overlap_host`): not part of [`Self::total`], the time the
+    /// accelerator waits.
+    pub overlapped: Duration,
 }
 
 impl DecodeHostTimes {
@@ -32,6 +36,7 @@ impl DecodeHostTimes {
             schedule: self.schedule.saturating_sub(earlier.schedule),
             tokens: self.tokens.saturating_sub(earlier.tokens),
             retire: self.retire.saturating_sub(earlier.retire),
+            overlapped: self.overlapped.saturating_sub(earlier.overlapped),
         }
     }
 
@@ -57,16 +62,19 @@ mod tests {
             schedule: ms(1),
             tokens: ms(2),
             retire: ms(3),
+            overlapped: ms(1),
         };
         let b = DecodeHostTimes {
             steps: 6,
             schedule: ms(5),
             tokens: ms(10),
             retire: ms(3),
+            overlapped: ms(4),
         };
         let d = b.since(&a);
         assert_eq!(d.steps, 4);
         assert_eq!(d.total(), ms(12));
+        assert_eq!(d.overlapped, ms(3));
         assert_eq!(d.per_step_us(d.tokens), 2000.0);
         assert_eq!(DecodeHostTimes::default().per_step_us(ms(1)), 0.0);
     }

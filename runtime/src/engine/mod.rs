@@ -29,6 +29,8 @@ pub mod kv_policy;
 mod mixed;
 pub mod outbox;
 pub mod output;
+mod overlap;
+mod pending;
 pub mod prefix_cache;
 mod prefix_core;
 pub mod request;
@@ -59,5 +61,7 @@ mod host_bench;
 mod kv_tests;
 #[cfg(test)]
 mod mixed_tests;
+#[cfg(test)]
+mod overlap_tests;
 #[cfg(test)]
 mod tests;

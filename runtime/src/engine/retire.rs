@@ -109,6 +109,7 @@ impl<F: ForwardModel> EngineCore<F> {
     /// blocks are freed, it is journaled as delivered, its stream gets the final event. Unknown
     /// (finished) ids are ignored.
     pub fn abort(&mut self, id: u64) {
+        self.flush_pending();
         if let Some(i) = self.running.iter().position(|s| s.id == id) {
             self.retire(vec![(i, FinishReason::Abort)]);
         } else if let Some(s) = self

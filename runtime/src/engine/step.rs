@@ -110,9 +110,20 @@ impl<F: ForwardModel> EngineCore<F> {
         Ok(())
     }
 
+    /// One decode forward over every prefilled running sequence: overlapped with the host work of
+    /// the step before when the core is set so ([`super::overlap`]), else in turn
+    /// ([`Self::decode_in_turn`]).
+    pub fn decode(&mut self) -> Result<(), EngineError> {
+        if self.overlap_host {
+            self.decode_overlapped()
+        } else {
+            self.decode_in_turn()
+        }
+    }
+
     /// One decode forward over every prefilled running sequence; samples one token each, streams it,
     /// retires finished sequences and frees their blocks in this same step.
-    pub fn decode(&mut self) -> Result<(), EngineError> {
+    pub fn decode_in_turn(&mut self) -> Result<(), EngineError> {
         let t_start = Instant::now();
         // The machine preempts before decoding when the cache is short; should it not have, preempt
         // here rather than fail the step.

@@ -8,7 +8,7 @@ use super::decode_graphs::DecodeGraphs;
 use super::{RunnerBackend, RunnerOptions};
 use crate::backend::cuda::{CudaBackend, CudaBuffer};
 use crate::backend::{Backend, DType};
-use crate::engine::forward::{PickedRows, RowPick};
+use crate::engine::forward::{HostWork, PickedRows, RowPick};
 use crate::model::batch::SeqChunk;
 use crate::model::{KvCache, LlamaModel, ModelError};
 
@@ -26,11 +26,24 @@ impl RunnerBackend for CudaBackend {
         chunks: &[SeqChunk<'_>],
         picks: &[RowPick],
     ) -> Option<Result<PickedRows, ModelError>> {
+        Self::decode_pick_overlapped(graphs, model, kv, chunks, picks, &mut HostWork::none())
+    }
+
+    /// The step is enqueued (graph replay or eager launches), `host` runs while the GPU computes,
+    /// then the greedy ids come back (the download waits for the step).
+    fn decode_pick_overlapped(
+        graphs: &mut DecodeGraphs,
+        model: &LlamaModel<Self>,
+        kv: &mut KvCache<Self>,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        host: &mut HostWork<'_>,
+    ) -> Option<Result<PickedRows, ModelError>> {
         if !DecodeGraphs::accepts(chunks) || picks.len() != chunks.len() {
             return None;
         }
         let mut run = || -> Result<PickedRows, ModelError> {
-            let ids = graphs.step(model, kv, chunks)?;
+            let ids = graphs.step_overlapped(model, kv, chunks, host)?;
             let vocab = model.config().vocab_size;
             let mut out = PickedRows::default();
             for (row, (pick, id)) in picks.iter().zip(ids).enumerate() {

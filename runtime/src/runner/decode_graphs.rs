@@ -33,6 +33,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::backend::cuda::{CudaBackend, CudaBuffer, StepGraph};
 use crate::backend::{Backend, BackendError, BatchMeta, DType};
+use crate::engine::forward::HostWork;
 use crate::model::batch::SeqChunk;
 use crate::model::{Activations, KvCache, LlamaModel, ModelError};
 
@@ -159,6 +160,19 @@ impl DecodeGraphs {
         kv: &mut KvCache<CudaBackend>,
         chunks: &[SeqChunk<'_>],
     ) -> Result<Vec<u32>, ModelError> {
+        self.step_overlapped(model, kv, chunks, &mut HostWork::none())
+    }
+
+    /// [`Self::step`], running `host` once the step is enqueued and before its ids are downloaded
+    /// (the download waits for the GPU), so the host work overlaps the step. `host` does not run
+    /// when the step fails before it is enqueued (the caller runs it then).
+    pub fn step_overlapped(
+        &mut self,
+        model: &LlamaModel<CudaBackend>,
+        kv: &mut KvCache<CudaBackend>,
+        chunks: &[SeqChunk<'_>],
+        host: &mut HostWork<'_>,
+    ) -> Result<Vec<u32>, ModelError> {
         if !Self::accepts(chunks) {
             return Err(ModelError::InvalidBatch(
                 "the decode graph runner takes one new token per sequence".into(),
@@ -243,7 +257,8 @@ impl DecodeGraphs {
                 None => enqueue_step(model, kv, bufs, set, bucket)?,
             }
         }
-        let mut picked = vec![0u32; n];
+        host.run();
+        let mut picked = vec![0u32; n]; // [n]
         b.download_u32(&bufs.picked, &mut picked)?;
         self.last_rows = n;
         self.vocab = c.vocab_size;

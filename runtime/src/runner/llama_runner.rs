@@ -5,7 +5,7 @@
 
 use super::{RunnerBackend, RunnerOptions};
 use crate::checkpoint::driver::KvBlockIo;
-use crate::engine::forward::{ForwardModel, PickedRows, RowPick, pick_on_host};
+use crate::engine::forward::{ForwardModel, HostWork, PickedRows, RowPick, pick_on_host};
 use crate::model::batch::SeqChunk;
 use crate::model::{KvCache, LlamaModel, ModelError};
 
@@ -80,6 +80,31 @@ impl<B: RunnerBackend> ForwardModel for LlamaRunner<B> {
             return out.map_err(|e| e.to_string());
         }
         pick_on_host(self.vocab_size(), self.forward(chunks)?, picks)
+    }
+
+    /// A decode step through the backend's overlapped fast path (on a GPU `host` runs while the
+    /// step computes); any other step as [`ForwardModel::forward_pick`], then `host`.
+    fn forward_pick_overlapped(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        host: &mut HostWork<'_>,
+    ) -> Result<PickedRows, String> {
+        let picked = if is_decode_step(chunks, picks)
+            && let Some(out) = B::decode_pick_overlapped(
+                &mut self.decode,
+                &self.model,
+                &mut self.kv,
+                chunks,
+                picks,
+                host,
+            ) {
+            out.map_err(|e| e.to_string())
+        } else {
+            self.forward_pick(chunks, picks)
+        };
+        host.run();
+        picked
     }
 
     fn kv_io(&mut self) -> Option<&mut dyn KvBlockIo> {

@@ -38,7 +38,7 @@ pub use tokenizer_codec::TokenizerCodec;
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
-use crate::engine::forward::{PickedRows, RowPick};
+use crate::engine::forward::{HostWork, PickedRows, RowPick};
 use crate::model::batch::SeqChunk;
 use crate::model::{KvCache, LlamaModel, ModelError};
 
@@ -81,6 +81,21 @@ pub trait RunnerBackend: Backend + crate::backend::kv_stage::KvStager {
         chunks: &[SeqChunk<'_>],
         picks: &[RowPick],
     ) -> Option<Result<PickedRows, ModelError>>;
+
+    /// [`RunnerBackend::decode_pick`], running `host` between launching the step and waiting for
+    /// its answer where the backend computes asynchronously (a GPU). The default runs the step as
+    /// `decode_pick` does and leaves `host` to the runner, which runs it after the step.
+    fn decode_pick_overlapped(
+        decode: &mut Self::Decode,
+        model: &LlamaModel<Self>,
+        kv: &mut KvCache<Self>,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        host: &mut HostWork<'_>,
+    ) -> Option<Result<PickedRows, ModelError>> {
+        let _ = host;
+        Self::decode_pick(decode, model, kv, chunks, picks)
+    }
 
     /// Runs any other step (a prefill, a mixed step; one pick per chunk) through
     /// [`LlamaModel::forward`]'s pass and returns what `picks` asks of each row, choosing the

@@ -1,0 +1,246 @@
+//! Decode steps whose host work overlaps the next forward pass (`EngineConfig::overlap_host`).
+//!
+//! Design: SGLang's overlap scheduler, at the engine's granularity. A decode step of greedy rows
+//! the model picks on its device splits each row's host work in two:
+//! - the **commit**, right after the pass: the token appended (with its RNG draw, time and
+//!   position) and the ends that need no text decided (EOS, length, context), so the next step's
+//!   inputs are known and a sequence that ended is left out of it;
+//! - the **text and event** (detokenizing, stop strings, the event queued and handed to the
+//!   courier), left pending ([`PendingStep`]) and run by the next decode step while its pass
+//!   computes ([`ForwardModel::forward_pick_overlapped`]: on a GPU between the launch and the
+//!   wait for the picked ids).
+//!
+//! A stop string is only found by the text, so a sequence it ends has already run one more row in
+//! the step that found it; that row's token is dropped at the commit and the sequence retired
+//! (the row wrote KV into the sequence's own last block, freed with it). Every other action
+//! ([`super::bind`]) and the engine loop's idle and exit paths first run the pending work
+//! ([`EngineCore::flush_pending`]), so checkpoints, restores, preemption, aborts and the
+//! scheduler's other steps see every sequence as [`super::step`]'s in-turn decode leaves it.
+//! Tokens, texts, events and finish reasons are those of the in-turn path
+//! (`overlap_tests`); sequences that end are retired one step later.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use super::codec::TextCodec;
+use super::core::EngineCore;
+use super::error::EngineError;
+use super::forward::{ForwardModel, HostWork, RowPick};
+use super::output::{FinishReason, Output};
+use super::pending::{PendingRow, PendingStep, match_rows, text_and_event};
+use super::sequence::Sequence;
+use super::text::TextStream;
+use crate::model::batch::SeqChunk;
+
+impl<F: ForwardModel> EngineCore<F> {
+    /// Runs the pending text and events of the last overlapped decode step now, and retires the
+    /// sequences they end. A no-op when nothing is pending.
+    pub(crate) fn flush_pending(&mut self) {
+        let Some(pending) = self.pending.take() else {
+            return;
+        };
+        let matched = match_rows(&self.running, &pending.rows);
+        if matched.len() != pending.rows.len() {
+            tracing::error!(
+                "{} of {} pending rows lost their sequence",
+                pending.rows.len() - matched.len(),
+                pending.rows.len()
+            );
+        }
+        let codec = self.codec.clone();
+        let mut ended = Vec::new();
+        for (i, row) in matched {
+            let s = &mut self.running[i];
+            if let Some(reason) = text_and_event(
+                &mut s.text,
+                &s.tx,
+                row,
+                pending.now,
+                codec.as_ref(),
+                &mut self.outbox,
+                &mut self.totals.generation_tokens,
+            ) {
+                ended.push((i, reason));
+            }
+        }
+        self.retire(ended);
+    }
+
+    /// One decode step with its host work overlapped (see the module doc); falls back to the
+    /// in-turn step (after the pending work) when a row is sampled on the host, and to the pending
+    /// work alone when every running sequence has ended.
+    pub(crate) fn decode_overlapped(&mut self) -> Result<(), EngineError> {
+        let t_start = Instant::now();
+        if self.kv_exhausted() {
+            // Preemption moves sequences out of the batch: their pending work goes first.
+            self.flush_pending();
+        }
+        let ending: HashSet<u64> = self
+            .pending
+            .as_ref()
+            .map(|p| p.rows.iter().filter(|r| r.ends()).map(|r| r.id).collect())
+            .unwrap_or_default();
+        let idx: Vec<usize> = self
+            .preempt_until_growable("preempt(decode fallback)")
+            .into_iter()
+            .filter(|&i| !ending.contains(&self.running[i].id))
+            .collect();
+        if idx.is_empty() {
+            self.flush_pending();
+            return Ok(());
+        }
+        let picks: Vec<RowPick> = idx.iter().map(|&i| self.row_pick(i)).collect();
+        if picks.iter().any(|p| *p != RowPick::Argmax) {
+            self.flush_pending();
+            return self.decode_in_turn();
+        }
+        // Sequences that ended run no row: they need no block for one.
+        if !self.grow_prefilled(|s| {
+            if ending.contains(&s.id) {
+                s.computed
+            } else {
+                s.tokens.len()
+            }
+        }) {
+            return Err(EngineError::KvExhausted);
+        }
+        let pending = self.pending.take();
+        let t_batch = Instant::now();
+        self.decode_steps += 1;
+
+        let (pending_rows, pending_now) =
+            pending.map_or((Vec::new(), t_batch), |p| (p.rows, p.now));
+        let mut ended: Vec<(u64, FinishReason)> = Vec::new();
+        let mut overlapped = Duration::ZERO;
+        let (result, t_pass) = {
+            let EngineCore {
+                model,
+                running,
+                outbox,
+                totals,
+                codec,
+                forward_time,
+                ..
+            } = self;
+            let codec: &dyn TextCodec = codec.as_ref();
+            // One walk over the batch lends each row's tokens and block table to its chunk and
+            // each pending row's text stream and channel to the host work.
+            let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(idx.len()); // [rows]
+            let mut texts: Vec<(&mut TextStream, &Sender<Output>, &PendingRow)> =
+                Vec::with_capacity(pending_rows.len()); // [pending rows]
+            let mut next_row = idx.iter().copied().peekable();
+            let mut next_pending = pending_rows.iter().peekable();
+            for (i, s) in running.iter_mut().enumerate() {
+                let Sequence {
+                    id,
+                    tokens,
+                    computed,
+                    block_table,
+                    text,
+                    tx,
+                    ..
+                } = s;
+                if next_row.next_if_eq(&i).is_some() {
+                    let at = *computed;
+                    let tokens: &[u32] = tokens;
+                    chunks.push(SeqChunk {
+                        tokens: &tokens[at..at + 1],
+                        start_pos: at,
+                        block_table,
+                    });
+                }
+                if let Some(row) = next_pending.next_if(|r| r.id == *id) {
+                    texts.push((text, tx, row));
+                }
+            }
+            if texts.len() != pending_rows.len() {
+                tracing::error!(
+                    "{} of {} pending rows lost their sequence",
+                    pending_rows.len() - texts.len(),
+                    pending_rows.len()
+                );
+            }
+            let mut work = || {
+                let t0 = Instant::now();
+                for (text, tx, row) in texts.iter_mut() {
+                    if let Some(reason) = text_and_event(
+                        text,
+                        tx,
+                        row,
+                        pending_now,
+                        codec,
+                        outbox,
+                        &mut totals.generation_tokens,
+                    ) {
+                        ended.push((row.id, reason));
+                    }
+                }
+                outbox.hand_off();
+                overlapped = t0.elapsed();
+            };
+            let mut host = HostWork::new(&mut work);
+            let t_pass = Instant::now();
+            let result = model.forward_pick_overlapped(&chunks, &picks, &mut host);
+            *forward_time += t_pass.elapsed().saturating_sub(overlapped);
+            (result, t_pass)
+        };
+        // Building the batch (its chunks and the pending rows' streams) is scheduling.
+        self.decode_host.schedule += t_pass - t_start;
+        self.decode_host.overlapped += overlapped;
+        let t_tokens = Instant::now();
+        self.decode_host.steps += 1;
+        let ended: HashMap<u64, FinishReason> = ended.into_iter().collect();
+
+        let picked = match self.check_picked(result, &picks) {
+            Ok(picked) => picked,
+            Err(e) => {
+                tracing::error!("forward pass failed for {} sequences: {e}", idx.len());
+                let error = FinishReason::Error(format!("model forward failed: {e}"));
+                let finished = (0..self.running.len())
+                    .filter_map(|i| match ended.get(&self.running[i].id) {
+                        Some(reason) => Some((i, reason.clone())),
+                        None => idx.binary_search(&i).is_ok().then(|| (i, error.clone())),
+                    })
+                    .collect();
+                self.retire(finished);
+                return Ok(());
+            }
+        };
+        let now = Instant::now();
+        let mut rows = Vec::with_capacity(idx.len()); // [rows committed]
+        for (&i, token) in idx.iter().zip(&picked.tokens) {
+            let s = &mut self.running[i];
+            // A row of a sequence whose previous token ended it (a stop string): dropped.
+            let (false, Some(token)) = (ended.contains_key(&s.id), *token) else {
+                continue;
+            };
+            // The host sampler takes one draw per token, greedy too (see `advance`).
+            s.rng.next_uniform();
+            s.computed += 1;
+            s.tokens.push(token);
+            s.note_token_time(now);
+            rows.push(PendingRow {
+                id: s.id,
+                token,
+                eos: !s.ignore_eos && self.cfg.eos_ids.contains(&token),
+                length: s.output().len() >= s.max_tokens,
+                context: s.tokens.len() >= self.cfg.context_len,
+            });
+        }
+        self.offer_full_blocks();
+        if !rows.is_empty() {
+            self.pending = Some(PendingStep { rows, now });
+        }
+        let t_retire = Instant::now();
+        self.decode_host.tokens += t_retire - t_tokens;
+        if !ended.is_empty() {
+            let finished = (0..self.running.len())
+                .filter_map(|i| ended.get(&self.running[i].id).map(|r| (i, r.clone())))
+                .collect();
+            self.retire(finished);
+        }
+        self.decode_host.retire += t_retire.elapsed();
+        Ok(())
+    }
+}
