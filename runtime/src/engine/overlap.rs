@@ -6,7 +6,7 @@
 //!   position) and the ends that need no text decided (EOS, length, context), so the next step's
 //!   inputs are known and a sequence that ended is left out of it;
 //! - the **text and event** (detokenizing, stop strings, the event queued and handed to the
-//!   courier), left pending ([`PendingStep`]) and run by the next decode step while its pass
+//!   courier), left pending (`PendingStep`) and run by the next decode step while its pass
 //!   computes ([`ForwardModel::forward_pick_overlapped`]: on a GPU between the launch and the
 //!   wait for the picked ids).
 //!
@@ -14,7 +14,7 @@
 //! the step that found it; that row's token is dropped at the commit and the sequence retired
 //! (the row wrote KV into the sequence's own last block, freed with it). Every other action
 //! ([`super::bind`]) and the engine loop's idle and exit paths first run the pending work
-//! ([`EngineCore::flush_pending`]), so checkpoints, restores, preemption, aborts and the
+//! (`EngineCore::flush_pending`), so checkpoints, restores, preemption, aborts and the
 //! scheduler's other steps see every sequence as [`super::step`]'s in-turn decode leaves it.
 //! Tokens, texts, events and finish reasons are those of the in-turn path
 //! (`overlap_tests`); sequences that end are retired one step later.

@@ -1,5 +1,5 @@
 //! The host work an overlapped decode step leaves for later ([`super::overlap`]): its committed
-//! tokens ([`PendingStep`]) and the text and event of each ([`text_and_event`]), the second half of
+//! tokens (`PendingStep`) and the text and event of each (`text_and_event`), the second half of
 //! [`super::advance::append`] for a row whose token the model chose.
 //!
 //! Design: plain data and free functions over one sequence's text stream and channel, so the
