@@ -4,7 +4,9 @@
 //! and any outside reader of the slot file see the truth.
 //!
 //! Every action but `admit` and `decode` first runs the text and events an overlapped decode step
-//! left pending ([`super::overlap`]), so it sees the sequences as an in-turn step leaves them.
+//! left pending ([`super::overlap`]), so it sees the sequences as an in-turn step leaves them;
+//! `preempt` and `swap_out` then do nothing when that work retired enough sequences (stop strings
+//! found late) for the next step's blocks, as the in-turn path would not have preempted.
 //!
 //! Side paths: `checkpoint` and `restore` run the installed [`super::hook::CheckpointHook`] (the
 //! WORM store) and are counted no-ops without one; `swap_out` and `swap_in` move a sequence's
@@ -60,14 +62,24 @@ impl<F: ForwardModel> Actions for EngineCore<F> {
     }
 
     fn preempt(&mut self) -> Result<(), EngineError> {
-        self.flush_pending();
+        if self.flush_freed_enough() {
+            self.notes
+                .push("preempt(not needed: the pending work freed blocks)");
+            self.publish();
+            return Ok(());
+        }
         let r = EngineCore::preempt(self);
         self.publish();
         r
     }
 
     fn swap_out(&mut self) -> Result<(), EngineError> {
-        self.flush_pending();
+        if self.flush_freed_enough() {
+            self.notes
+                .push("swap_out(not needed: the pending work freed blocks)");
+            self.publish();
+            return Ok(());
+        }
         let r = EngineCore::swap_out(self);
         self.publish();
         r

@@ -3,23 +3,23 @@
 //! Design: SGLang's overlap scheduler, at the engine's granularity. A decode step of greedy rows
 //! the model picks on its device splits each row's host work in two:
 //! - the **commit**, right after the pass: the token appended (with its RNG draw, time and
-//!   position) and the ends that need no text decided (EOS, length, context), so the next step's
-//!   inputs are known and a sequence that ended is left out of it;
-//! - the **text and event** (detokenizing, stop strings, the event queued and handed to the
-//!   courier), left pending (`PendingStep`) and run by the next decode step while its pass
-//!   computes ([`ForwardModel::forward_pick_overlapped`]: on a GPU between the launch and the
-//!   wait for the picked ids).
+//!   position) and the ends that need no text decided (EOS, length, context). A row such an end
+//!   stops makes its text and event at once and leaves in this step, as in turn, so it holds no
+//!   blocks into the next;
+//! - for every other row, the **text and event** (detokenizing, stop strings, the event queued
+//!   and handed to the courier), left pending (`PendingStep`) and run by the next decode step
+//!   while its pass computes ([`ForwardModel::forward_pick_overlapped`]: on a GPU between the
+//!   launch and the wait for the picked ids).
 //!
 //! A stop string is only found by the text, so a sequence it ends has already run one more row in
-//! the step that found it; that row's token is dropped at the commit and the sequence retired
-//! (the row wrote KV into the sequence's own last block, freed with it). Every other action
-//! ([`super::bind`]) and the engine loop's idle and exit paths first run the pending work
-//! (`EngineCore::flush_pending`), so checkpoints, restores, preemption, aborts and the
-//! scheduler's other steps see every sequence as [`super::step`]'s in-turn decode leaves it.
-//! Tokens, texts, events and finish reasons are those of the in-turn path
-//! (`overlap_tests`); sequences that end are retired one step later.
-
-use std::collections::{HashMap, HashSet};
+//! the step that found it; that row's token is dropped at the commit and the sequence retired then
+//! (the row wrote KV into the sequence's own last block, freed with it): the one place where a
+//! sequence leaves a step later than in turn. Every other action ([`super::bind`]) and the engine
+//! loop's idle and exit paths first run the pending work (`EngineCore::flush_pending`), so
+//! checkpoints, restores, preemption, aborts and the scheduler's other steps see every sequence
+//! as [`super::step`]'s in-turn decode leaves it. Tokens, texts, events and finish reasons are
+//! those of the in-turn path (`overlap_tests`).
+use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
@@ -67,25 +67,25 @@ impl<F: ForwardModel> EngineCore<F> {
         self.retire(ended);
     }
 
+    /// Runs the pending work (if any) and says whether it made the cache hold the next decode
+    /// step's blocks: a sequence a late stop string ended held blocks the in-turn path had freed.
+    pub(crate) fn flush_freed_enough(&mut self) -> bool {
+        if self.pending.is_none() {
+            return false;
+        }
+        self.flush_pending();
+        !self.kv_exhausted()
+    }
+
     /// One decode step with its host work overlapped (see the module doc); falls back to the
-    /// in-turn step (after the pending work) when a row is sampled on the host, and to the pending
-    /// work alone when every running sequence has ended.
+    /// in-turn step (after the pending work) when a row is sampled on the host.
     pub(crate) fn decode_overlapped(&mut self) -> Result<(), EngineError> {
         let t_start = Instant::now();
         if self.kv_exhausted() {
             // Preemption moves sequences out of the batch: their pending work goes first.
             self.flush_pending();
         }
-        let ending: HashSet<u64> = self
-            .pending
-            .as_ref()
-            .map(|p| p.rows.iter().filter(|r| r.ends()).map(|r| r.id).collect())
-            .unwrap_or_default();
-        let idx: Vec<usize> = self
-            .preempt_until_growable("preempt(decode fallback)")
-            .into_iter()
-            .filter(|&i| !ending.contains(&self.running[i].id))
-            .collect();
+        let idx = self.preempt_until_growable("preempt(decode fallback)");
         if idx.is_empty() {
             self.flush_pending();
             return Ok(());
@@ -95,14 +95,7 @@ impl<F: ForwardModel> EngineCore<F> {
             self.flush_pending();
             return self.decode_in_turn();
         }
-        // Sequences that ended run no row: they need no block for one.
-        if !self.grow_prefilled(|s| {
-            if ending.contains(&s.id) {
-                s.computed
-            } else {
-                s.tokens.len()
-            }
-        }) {
+        if !self.grow_prefilled(|s| s.tokens.len()) {
             return Err(EngineError::KvExhausted);
         }
         let pending = self.pending.take();
@@ -182,6 +175,8 @@ impl<F: ForwardModel> EngineCore<F> {
             let mut host = HostWork::new(&mut work);
             let t_pass = Instant::now();
             let result = model.forward_pick_overlapped(&chunks, &picks, &mut host);
+            // A model that did not run it (it must): after the pass, never lost.
+            host.run();
             *forward_time += t_pass.elapsed().saturating_sub(overlapped);
             (result, t_pass)
         };
@@ -208,7 +203,10 @@ impl<F: ForwardModel> EngineCore<F> {
             }
         };
         let now = Instant::now();
-        let mut rows = Vec::with_capacity(idx.len()); // [rows committed]
+        let mut rows = Vec::with_capacity(idx.len()); // [rows committed, continuing]
+        // Rows this token ends (EOS, length, context), by running index: their text and event are
+        // made now and they leave in this step, as in turn, so they hold no blocks into the next.
+        let mut ending: Vec<(usize, PendingRow)> = Vec::new();
         for (&i, token) in idx.iter().zip(&picked.tokens) {
             let s = &mut self.running[i];
             // A row of a sequence whose previous token ended it (a stop string): dropped.
@@ -220,13 +218,18 @@ impl<F: ForwardModel> EngineCore<F> {
             s.computed += 1;
             s.tokens.push(token);
             s.note_token_time(now);
-            rows.push(PendingRow {
+            let row = PendingRow {
                 id: s.id,
                 token,
                 eos: !s.ignore_eos && self.cfg.eos_ids.contains(&token),
                 length: s.output().len() >= s.max_tokens,
                 context: s.tokens.len() >= self.cfg.context_len,
-            });
+            };
+            if row.ends() {
+                ending.push((i, row));
+            } else {
+                rows.push(row);
+            }
         }
         self.offer_full_blocks();
         if !rows.is_empty() {
@@ -234,10 +237,25 @@ impl<F: ForwardModel> EngineCore<F> {
         }
         let t_retire = Instant::now();
         self.decode_host.tokens += t_retire - t_tokens;
-        if !ended.is_empty() {
-            let finished = (0..self.running.len())
-                .filter_map(|i| ended.get(&self.running[i].id).map(|r| (i, r.clone())))
-                .collect();
+        let mut finished: Vec<(usize, FinishReason)> = (0..self.running.len())
+            .filter_map(|i| ended.get(&self.running[i].id).map(|r| (i, r.clone())))
+            .collect();
+        let codec = self.codec.clone();
+        for (i, row) in &ending {
+            let s = &mut self.running[*i];
+            let reason = text_and_event(
+                &mut s.text,
+                &s.tx,
+                row,
+                now,
+                codec.as_ref(),
+                &mut self.outbox,
+                &mut self.totals.generation_tokens,
+            );
+            // Always a reason: the row ends.
+            finished.push((*i, reason.unwrap_or(FinishReason::Length)));
+        }
+        if !finished.is_empty() {
             self.retire(finished);
         }
         self.decode_host.retire += t_retire.elapsed();

@@ -29,7 +29,8 @@ pub(crate) struct PendingRow {
 }
 
 impl PendingRow {
-    /// The sequence ends with this token whatever its text says: it runs no further row.
+    /// The sequence ends with this token whatever its text says (such a row is finished at its
+    /// commit, never left pending).
     pub(crate) fn ends(&self) -> bool {
         self.eos || self.length || self.context
     }
