@@ -17,9 +17,11 @@ pub struct DecodeHostTimes {
     /// Retiring finished sequences (blocks, journal) and handing the step's events over for
     /// delivery (waiting for the previous step's to be delivered).
     pub retire: Duration,
-    /// Host work run while the next forward pass computed (text and events of overlapped decode
-    /// steps, `EngineConfig::overlap_host`): not part of [`Self::total`], the time the
-    /// accelerator waits.
+    /// Host work handed to the next forward pass (text and events of overlapped decode steps,
+    /// `EngineConfig::overlap_host`): on a GPU it runs while the pass computes, so it is not part
+    /// of [`Self::total`], the time the accelerator waits. A model without an asynchronous launch
+    /// (the trait's default, e.g. the tensor-parallel runner) runs it after the pass, where it
+    /// does not overlap but is still counted here.
     pub overlapped: Duration,
 }
 
