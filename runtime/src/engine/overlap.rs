@@ -48,23 +48,36 @@ impl<F: ForwardModel> EngineCore<F> {
                 pending.rows.len()
             );
         }
+        let rows: Vec<(usize, PendingRow)> =
+            matched.into_iter().map(|(i, r)| (i, r.clone())).collect();
+        let ended = self.texts_now(&rows, pending.now);
+        self.retire(ended);
+    }
+
+    /// The text and event of each of `rows` (running index, committed token) made now, on the
+    /// engine thread; returns the rows whose sequence that ends, with the reason.
+    fn texts_now(
+        &mut self,
+        rows: &[(usize, PendingRow)],
+        now: Instant,
+    ) -> Vec<(usize, FinishReason)> {
         let codec = self.codec.clone();
         let mut ended = Vec::new();
-        for (i, row) in matched {
-            let s = &mut self.running[i];
+        for (i, row) in rows {
+            let s = &mut self.running[*i];
             if let Some(reason) = text_and_event(
                 &mut s.text,
                 &s.tx,
                 row,
-                pending.now,
+                now,
                 codec.as_ref(),
                 &mut self.outbox,
                 &mut self.totals.generation_tokens,
             ) {
-                ended.push((i, reason));
+                ended.push((*i, reason));
             }
         }
-        self.retire(ended);
+        ended
     }
 
     /// Runs the pending work (if any) and says whether it made the cache hold the next decode
@@ -240,21 +253,8 @@ impl<F: ForwardModel> EngineCore<F> {
         let mut finished: Vec<(usize, FinishReason)> = (0..self.running.len())
             .filter_map(|i| ended.get(&self.running[i].id).map(|r| (i, r.clone())))
             .collect();
-        let codec = self.codec.clone();
-        for (i, row) in &ending {
-            let s = &mut self.running[*i];
-            let reason = text_and_event(
-                &mut s.text,
-                &s.tx,
-                row,
-                now,
-                codec.as_ref(),
-                &mut self.outbox,
-                &mut self.totals.generation_tokens,
-            );
-            // Always a reason: the row ends.
-            finished.push((*i, reason.unwrap_or(FinishReason::Length)));
-        }
+        // Rows that end always get a reason here.
+        finished.extend(self.texts_now(&ending, now));
         if !finished.is_empty() {
             self.retire(finished);
         }

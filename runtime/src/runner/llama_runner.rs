@@ -48,6 +48,34 @@ impl<B: RunnerBackend> LlamaRunner<B> {
     }
 }
 
+impl<B: RunnerBackend> LlamaRunner<B> {
+    /// A decode step through the backend's fast path (`host` run while it computes where the
+    /// backend overlaps), else the backend's step pick, else the forward pass picked on the host.
+    fn pick_with(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        host: &mut HostWork<'_>,
+    ) -> Result<PickedRows, String> {
+        if is_decode_step(chunks, picks)
+            && let Some(out) = B::decode_pick_overlapped(
+                &mut self.decode,
+                &self.model,
+                &mut self.kv,
+                chunks,
+                picks,
+                host,
+            )
+        {
+            return out.map_err(|e| e.to_string());
+        }
+        if let Some(out) = B::step_pick(&self.model, &mut self.kv, chunks, picks) {
+            return out.map_err(|e| e.to_string());
+        }
+        pick_on_host(self.vocab_size(), self.forward(chunks)?, picks)
+    }
+}
+
 /// Whether `chunks` with `picks` is a decode step a fast path may take: one new token per
 /// sequence and one pick per sequence.
 fn is_decode_step(chunks: &[SeqChunk<'_>], picks: &[RowPick]) -> bool {
@@ -70,16 +98,7 @@ impl<B: RunnerBackend> ForwardModel for LlamaRunner<B> {
         chunks: &[SeqChunk<'_>],
         picks: &[RowPick],
     ) -> Result<PickedRows, String> {
-        if is_decode_step(chunks, picks)
-            && let Some(out) =
-                B::decode_pick(&mut self.decode, &self.model, &mut self.kv, chunks, picks)
-        {
-            return out.map_err(|e| e.to_string());
-        }
-        if let Some(out) = B::step_pick(&self.model, &mut self.kv, chunks, picks) {
-            return out.map_err(|e| e.to_string());
-        }
-        pick_on_host(self.vocab_size(), self.forward(chunks)?, picks)
+        self.pick_with(chunks, picks, &mut HostWork::none())
     }
 
     /// A decode step through the backend's overlapped fast path (on a GPU `host` runs while the
@@ -90,19 +109,7 @@ impl<B: RunnerBackend> ForwardModel for LlamaRunner<B> {
         picks: &[RowPick],
         host: &mut HostWork<'_>,
     ) -> Result<PickedRows, String> {
-        let picked = if is_decode_step(chunks, picks)
-            && let Some(out) = B::decode_pick_overlapped(
-                &mut self.decode,
-                &self.model,
-                &mut self.kv,
-                chunks,
-                picks,
-                host,
-            ) {
-            out.map_err(|e| e.to_string())
-        } else {
-            self.forward_pick(chunks, picks)
-        };
+        let picked = self.pick_with(chunks, picks, host);
         host.run();
         picked
     }
