@@ -151,8 +151,9 @@ pub struct EngineStats {
 
 /// What the handle sends the engine thread.
 enum Inbound {
-    /// An accepted request (already journaled).
-    Admit(Box<Sequence>),
+    /// Accepted requests (already journaled), queued together between two steps, so requests
+    /// submitted in one call start in the same step whatever the engine thread is doing.
+    Admit(Vec<Sequence>),
     /// End this request now ([`Engine::abort`]).
     Abort(u64),
 }
@@ -315,8 +316,8 @@ impl Engine {
     }
 
     /// Submits several requests together: all are validated first (one bad request refuses them
-    /// all), journaled with one durable write, then queued back to back, so they reach the engine
-    /// in the same step, as `submit` in a loop would without a journal.
+    /// all), journaled with one durable write, then handed to the engine thread in one message,
+    /// so they enter its queue together, between two steps.
     pub fn submit_many(&self, requests: Vec<Request>) -> Result<Vec<Submitted>, EngineError> {
         let mut seqs = Vec::with_capacity(requests.len());
         let mut submitted = Vec::with_capacity(requests.len());
@@ -335,10 +336,8 @@ impl Engine {
         if let Some(journal) = &self.journal {
             journal.accept_all(&seqs)?;
         }
-        for seq in seqs {
-            tx.send(Inbound::Admit(Box::new(seq)))
-                .map_err(|_| EngineError::EngineStopped)?;
-        }
+        tx.send(Inbound::Admit(seqs))
+            .map_err(|_| EngineError::EngineStopped)?;
         Ok(submitted)
     }
 
@@ -437,7 +436,7 @@ fn resume_first<M: Machine, F: ForwardModel>(
 /// Applies one message from the handle to the core (between steps).
 fn take<F: ForwardModel>(core: &mut EngineCore<F>, msg: Inbound) {
     match msg {
-        Inbound::Admit(seq) => core.enqueue(*seq),
+        Inbound::Admit(seqs) => seqs.into_iter().for_each(|seq| core.enqueue(seq)),
         Inbound::Abort(id) => core.abort(id),
     }
 }

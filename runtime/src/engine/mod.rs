@@ -19,6 +19,7 @@ pub mod constraint;
 pub mod core;
 pub mod core_config;
 pub mod core_view;
+pub mod draw;
 pub mod error;
 pub mod forward;
 pub mod handle;

@@ -3,6 +3,7 @@
 //! Validation happens here, before anything reaches the engine thread, so a bad request is refused
 //! with a clear [`EngineError`] and never disturbs the requests already running.
 
+use super::draw::DrawSpec;
 use super::error::EngineError;
 
 /// The prompt, as text (tokenized by the engine's tokenizer) or as token ids.
@@ -138,6 +139,18 @@ impl SamplingParams {
             ));
         }
         Ok(())
+    }
+
+    /// The draw of a sampled token with these parameters and the request's random `bits` (53 of
+    /// them); penalties, bias and logprobs are the sampler's, outside the draw.
+    pub fn draw_spec(&self, bits: u64) -> DrawSpec {
+        DrawSpec {
+            temperature: self.temperature,
+            top_k: u32::try_from(self.top_k).unwrap_or(u32::MAX),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            bits,
+        }
     }
 
     /// True when sampling reduces to argmax.

@@ -26,9 +26,19 @@ impl SampleRng {
 
     /// A uniform number in [0, 1) (53 random bits), advancing the counter.
     pub fn next_uniform(&mut self) -> f64 {
-        let bits = bits_at(self.seed, self.counter);
+        self.next_bits() as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// The next draw's 53 random bits (the uniform number times `2^53`), advancing the counter.
+    pub fn next_bits(&mut self) -> u64 {
+        let bits = self.peek_bits();
         self.counter += 1;
-        (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        bits
+    }
+
+    /// The 53 random bits the next draw will take, without taking them.
+    pub fn peek_bits(&self) -> u64 {
+        bits_at(self.seed, self.counter) >> 11
     }
 }
 

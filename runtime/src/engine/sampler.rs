@@ -2,7 +2,9 @@
 //! log-probabilities of the chosen token and the top n.
 //!
 //! Design: the warpers run in Hugging Face `generate`'s order (penalties, temperature, top-k, top-p,
-//! min-p), then one inverse-CDF draw with the request's counter-based RNG ([`super::rng`]). Every
+//! min-p), then one inverse-CDF draw with the request's counter-based RNG ([`super::rng`]); the
+//! draw itself ([`super::draw`]) is specified to the bit, so a model that draws on its device
+//! chooses the same token. Every
 //! step takes exactly one draw (greedy too), so the RNG counter equals the number of tokens
 //! generated and a request samples the same tokens whatever else is in its batch. Ties are broken
 //! by the lower token id. Logprobs are those of the raw model distribution (before penalties and
@@ -11,6 +13,7 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
+use super::draw::draw;
 use super::request::SamplingParams;
 use super::rng::SampleRng;
 
@@ -111,56 +114,6 @@ fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], outpu
     }
 }
 
-/// Keeps the shortest best-first prefix of `cands` whose probability reaches `top_p * total`.
-fn nucleus_prefix(cands: &mut Vec<(u32, f32)>, top_p: f32, total: f32) -> bool {
-    let mut cum = 0.0f32;
-    let reached = cands.iter().position(|c| {
-        cum += c.1;
-        cum >= top_p * total
-    });
-    if let Some(i) = reached {
-        cands.truncate(i + 1);
-    }
-    reached.is_some()
-}
-
-/// Candidates after temperature, top-k and top-p, as `(token, unnormalised probability)`.
-fn filtered_candidates(scaled: &[f32], p: &SamplingParams) -> Vec<(u32, f32)> {
-    let n = scaled.len();
-    let max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let prob = |(t, v): (u32, f32)| (t, (v - max).exp());
-    if p.top_k > 0 && p.top_k < n {
-        // top-k first, then top-p over the renormalised top-k distribution.
-        let mut cands: Vec<(u32, f32)> = top_k_sorted(scaled, p.top_k)
-            .into_iter()
-            .map(prob)
-            .collect();
-        if p.top_p < 1.0 {
-            let total = cands.iter().map(|c| c.1).sum();
-            nucleus_prefix(&mut cands, p.top_p, total);
-        }
-        return cands;
-    }
-    if p.top_p >= 1.0 {
-        // No sorting needed: the draw walks the vocabulary in id order.
-        return scaled
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| prob((i as u32, v)))
-            .collect();
-    }
-    // top-p alone: grow a sorted prefix until it holds top_p of the mass (exact; usually one round).
-    let total: f32 = scaled.iter().map(|&v| (v - max).exp()).sum();
-    let mut take = n.min(256);
-    loop {
-        let mut cands: Vec<(u32, f32)> = top_k_sorted(scaled, take).into_iter().map(prob).collect();
-        if nucleus_prefix(&mut cands, p.top_p, total) || take >= n {
-            return cands;
-        }
-        take = (take * 8).min(n);
-    }
-}
-
 /// Adds `p.logit_bias`, and bans the end-of-sequence tokens `eos_ids` while fewer than
 /// `p.min_tokens` tokens were generated (`generated` so far).
 fn apply_bias(logits: &mut [f32], p: &SamplingParams, generated: usize, eos_ids: &[u32]) {
@@ -190,7 +143,7 @@ pub fn sample(
     eos_ids: &[u32],
     rng: &mut SampleRng,
 ) -> Sampled {
-    let u = rng.next_uniform();
+    let bits = rng.next_bits();
     let (logprob_of, top) = match p.logprobs {
         Some(n) => {
             let lse = log_sum_exp(logits);
@@ -211,26 +164,7 @@ pub fn sample(
     let token = if p.is_greedy() {
         argmax(&work)
     } else {
-        for v in work.iter_mut() {
-            *v /= p.temperature;
-        }
-        let mut cands = filtered_candidates(&work, p);
-        if p.min_p > 0.0 {
-            let pmax = cands.iter().map(|c| c.1).fold(0.0f32, f32::max);
-            cands.retain(|c| c.1 >= p.min_p * pmax);
-        }
-        let total: f64 = cands.iter().map(|c| c.1 as f64).sum();
-        let target = u * total;
-        let mut cum = 0.0f64;
-        let mut chosen = cands.last().map(|c| c.0).unwrap_or_else(|| argmax(&work));
-        for c in &cands {
-            cum += c.1 as f64;
-            if cum > target {
-                chosen = c.0;
-                break;
-            }
-        }
-        chosen
+        draw(&work, &p.draw_spec(bits))
     };
     Sampled {
         token,

@@ -1,0 +1,247 @@
+//! The random draw of a sampled token, specified to the bit so that the host and an accelerator
+//! make the same choice from the same logits and the same random bits.
+//!
+//! Design: a float sum depends on its order, so two implementations that sum probabilities in
+//! different orders (a sequential host loop, a parallel reduction on a GPU) can part on a token
+//! near a boundary of the cumulative distribution. Here every float operation is one IEEE-754
+//! operation on single values (no sums, no fused multiply-add, no library `exp`), and every sum is
+//! an integer sum, which any order computes alike:
+//!
+//! 1. `s = logit / temperature` (f32 division); NaN counts as -inf. `m` = the largest `s`. When
+//!    `m` is not finite, the draw is the lowest id whose `s` is `m`.
+//! 2. Each token's weight is `exp(s - m)` in fixed point, [`weight`]: `x = (s - m) * log2(e)` in f32,
+//!    split into its integer part `t` (toward zero) and `f = x - t`, `2^f` from a degree-6 polynomial
+//!    in f32 Horner steps (max relative error 1.9e-7 on (-1, 0]), then scaled to `2^40` by
+//!    integer shifts. The largest token weighs exactly `2^40`, and a weight is 0 below
+//!    `2^-41` of it (so a vocabulary below `2^24` tokens sums within a u64).
+//! 3. Sorted order: `s` descending (compared as order-preserving u32 keys, so -0 sorts below +0),
+//!    ties by ascending id. top-k keeps the first `k` of that order; top-p then keeps the shortest
+//!    prefix of those whose weight sum `c` reaches the target, `c as f64 >= top_p as f64 * z as f64`
+//!    with `z` the weight of the top-k set; min-p keeps tokens whose weight, as f64, is at least
+//!    `min_p as f64 * 2^40`.
+//! 4. With `S` the weight of the kept tokens and `b` the request's 53 random bits, the target is
+//!    `(b * S) >> 53` (a 117-bit product), and the draw is the lowest id (of the kept tokens, in
+//!    id order) whose inclusive weight sum exceeds it. When min-p keeps nothing (a min-p above
+//!    1), the first token of the sorted order is the one kept token.
+//!
+//! The chosen token is a sample of `softmax(logits / temperature)` restricted as Hugging Face's
+//! warpers restrict it (temperature, top-k, top-p on the renormalised top-k mass, min-p), within
+//! the weights' precision. `kernels/cuda/draw.cu` implements the same steps on the GPU.
+
+use std::cmp::Ordering;
+
+/// A sampled row's parameters and its random bits: everything the draw reads besides the logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DrawSpec {
+    /// Divides the logits; > 0 (a greedy row never draws).
+    pub temperature: f32,
+    /// Keep the `top_k` first tokens of the sorted order; 0 keeps all.
+    pub top_k: u32,
+    /// Keep the shortest sorted prefix holding this share of the top-k weight; 1 keeps all.
+    pub top_p: f32,
+    /// Drop tokens lighter than `min_p` times the heaviest; 0 keeps all.
+    pub min_p: f32,
+    /// 53 random bits: the request's uniform number for this token, times `2^53`.
+    pub bits: u64,
+}
+
+/// Fixed-point scale of the weights: the heaviest token weighs `1 << WEIGHT_BITS`.
+pub const WEIGHT_BITS: u32 = 40;
+
+/// Vocabularies this draw takes: their weight sums fit a u64.
+pub const MAX_DRAW_VOCAB: usize = 1 << 23;
+
+/// `log2(e)` rounded to f32.
+const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
+
+/// `2^f` on (-1, 0]: coefficients of f^6 down to f^1 (the constant is 1), fitted at 400 Chebyshev
+/// nodes and rounded to f32.
+const EXP2_POLY: [u32; 6] = [
+    0x38e5_66fb,
+    0x3aa7_35ef,
+    0x3c1c_f5ad,
+    0x3d63_4a91,
+    0x3e75_fd60,
+    0x3f31_7216,
+];
+
+/// `2^f` for f in (-1, 0], in f32 Horner steps without fused multiply-adds: in [0.5, 1].
+fn exp2_fraction(f: f32) -> f32 {
+    let mut acc = f32::from_bits(EXP2_POLY[0]);
+    for c in &EXP2_POLY[1..] {
+        acc = acc * f + f32::from_bits(*c);
+    }
+    acc * f + 1.0
+}
+
+/// The fixed-point weight of a token `d = s - m` (<= 0, or -inf) below the heaviest: `exp(d)`
+/// scaled by `2^40` and truncated, 0 below `2^-41` (and for -inf or NaN).
+pub fn weight(d: f32) -> u64 {
+    let x = d * LOG2E;
+    if x.is_nan() || x <= -41.0 {
+        return 0;
+    }
+    let t = x as i32; // toward zero: -40..=0
+    let f = x - t as f32; // (-1, 0], exact
+    let m = (exp2_fraction(f) * 16_777_216.0) as u32; // 2^f * 2^24: an integer in [2^23, 2^24]
+    let shift = WEIGHT_BITS as i32 - 24 + t;
+    if shift >= 0 {
+        (m as u64) << shift
+    } else {
+        (m >> (-shift)) as u64
+    }
+}
+
+/// Order-preserving map of an f32 to a u32 (a larger float gives a larger key).
+pub fn order_key(x: f32) -> u32 {
+    let u = x.to_bits();
+    if u & 0x8000_0000 != 0 {
+        !u
+    } else {
+        u | 0x8000_0000
+    }
+}
+
+/// `logit / temperature`, NaN counted as -inf.
+fn scaled(logit: f32, temperature: f32) -> f32 {
+    let s = logit / temperature;
+    if s.is_nan() { f32::NEG_INFINITY } else { s }
+}
+
+/// Sorted order: key descending, then id ascending.
+fn sorted_order(a: &(u32, u32), b: &(u32, u32)) -> Ordering {
+    b.0.cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// The `n` first `(key, id)` pairs of `keys` in sorted order.
+fn sorted_prefix(keys: &[u32], n: usize) -> Vec<(u32, u32)> {
+    let mut all: Vec<(u32, u32)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| (k, i as u32))
+        .collect();
+    let n = n.min(all.len());
+    if n < all.len() && n > 0 {
+        all.select_nth_unstable_by(n - 1, sorted_order);
+        all.truncate(n);
+    }
+    all.sort_unstable_by(sorted_order);
+    all
+}
+
+/// Whether `w` passes min-p (`min_p` <= 0 passes everything).
+fn passes_min_p(w: u64, min_p: f32) -> bool {
+    min_p <= 0.0 || w as f64 >= min_p as f64 * (1u64 << WEIGHT_BITS) as f64
+}
+
+/// `(bits * total) >> 53`: the target weight sum of the draw, below `total`.
+pub fn draw_target(bits: u64, total: u64) -> u64 {
+    ((bits as u128 * total as u128) >> 53) as u64
+}
+
+/// The largest scaled logit of `logits` at `temperature` (NaN counted as -inf).
+fn largest(logits: &[f32], temperature: f32) -> f32 {
+    logits
+        .iter()
+        .map(|&l| scaled(l, temperature))
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The tokens the draw may choose for `logits` (`[vocab]`) and `spec`, with their weights, in
+/// id order (never empty for a non-empty row: when min-p keeps nothing, the first token of the
+/// sorted order); None when the largest scaled logit is not finite (the draw is then an argmax).
+pub fn kept_tokens(logits: &[f32], spec: &DrawSpec) -> Option<Vec<(u32, u64)>> {
+    let t = spec.temperature;
+    let m = largest(logits, t);
+    if !m.is_finite() {
+        return None;
+    }
+    let w = |l: f32| weight(scaled(l, t) - m);
+    let n = logits.len();
+    let top_k = match spec.top_k as usize {
+        0 => n,
+        k => k.min(n),
+    };
+    let keys = || -> Vec<u32> { logits.iter().map(|&l| order_key(scaled(l, t))).collect() }; // [vocab]
+    let mut kept: Vec<(u32, u64)> = Vec::new();
+    if top_k == n && spec.top_p >= 1.0 {
+        kept = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, w(l)))
+            .filter(|&(_, w)| passes_min_p(w, spec.min_p))
+            .collect();
+    } else if spec.top_p >= 1.0 {
+        kept = sorted_prefix(&keys(), top_k)
+            .into_iter()
+            .map(|(_, i)| (i, w(logits[i as usize])))
+            .filter(|&(_, w)| passes_min_p(w, spec.min_p))
+            .collect();
+    } else {
+        // The top-k weight (the whole vocabulary's without top-k), then the shortest sorted
+        // prefix reaching top_p of it, grown 8-fold until found (usually the first round).
+        let mut take = if top_k < n { top_k } else { n.min(256) };
+        let mut z: u64 = if top_k < n {
+            0
+        } else {
+            logits.iter().map(|&l| w(l)).sum()
+        };
+        let keys = keys();
+        loop {
+            let sorted = sorted_prefix(&keys, take);
+            if top_k < n {
+                z = sorted.iter().map(|&(_, i)| w(logits[i as usize])).sum();
+            }
+            let goal = spec.top_p as f64 * z as f64;
+            let mut cum = 0u64;
+            let mut reached = false;
+            kept.clear();
+            for &(_, i) in &sorted {
+                let wi = w(logits[i as usize]);
+                cum += wi;
+                kept.push((i, wi));
+                if cum as f64 >= goal {
+                    reached = true;
+                    break;
+                }
+            }
+            if reached || take >= top_k {
+                break;
+            }
+            take = (take * 8).min(top_k);
+        }
+        kept.retain(|&(_, w)| passes_min_p(w, spec.min_p));
+    }
+    if kept.is_empty()
+        && let Some(&(_, first)) = sorted_prefix(&keys(), 1).first()
+    {
+        kept.push((first, w(logits[first as usize])));
+    }
+    kept.sort_unstable_by_key(|&(i, _)| i);
+    Some(kept)
+}
+
+/// The token drawn from `logits` (`[vocab]`) for `spec` (the steps in this module's doc).
+pub fn draw(logits: &[f32], spec: &DrawSpec) -> u32 {
+    let Some(kept) = kept_tokens(logits, spec) else {
+        let m = largest(logits, spec.temperature);
+        return logits
+            .iter()
+            .position(|&l| scaled(l, spec.temperature) == m)
+            .unwrap_or(0) as u32;
+    };
+    let total: u64 = kept.iter().map(|&(_, w)| w).sum();
+    let target = draw_target(spec.bits, total);
+    let mut cum = 0u64;
+    for &(i, w) in &kept {
+        cum += w;
+        if cum > target {
+            return i;
+        }
+    }
+    kept.last().map_or(0, |&(i, _)| i)
+}
+
+#[cfg(test)]
+#[path = "draw_tests.rs"]
+mod tests;
