@@ -2,6 +2,7 @@
 //! paged KV cache the model owns. [`crate::model::LlamaModel`] implements it on every backend; tests
 //! of scheduling logic use `FakeModel` (the `fake` test module).
 
+use super::draw::{DrawSpec, draw};
 use super::sampler::argmax;
 use crate::checkpoint::driver::KvBlockIo;
 use crate::model::batch::SeqChunk;
@@ -14,9 +15,9 @@ pub trait ForwardModel: Send {
     /// token of each chunk, `[chunks.len(), vocab_size]` row-major.
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<f32>, String>;
     /// Runs `chunks` as [`ForwardModel::forward`] does and returns what `picks` asks of each
-    /// chunk's last token: the argmax token chosen by the model (on its device when it can), or
-    /// the logits row for the engine to sample on the host. The default runs `forward` and takes
-    /// the argmax on the host, with the sampler's own [`argmax`].
+    /// chunk's last token: the argmax or drawn token chosen by the model (on its device when it
+    /// can), or the logits row for the engine to sample on the host. The default runs `forward`
+    /// and picks on the host, with the sampler's own [`argmax`] and [`draw`].
     fn forward_pick(
         &mut self,
         chunks: &[SeqChunk<'_>],
@@ -100,21 +101,43 @@ impl<T: ForwardModel + ?Sized> ForwardModel for Box<T> {
 }
 
 /// What the engine needs from one chunk's last token after a forward pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RowPick {
     /// Nothing (a prompt chunk that does not finish its prompt).
     Skip,
     /// The largest logit, the lowest token id among ties (greedy sampling without penalties or
     /// logprobs): the model may choose it where the logits are, so only the id travels.
     Argmax,
+    /// The token [`draw`] chooses with this spec (temperature, top-k, top-p, min-p sampling
+    /// without penalties, bias or logprobs; the request's random bits included): the draw is
+    /// specified to the bit, so the model may make it where the logits are.
+    Draw(DrawSpec),
     /// The logits row, for the host sampler.
     Logits,
+}
+
+impl RowPick {
+    /// Whether the model answers this row with a token (an argmax or a draw).
+    pub fn is_token(&self) -> bool {
+        matches!(self, RowPick::Argmax | RowPick::Draw(_))
+    }
+
+    /// The token this pick asks of `row` (`[vocab]` logits), chosen on the host; None for the
+    /// rows that want no token.
+    pub fn token_on_host(&self, row: &[f32]) -> Option<u32> {
+        match self {
+            RowPick::Argmax => Some(argmax(row)),
+            RowPick::Draw(spec) => Some(draw(row, spec)),
+            RowPick::Skip | RowPick::Logits => None,
+        }
+    }
 }
 
 /// Result of [`ForwardModel::forward_pick`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct PickedRows {
-    /// Per chunk: the chosen token of an [`RowPick::Argmax`] row, None for the others.
+    /// Per chunk: the chosen token of an [`RowPick::Argmax`] or [`RowPick::Draw`] row, None for
+    /// the others.
     pub tokens: Vec<Option<u32>>,
     /// Logits of the [`RowPick::Logits`] rows, in chunk order: `[count of those rows, vocab]`.
     pub logits: Vec<f32>,
@@ -141,10 +164,7 @@ pub fn pick_on_host(
     }
     let mut out = PickedRows::default();
     for (pick, row) in picks.iter().zip(logits.chunks_exact(vocab.max(1))) {
-        out.tokens.push(match pick {
-            RowPick::Argmax => Some(argmax(row)),
-            RowPick::Skip | RowPick::Logits => None,
-        });
+        out.tokens.push(pick.token_on_host(row));
         if *pick == RowPick::Logits {
             out.logits.extend_from_slice(row);
         }
@@ -183,9 +203,32 @@ mod tests {
         let out = pick_on_host(4, logits.clone(), &[RowPick::Logits; 3]).unwrap();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&out.logits), bits(&logits));
+        // Draw rows come back as the drawn token: top-k 1 is the argmax, and any draw is `draw`'s.
+        let spec = DrawSpec {
+            temperature: 0.7,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            bits: 3 << 50,
+        };
+        let one = DrawSpec { top_k: 1, ..spec };
+        let drawn = [RowPick::Draw(one), RowPick::Draw(spec), RowPick::Draw(spec)];
+        let out = pick_on_host(4, logits.clone(), &drawn).unwrap();
+        let want: Vec<Option<u32>> = (0..3)
+            .map(|r| Some(draw(&logits[r * 4..r * 4 + 4], &drawn_spec(&drawn[r]))))
+            .collect();
+        assert_eq!(out.tokens, want);
+        assert_eq!((out.tokens[0], out.logits.len()), (Some(1), 0));
         // A forward that returned the wrong number of values is an error, not a panic.
         assert!(pick_on_host(4, logits[..8].to_vec(), &picks).is_err());
         assert!(pick_on_host(0, Vec::new(), &picks).is_err());
+    }
+
+    fn drawn_spec(pick: &RowPick) -> DrawSpec {
+        match pick {
+            RowPick::Draw(spec) => *spec,
+            _ => panic!("not a draw"),
+        }
     }
 
     #[test]

@@ -89,13 +89,13 @@ impl ForwardModel for SleepingModel {
     }
 }
 
-/// The model's choice for every `Argmax` row.
+/// The model's choice for every row it picks (greedy in this bench).
 fn picked_rows(chunks: &[SeqChunk<'_>], picks: &[RowPick]) -> PickedRows {
     PickedRows {
         tokens: chunks
             .iter()
             .zip(picks)
-            .map(|(c, p)| (*p == RowPick::Argmax).then(|| token_for(c)))
+            .map(|(c, p)| p.is_token().then(|| token_for(c)))
             .collect(),
         logits: Vec::new(),
     }

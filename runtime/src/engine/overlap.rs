@@ -1,7 +1,8 @@
 //! Decode steps whose host work overlaps the next forward pass (`EngineConfig::overlap_host`).
 //!
-//! Design: SGLang's overlap scheduler, at the engine's granularity. A decode step of greedy rows
-//! the model picks on its device splits each row's host work in two:
+//! Design: SGLang's overlap scheduler, at the engine's granularity. A decode step whose rows the
+//! model picks on its device (greedy rows and plain drawn ones, [`RowPick::is_token`]) splits each
+//! row's host work in two:
 //! - the **commit**, right after the pass: the token appended (with its RNG draw, time and
 //!   position) and the ends that need no text decided (EOS, length, context). A row such an end
 //!   stops makes its text and event at once and leaves in this step, as in turn, so it holds no
@@ -104,7 +105,7 @@ impl<F: ForwardModel> EngineCore<F> {
             return Ok(());
         }
         let picks: Vec<RowPick> = idx.iter().map(|&i| self.row_pick(i)).collect();
-        if picks.iter().any(|p| *p != RowPick::Argmax) {
+        if picks.iter().any(|p| !p.is_token()) {
             self.flush_pending();
             return self.decode_in_turn();
         }
@@ -226,7 +227,7 @@ impl<F: ForwardModel> EngineCore<F> {
             let (false, Some(token)) = (ended.contains_key(&s.id), *token) else {
                 continue;
             };
-            // The host sampler takes one draw per token, greedy too (see `advance`).
+            // One draw per token, greedy too (see `advance`); a drawn row used these bits.
             s.rng.next_uniform();
             s.computed += 1;
             s.tokens.push(token);

@@ -1,6 +1,6 @@
 //! Decode steps with their host work overlapped ([`super::overlap`]) against the in-turn path on
 //! the deterministic [`FakeModel`]: every request's tokens, streamed text, events and finish reason
-//! are the same, with stop strings, EOS, length and context limits, host-sampled rows, preemption,
+//! are the same, with stop strings, EOS, length and context limits, drawn and host-sampled rows, preemption,
 //! mixed prefill, a failed pass, and a model that runs the host work before its pass (as a GPU
 //! does, during it); checkpoints never see work pending.
 use std::sync::Arc;
@@ -48,7 +48,8 @@ impl ForwardModel for HostFirst {
 type Received = (Vec<u32>, String, usize, FinishReason);
 
 /// The requests of a run: greedy rows with and without stop strings and EOS, short and long
-/// limits, and with `sampled` every fifth request sampled on the host (seeded; a step with such a
+/// limits, and with `sampled` every fifth request sampled (seeded): drawn by the model
+/// ([`RowPick::Draw`]), and every tenth sampled on the host (a repetition penalty; a step with such a
 /// row runs in turn).
 fn requests(sampled: bool) -> Vec<Request> {
     (0..24usize)
@@ -63,6 +64,7 @@ fn requests(sampled: bool) -> Vec<Request> {
                     temperature: 0.8,
                     top_p: 0.95,
                     seed: Some(i as u64),
+                    repetition_penalty: if i % 10 == 9 { 1.1 } else { 1.0 },
                     ..SamplingParams::default()
                 };
             }
@@ -316,4 +318,44 @@ fn checkpoints_see_no_pending_work() {
         seen.iter().all(|p| !p),
         "work pending at a checkpoint: {seen:?}"
     );
+}
+
+/// Seeded requests whose every row the model draws ([`RowPick::Draw`]) get the tokens the host
+/// sampler gives the same requests when logprobs make it sample them from the downloaded rows:
+/// the draw's spec carries the request's parameters and the RNG bits its next token takes.
+#[test]
+fn drawn_rows_take_the_host_samplers_tokens() {
+    let seeded = |logprobs: Option<usize>| -> Vec<Request> {
+        (0..12u64)
+            .map(|i| {
+                let prompt: Vec<u32> = (0..3 + i as u32 * 5)
+                    .map(|j| (j * 11 + 3) % 250 + 1)
+                    .collect();
+                let mut r = Request::new(Prompt::Tokens(prompt), 20 + i as usize * 3);
+                r.sampling = SamplingParams {
+                    temperature: [0.6, 1.0, 1.4][i as usize % 3],
+                    top_k: [0, 40][i as usize % 2],
+                    top_p: [1.0, 0.9, 0.5][i as usize % 3],
+                    min_p: [0.0, 0.05][(i as usize / 2) % 2],
+                    seed: Some(1000 + i),
+                    logprobs,
+                    ..SamplingParams::default()
+                };
+                r.ignore_eos = true;
+                r
+            })
+            .collect()
+    };
+    let tokens = |runs: Vec<Received>| -> Vec<Vec<u32>> { runs.into_iter().map(|r| r.0).collect() };
+    let host = tokens(run_with(fake(256), false, 256, false, seeded(Some(0)), 2048).0);
+    let distinct: std::collections::HashSet<u32> = host.iter().flatten().copied().collect();
+    assert!(
+        distinct.len() > 50,
+        "the rows are sampled, not near-greedy: {}",
+        distinct.len()
+    );
+    for overlap in [false, true] {
+        let drawn = tokens(run_with(fake(256), overlap, 256, false, seeded(None), 2048).0);
+        assert_eq!(drawn, host, "overlap {overlap}");
+    }
 }

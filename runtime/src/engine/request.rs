@@ -141,6 +141,25 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// True when the next token, `generated` tokens into the output, is the [`super::draw::draw`]
+    /// of the model's unchanged logits: sampled (not greedy), and nothing (penalty, bias, EOS
+    /// suppression, logprobs) changes or reads the row, so the model may draw it where the logits
+    /// are.
+    pub fn is_plain_draw(&self, generated: usize) -> bool {
+        !self.is_greedy() && self.leaves_the_row_alone(generated)
+    }
+
+    /// True when no penalty, bias, EOS suppression or logprobs changes or reads the logits row
+    /// of the token `generated` tokens into the output.
+    fn leaves_the_row_alone(&self, generated: usize) -> bool {
+        self.logprobs.is_none()
+            && self.repetition_penalty == 1.0
+            && self.frequency_penalty == 0.0
+            && self.presence_penalty == 0.0
+            && self.logit_bias.is_empty()
+            && generated >= self.min_tokens
+    }
+
     /// The draw of a sampled token with these parameters and the request's random `bits` (53 of
     /// them); penalties, bias and logprobs are the sampler's, outside the draw.
     pub fn draw_spec(&self, bits: u64) -> DrawSpec {
@@ -162,13 +181,7 @@ impl SamplingParams {
     /// model's logits: greedy, and nothing (penalty, bias, EOS suppression, logprobs) changes or
     /// reads the row, so the model may pick it where the logits are.
     pub fn is_plain_argmax(&self, generated: usize) -> bool {
-        self.is_greedy()
-            && self.logprobs.is_none()
-            && self.repetition_penalty == 1.0
-            && self.frequency_penalty == 0.0
-            && self.presence_penalty == 0.0
-            && self.logit_bias.is_empty()
-            && generated >= self.min_tokens
+        self.is_greedy() && self.leaves_the_row_alone(generated)
     }
 }
 

@@ -184,12 +184,19 @@ impl<F: ForwardModel> EngineCore<F> {
     }
 
     /// How running sequence `i`'s next token is chosen: by the model where its logits are when
-    /// it is their plain argmax ([`super::SamplingParams::is_plain_argmax`]: the host sampler would
-    /// take `argmax` of the unchanged row), else by the host sampler from the downloaded row.
+    /// the host sampler would take the `argmax` or the [`super::draw::draw`] of the unchanged row
+    /// ([`super::SamplingParams::is_plain_argmax`], [`super::SamplingParams::is_plain_draw`]; the
+    /// draw with the bits the sequence's RNG gives next), else by the host sampler from the
+    /// downloaded row.
     pub(crate) fn row_pick(&self, i: usize) -> RowPick {
         let s = &self.running[i];
-        if s.constraint.is_none() && s.sampling.is_plain_argmax(s.output().len()) {
+        let generated = s.output().len();
+        if s.constraint.is_some() {
+            RowPick::Logits
+        } else if s.sampling.is_plain_argmax(generated) {
             RowPick::Argmax
+        } else if s.sampling.is_plain_draw(generated) {
+            RowPick::Draw(s.sampling.draw_spec(s.rng.peek_bits()))
         } else {
             RowPick::Logits
         }
@@ -227,7 +234,7 @@ impl<F: ForwardModel> EngineCore<F> {
         }
     }
 
-    /// Each row's input to [`super::advance`]: the model's token for an `Argmax` row, the logits
+    /// Each row's input to [`super::advance`]: the model's token for an `Argmax` or `Draw` row, the logits
     /// row for a `Logits` row (in `picked.logits` order), nothing for a `Skip` row.
     pub(crate) fn row_inputs<'a>(
         &self,
@@ -242,7 +249,7 @@ impl<F: ForwardModel> EngineCore<F> {
                 token,
                 logits: match pick {
                     RowPick::Logits => host_rows.next().unwrap_or_default(),
-                    RowPick::Skip | RowPick::Argmax => &[],
+                    RowPick::Skip | RowPick::Argmax | RowPick::Draw(_) => &[],
                 },
             })
             .collect()
@@ -263,12 +270,12 @@ impl<F: ForwardModel> EngineCore<F> {
         let picked = result?;
         let want = |p: RowPick| picks.iter().filter(|&&x| x == p).count();
         let vocab = self.model.vocab_size();
-        let argmax_ok = picks
+        let tokens_ok = picks
             .iter()
             .zip(&picked.tokens)
-            .all(|(p, t)| *p != RowPick::Argmax || t.is_some());
+            .all(|(p, t)| !p.is_token() || t.is_some());
         if picked.tokens.len() != picks.len()
-            || !argmax_ok
+            || !tokens_ok
             || vocab == 0
             || picked.logits.len() != want(RowPick::Logits) * vocab
         {

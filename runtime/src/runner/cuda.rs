@@ -46,8 +46,17 @@ impl RunnerBackend for CudaBackend {
             let ids = graphs.step_overlapped(model, kv, chunks, host)?;
             let vocab = model.config().vocab_size;
             let mut out = PickedRows::default();
+            let mut row_logits = Vec::new(); // [vocab], a drawn row's
             for (row, (pick, id)) in picks.iter().zip(ids).enumerate() {
-                out.tokens.push((*pick == RowPick::Argmax).then_some(id));
+                out.tokens.push(match pick {
+                    RowPick::Argmax => Some(id),
+                    RowPick::Draw(_) => {
+                        row_logits.resize(vocab, 0.0);
+                        graphs.download_logits_row(model.backend(), row, &mut row_logits)?;
+                        pick.token_on_host(&row_logits)
+                    }
+                    RowPick::Skip | RowPick::Logits => None,
+                });
                 if *pick == RowPick::Logits {
                     let start = out.logits.len();
                     out.logits.resize(start + vocab, 0.0);
@@ -90,6 +99,14 @@ fn step_pick(
         let ids = argmax_ids(b, &logits, vocab, rows)?;
         for ((token, pick), id) in out.tokens.iter_mut().zip(picks).zip(ids) {
             *token = (*pick == RowPick::Argmax).then_some(id);
+        }
+    }
+    let mut row_logits = Vec::new(); // [vocab], a drawn row's
+    for (row, (token, pick)) in out.tokens.iter_mut().zip(picks).enumerate() {
+        if let RowPick::Draw(_) = pick {
+            row_logits.resize(vocab, 0.0);
+            b.download_f32_at(&logits, row * vocab, &mut row_logits)?;
+            *token = pick.token_on_host(&row_logits);
         }
     }
     let sampled = picks.iter().filter(|p| **p == RowPick::Logits).count();
