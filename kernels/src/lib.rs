@@ -229,7 +229,8 @@ pub enum KernelId {
     Elementwise,
     /// RoPE (rotate_half, precomputed Llama-3.1 frequencies) and KV-cache writes.
     RopeKv,
-    /// On-device argmax and temperature / top-k / top-p sampling.
+    /// On-device argmax and the sampled draw (temperature, top-k, top-p, min-p), each bit for bit
+    /// the engine's host rule.
     Sampling,
     /// Matrix-vector products for a few rows (decode at batch 1-4), bound by the weight stream;
     /// and deterministic mode's reference chain on tensor cores (`det_mma_16`).
@@ -413,7 +414,7 @@ impl KernelId {
                 "rope_kv_write_f32",
                 "rope_kv_write_e4m3",
             ],
-            KernelId::Sampling => &["argmax_rows", "sample_tokens"],
+            KernelId::Sampling => &["argmax_rows", "draw_tokens"],
             KernelId::Gemv => &[
                 "gemv_bf16",
                 "gemv_bf16_1",

@@ -26,9 +26,21 @@ fn compile_for(arch: &str, id: KernelId, heads: Option<HeadConfig>, extra: &[&st
         options,
         ..Default::default()
     };
-    if let Err(e) = compile_ptx_with_opts(id.source(), opts) {
-        panic!(
+    let ptx = match compile_ptx_with_opts(id.source(), opts) {
+        Ok(ptx) => ptx.to_src(),
+        Err(e) => panic!(
             "{} for {arch} ({heads:?} {extra:?}) failed to compile: {e:?}",
+            id.file_name()
+        ),
+    };
+    // Every kernel the runtime looks up by name is defined (a renamed kernel fails here).
+    for name in id.functions() {
+        let defined = ptx
+            .lines()
+            .any(|l| l.contains(".entry") && l.contains(&format!("{name}(")));
+        assert!(
+            defined,
+            "{} for {arch} defines no kernel `{name}`",
             id.file_name()
         );
     }

@@ -25,6 +25,7 @@ use half::bf16;
 use sov::backend::cpu::CpuBackend;
 use sov::backend::cuda::CudaBackend;
 use sov::backend::{Backend, DType};
+use sov::engine::draw::DrawSpec;
 use sov::engine::forward::{ForwardModel, PickedRows, RowPick, pick_on_host};
 use sov::loader::hf::{config::parse_config, weights::read_safetensors};
 use sov::loader::tensor::{HostData, HostTensor};
@@ -442,7 +443,7 @@ fn one_row_step_after_a_big_batch_keeps_the_one_row_path() {
 }
 
 /// One eager step of `chunks` on `runner`, answered as `picks` asks: through the runner's own
-/// `forward_pick` (`device`: on CUDA the ids are chosen on the device) or through `forward` and
+/// `forward_pick` (`device`: on CUDA the ids are chosen and drawn on the device) or through `forward` and
 /// the engine's host pick.
 fn picked(
     runner: &mut LlamaRunner<CudaBackend>,
@@ -473,14 +474,16 @@ fn eager_steps_pick_on_the_device_as_the_host_would() {
         .map(|s| (0..12).map(|j| (s * 37 + j * 11 + 3) % vocab).collect())
         .collect();
     // Two runners of the same weights, each with its own cache, fed the same steps: one picks
-    // through its device path, the other downloads every row and picks on the host.
+    // through its device path (drawing sampled rows there), the other downloads every row and
+    // picks on the host.
     let mut runners: Vec<LlamaRunner<CudaBackend>> = (0..2)
-        .map(|_| {
+        .map(|r| {
             let backend = CudaBackend::new(0).expect("device opened above");
             let model = LlamaModel::new(backend, &config, &weights).expect("cuda model");
             let (_, tables) = cache_and_tables(&model, &seqs);
             let blocks = tables.iter().map(Vec::len).sum();
-            LlamaRunner::new(model, blocks, BLOCK).expect("runner")
+            let decode = DecodeGraphs::new().drawing_on_device(r == 0);
+            LlamaRunner::with_decode(model, blocks, BLOCK, decode).expect("runner")
         })
         .collect();
     let (_, tables) = cache_and_tables(&runners[0].model, &seqs);
@@ -489,14 +492,22 @@ fn eager_steps_pick_on_the_device_as_the_host_would() {
         start_pos: from,
         block_table: &tables[s],
     };
-    use RowPick::{Argmax, Logits, Skip};
+    use RowPick::{Argmax, Draw, Logits, Skip};
+    let spec = |temperature: f32, top_k: u32, top_p: f32, bits: u64| DrawSpec {
+        temperature,
+        top_k,
+        top_p,
+        min_p: 0.02,
+        bits: bits << 40,
+    };
     // A prefill pass of three whole prompts (less their last token); then a mixed step: those
     // three decode while three prompts run a chunk each (one ends its prompt); then a pass whose
-    // rows are all sampled on the host, and one of prompt chunks only.
+    // rows are all sampled (on the host, or drawn), one of prompt chunks only, and a pure decode
+    // step of drawn rows (the decode graphs' path).
     let steps: Vec<(Vec<SeqChunk<'_>>, Vec<RowPick>)> = vec![
         (
             vec![chunk(0, 0, 11), chunk(1, 0, 11), chunk(2, 0, 11)],
-            vec![Argmax, Logits, Argmax],
+            vec![Argmax, Logits, Draw(spec(0.8, 0, 0.9, 4001))],
         ),
         (
             vec![
@@ -507,10 +518,28 @@ fn eager_steps_pick_on_the_device_as_the_host_would() {
                 chunk(4, 0, 12),
                 chunk(5, 0, 2),
             ],
-            vec![Argmax, Logits, Argmax, Skip, Argmax, Logits],
+            vec![
+                Argmax,
+                Draw(spec(1.0, 40, 1.0, 77)),
+                Argmax,
+                Skip,
+                Draw(spec(1.3, 0, 0.5, 8000)),
+                Logits,
+            ],
         ),
-        (vec![chunk(3, 5, 12), chunk(5, 2, 12)], vec![Logits, Logits]),
+        (
+            vec![chunk(3, 5, 12), chunk(5, 2, 12)],
+            vec![Logits, Draw(spec(0.6, 5, 0.95, 1))],
+        ),
         (vec![chunk(3, 5, 9), chunk(5, 2, 7)], vec![Skip, Skip]),
+        (
+            vec![chunk(3, 9, 10), chunk(5, 7, 8), chunk(4, 11, 12)],
+            vec![
+                Draw(spec(1.0, 0, 1.0, 5000)),
+                Draw(spec(0.7, 3, 0.8, 123)),
+                Argmax,
+            ],
+        ),
     ];
     for (i, (chunks, picks)) in steps.iter().enumerate() {
         let on_device = picked(&mut runners[0], chunks, picks, true);
@@ -533,13 +562,13 @@ fn eager_steps_pick_on_the_device_as_the_host_would() {
                 .tokens
                 .iter()
                 .zip(picks)
-                .all(|(t, p)| t.is_some() == (*p == Argmax)),
+                .all(|(t, p)| t.is_some() == p.is_token()),
             "step {i}: ids {:?} for picks {picks:?}",
             on_device.tokens
         );
     }
     println!(
-        "eager steps: device picks equal host picks over {} steps",
+        "eager steps: device picks and draws equal host picks over {} steps",
         steps.len()
     );
 }

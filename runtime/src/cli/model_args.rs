@@ -146,6 +146,12 @@ pub struct ModelArgs {
     #[arg(long, env = "SOV_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set,
           value_parser = clap::builder::BoolishValueParser::new(), value_name = "BOOL")]
     pub cuda_graphs: bool,
+    /// On CUDA, draw plain sampled rows' tokens on the device (the host's draw bit for bit), so
+    /// only ids come back instead of vocabulary-wide logits rows. Off by default until its device
+    /// check has passed on a GPU.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new(), value_name = "BOOL")]
+    pub device_draw: bool,
     /// Start with n-gram (prompt-lookup) speculation drafting up to N tokens per step (0 = off;
     /// at most 16). Output is identical either way; only the number of forward passes changes.
     /// Writes slot `speculative_draft_len`, which `sov slots set` can change later.
@@ -434,6 +440,7 @@ impl ModelArgs {
             cuda_tuning: cuda_tuning_from_env()?,
             runner: RunnerOptions {
                 cuda_graphs: self.cuda_graphs,
+                device_draw: self.device_draw,
             },
             speculative_draft_len: self.speculative_draft_len,
             witnesses: extras.witnesses.clone(),

@@ -10,9 +10,9 @@
 //! 1. `s = logit / temperature` (f32 division); NaN counts as -inf. `m` = the largest `s`. When
 //!    `m` is not finite, the draw is the lowest id whose `s` is `m`.
 //! 2. Each token's weight is `exp(s - m)` in fixed point, [`weight`]: `x = (s - m) * log2(e)` in f32,
-//!    split into its integer part `t` (toward zero) and `f = x - t`, `2^f` from a degree-6 polynomial
-//!    in f32 Horner steps (max relative error 1.9e-7 on (-1, 0]), then scaled to `2^40` by
-//!    integer shifts. The largest token weighs exactly `2^40`, and a weight is 0 below
+//!    clamped to -41, split into its integer part `t` (toward zero) and `f = x - t`, `2^f` from a
+//!    degree-6 polynomial in f32 Horner steps (max relative error 1.9e-7 on (-1, 0]), then
+//!    `floor(2^f * 2^24) * 2^(16 + t)`, truncated, by integer shifts. The largest token weighs exactly `2^40`, and a weight is 0 below
 //!    `2^-41` of it (so a vocabulary below `2^24` tokens sums within a u64).
 //! 3. Sorted order: `s` descending (compared as order-preserving u32 keys, so -0 sorts below +0),
 //!    ties by ascending id. top-k keeps the first `k` of that order; top-p then keeps the shortest
@@ -75,21 +75,21 @@ fn exp2_fraction(f: f32) -> f32 {
 }
 
 /// The fixed-point weight of a token `d = s - m` (<= 0, or -inf) below the heaviest: `exp(d)`
-/// scaled by `2^40` and truncated, 0 below `2^-41` (and for -inf or NaN).
+/// scaled by `2^40` and truncated, 0 below `2^-41` (and for -inf or NaN; a positive `d` weighs
+/// `2^40`). Branch-free, so the weights loop vectorizes: `x` is clamped to [-41, 0] (at -41 every
+/// weight truncates to 0), and the scaling by `2^(16 + t)` is one right shift of `2^f * 2^48` by
+/// `8 - t` (8..=49).
 pub fn weight(d: f32) -> u64 {
     let x = d * LOG2E;
-    if x.is_nan() || x <= -41.0 {
-        return 0;
-    }
-    let t = x as i32; // toward zero: -40..=0
+    let x = if x > -41.0 { x } else { -41.0 }; // NaN -> -41
+    let x = if x < 0.0 { x } else { 0.0 }; // d > 0 (no token is above the largest) -> 0
+    // SAFETY: x is in [-41, 0], so it is finite and its integer part fits an i32.
+    let t: i32 = unsafe { x.to_int_unchecked() }; // toward zero: -41..=0
     let f = x - t as f32; // (-1, 0], exact
-    let m = (exp2_fraction(f) * 16_777_216.0) as u32; // 2^f * 2^24: an integer in [2^23, 2^24]
-    let shift = WEIGHT_BITS as i32 - 24 + t;
-    if shift >= 0 {
-        (m as u64) << shift
-    } else {
-        (m >> (-shift)) as u64
-    }
+    // SAFETY: f is in (-1, 0], where the polynomial stays within [0.49, 1.01] (tested), so
+    // the product is finite and within a u32.
+    let m: u32 = unsafe { (exp2_fraction(f) * 16_777_216.0).to_int_unchecked() };
+    ((m as u64) << 24) >> ((8 - t) as u32)
 }
 
 /// Order-preserving map of an f32 to a u32 (a larger float gives a larger key).
@@ -139,12 +139,60 @@ pub fn draw_target(bits: u64, total: u64) -> u64 {
     ((bits as u128 * total as u128) >> 53) as u64
 }
 
-/// The largest scaled logit of `logits` at `temperature` (NaN counted as -inf).
+/// The largest scaled logit of `logits` at `temperature` (NaN counted as -inf): the largest
+/// logit scaled, as division by a positive number is monotone under rounding.
 fn largest(logits: &[f32], temperature: f32) -> f32 {
-    logits
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max); // NaN never wins
+    scaled(max, temperature)
+}
+
+/// Each logit's weight below `m` at temperature `t`, 0 where min-p drops it, into `out` (same
+/// length as `logits`).
+fn weights_into(logits: &[f32], t: f32, m: f32, min_p: f32, out: &mut [u64]) {
+    for (w, &l) in out.iter_mut().zip(logits) {
+        let x = weight(scaled(l, t) - m);
+        *w = if passes_min_p(x, min_p) { x } else { 0 };
+    }
+}
+
+/// [`weights_into`] compiled for AVX2, where LLVM vectorizes the same single IEEE operations
+/// (it never fuses or reorders them), so the weights are the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn weights_into_avx2(logits: &[f32], t: f32, m: f32, min_p: f32, out: &mut [u64]) {
+    weights_into(logits, t, m, min_p, out)
+}
+
+/// [`weights_into`] on the widest instructions this CPU has.
+fn weights(logits: &[f32], t: f32, m: f32, min_p: f32) -> Vec<u64> {
+    let mut out = vec![0u64; logits.len()]; // [vocab]
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        unsafe { weights_into_avx2(logits, t, m, min_p, &mut out) };
+        return out;
+    }
+    weights_into(logits, t, m, min_p, &mut out);
+    out
+}
+
+/// The draw over the whole vocabulary (no top-k, no top-p; min-p applied): the weights once,
+/// then the walk to the target.
+fn draw_all(logits: &[f32], spec: &DrawSpec, m: f32) -> Option<u32> {
+    let weights = weights(logits, spec.temperature, m, spec.min_p); // [vocab]
+    let total: u64 = weights.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let target = draw_target(spec.bits, total);
+    let mut cum = 0u64;
+    weights
         .iter()
-        .map(|&l| scaled(l, temperature))
-        .fold(f32::NEG_INFINITY, f32::max)
+        .position(|&w| {
+            cum += w;
+            cum > target
+        })
+        .map(|i| i as u32)
 }
 
 /// The tokens the draw may choose for `logits` (`[vocab]`) and `spec`, with their weights, in
@@ -184,7 +232,7 @@ pub fn kept_tokens(logits: &[f32], spec: &DrawSpec) -> Option<Vec<(u32, u64)>> {
         let mut z: u64 = if top_k < n {
             0
         } else {
-            logits.iter().map(|&l| w(l)).sum()
+            weights(logits, t, m, 0.0).iter().sum()
         };
         let keys = keys();
         loop {
@@ -223,6 +271,15 @@ pub fn kept_tokens(logits: &[f32], spec: &DrawSpec) -> Option<Vec<(u32, u64)>> {
 
 /// The token drawn from `logits` (`[vocab]`) for `spec` (the steps in this module's doc).
 pub fn draw(logits: &[f32], spec: &DrawSpec) -> u32 {
+    let m = largest(logits, spec.temperature);
+    let whole = spec.top_k == 0 || spec.top_k as usize >= logits.len();
+    if m.is_finite()
+        && whole
+        && spec.top_p >= 1.0
+        && let Some(token) = draw_all(logits, spec, m)
+    {
+        return token;
+    }
     let Some(kept) = kept_tokens(logits, spec) else {
         let m = largest(logits, spec.temperature);
         return logits

@@ -88,6 +88,8 @@ fn weight_follows_exp_to_its_precision() {
     assert_eq!(weight(f32::NEG_INFINITY), 0);
     assert_eq!(weight(f32::NAN), 0);
     assert_eq!(weight(-28.5), 0, "below 2^-41 of the heaviest");
+    assert_eq!(weight(f32::INFINITY), 1 << WEIGHT_BITS);
+    assert_eq!(weight(3.0), 1 << WEIGHT_BITS);
     let scale = (1u64 << WEIGHT_BITS) as f64;
     let mut worst = 0.0f64;
     let mut g = Gen(3);
@@ -116,6 +118,7 @@ fn weight_follows_exp_to_its_precision() {
 fn the_fraction_polynomial_meets_its_ends() {
     assert_eq!(exp2_fraction(0.0), 1.0);
     assert_eq!(exp2_fraction(-1.0), 0.5);
+    assert_eq!(exp2_fraction(-0.0), 1.0);
     let mut f = -1.0f32;
     while f <= 0.0 {
         let got = exp2_fraction(f) as f64;
@@ -307,5 +310,51 @@ fn kept_tokens_follow_the_plain_steps_on_random_rows() {
                 .map(|k| k.0);
             assert_eq!(Some(draw(&logits, &s)), token, "case {case}");
         }
+    }
+}
+
+/// Host cost of one draw at Llama-3's vocabulary (random logits in [-10, 10], temperature 1):
+/// `cargo test --release -p sov --lib engine::draw::tests::draw_bench -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn draw_bench() {
+    let mut g = Gen(1);
+    let logits: Vec<f32> = (0..128_256).map(|_| g.range(-10.0, 10.0)).collect();
+    let settings = [
+        ("temperature 1", spec(1.0)),
+        ("temperature 0.7", spec(0.7)),
+        (
+            "top-p 0.9",
+            DrawSpec {
+                top_p: 0.9,
+                ..spec(1.0)
+            },
+        ),
+        (
+            "top-k 40",
+            DrawSpec {
+                top_k: 40,
+                ..spec(1.0)
+            },
+        ),
+        (
+            "min-p 0.05",
+            DrawSpec {
+                min_p: 0.05,
+                ..spec(1.0)
+            },
+        ),
+    ];
+    for (name, s) in settings {
+        let draws = 100u64;
+        let t = std::time::Instant::now();
+        let mut check = 0u64;
+        for i in 0..draws {
+            check ^= draw(&logits, &DrawSpec { bits: i << 40, ..s }) as u64;
+        }
+        println!(
+            "draw, vocab 128256, {name}: {:.1} us (check {check})",
+            t.elapsed().as_secs_f64() * 1e6 / draws as f64
+        );
     }
 }

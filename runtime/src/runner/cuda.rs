@@ -6,7 +6,7 @@
 
 use super::decode_graphs::DecodeGraphs;
 use super::{RunnerBackend, RunnerOptions};
-use crate::backend::cuda::{CudaBackend, CudaBuffer};
+use crate::backend::cuda::{CudaBackend, CudaBuffer, DrawRow, MAX_DRAW_VOCAB};
 use crate::backend::{Backend, DType};
 use crate::engine::forward::{HostWork, PickedRows, RowPick};
 use crate::model::batch::SeqChunk;
@@ -16,7 +16,7 @@ impl RunnerBackend for CudaBackend {
     type Decode = DecodeGraphs;
 
     fn new_decode(options: &RunnerOptions) -> DecodeGraphs {
-        DecodeGraphs::with_graphs(options.cuda_graphs)
+        DecodeGraphs::with_graphs(options.cuda_graphs).drawing_on_device(options.device_draw)
     }
 
     fn decode_pick(
@@ -46,22 +46,24 @@ impl RunnerBackend for CudaBackend {
             let ids = graphs.step_overlapped(model, kv, chunks, host)?;
             let vocab = model.config().vocab_size;
             let mut out = PickedRows::default();
-            let mut row_logits = Vec::new(); // [vocab], a drawn row's
             for (row, (pick, id)) in picks.iter().zip(ids).enumerate() {
-                out.tokens.push(match pick {
-                    RowPick::Argmax => Some(id),
-                    RowPick::Draw(_) => {
-                        row_logits.resize(vocab, 0.0);
-                        graphs.download_logits_row(model.backend(), row, &mut row_logits)?;
-                        pick.token_on_host(&row_logits)
-                    }
-                    RowPick::Skip | RowPick::Logits => None,
-                });
+                out.tokens.push((*pick == RowPick::Argmax).then_some(id));
                 if *pick == RowPick::Logits {
                     let start = out.logits.len();
                     out.logits.resize(start + vocab, 0.0);
                     graphs.download_logits_row(model.backend(), row, &mut out.logits[start..])?;
                 }
+            }
+            if let Some(logits) = graphs.logits() {
+                let on_device = graphs.device_draw();
+                draw_rows(
+                    model.backend(),
+                    logits,
+                    vocab,
+                    picks,
+                    on_device,
+                    &mut out.tokens,
+                )?;
             }
             Ok(out)
         };
@@ -69,23 +71,27 @@ impl RunnerBackend for CudaBackend {
     }
 
     fn step_pick(
+        graphs: &DecodeGraphs,
         model: &LlamaModel<Self>,
         kv: &mut KvCache<Self>,
         chunks: &[SeqChunk<'_>],
         picks: &[RowPick],
     ) -> Option<Result<PickedRows, ModelError>> {
-        (picks.len() == chunks.len()).then(|| step_pick(model, kv, chunks, picks))
+        (picks.len() == chunks.len())
+            .then(|| step_pick(model, kv, chunks, picks, graphs.device_draw()))
     }
 }
 
 /// One eager step whose logits stay on the device: the greedy id of every `Argmax` row chosen
-/// there ([`CudaBackend::argmax_rows`], the host `argmax`'s rule), the rows the host samples
-/// downloaded, nothing of the `Skip` rows (prompt chunks that do not end their prompt).
+/// there ([`CudaBackend::argmax_rows`], the host `argmax`'s rule), the `Draw` rows drawn as
+/// [`draw_rows`] says, the rows the host samples downloaded, nothing of the `Skip` rows (prompt
+/// chunks that do not end their prompt).
 fn step_pick(
     model: &LlamaModel<CudaBackend>,
     kv: &mut KvCache<CudaBackend>,
     chunks: &[SeqChunk<'_>],
     picks: &[RowPick],
+    device_draw: bool,
 ) -> Result<PickedRows, ModelError> {
     let b = model.backend();
     let vocab = model.config().vocab_size;
@@ -101,14 +107,7 @@ fn step_pick(
             *token = (*pick == RowPick::Argmax).then_some(id);
         }
     }
-    let mut row_logits = Vec::new(); // [vocab], a drawn row's
-    for (row, (token, pick)) in out.tokens.iter_mut().zip(picks).enumerate() {
-        if let RowPick::Draw(_) = pick {
-            row_logits.resize(vocab, 0.0);
-            b.download_f32_at(&logits, row * vocab, &mut row_logits)?;
-            *token = pick.token_on_host(&row_logits);
-        }
-    }
+    draw_rows(b, &logits, vocab, picks, device_draw, &mut out.tokens)?;
     let sampled = picks.iter().filter(|p| **p == RowPick::Logits).count();
     if sampled == rows {
         out.logits = vec![0.0; rows * vocab]; // [rows, vocab]
@@ -127,6 +126,52 @@ fn step_pick(
         }
     }
     Ok(out)
+}
+
+/// Sets `tokens[r]` for every `Draw` row `r` of `picks`, from row `r` of `logits` (`[rows, vocab]`
+/// f32 on the device): drawn there ([`CudaBackend::draw_rows`], the host `draw` bit for bit) when
+/// `on_device` and the vocabulary fits its weights, else each row downloaded and drawn on the host.
+fn draw_rows(
+    b: &CudaBackend,
+    logits: &CudaBuffer,
+    vocab: usize,
+    picks: &[RowPick],
+    on_device: bool,
+    tokens: &mut [Option<u32>],
+) -> Result<(), ModelError> {
+    let draws: Vec<(usize, DrawRow)> = picks
+        .iter()
+        .enumerate()
+        .filter_map(|(row, pick)| match pick {
+            RowPick::Draw(d) => Some((
+                row,
+                DrawRow {
+                    temperature: d.temperature,
+                    top_k: d.top_k,
+                    top_p: d.top_p,
+                    min_p: d.min_p,
+                    bits: d.bits,
+                },
+            )),
+            _ => None,
+        })
+        .collect();
+    if draws.is_empty() {
+        return Ok(());
+    }
+    if on_device && vocab <= MAX_DRAW_VOCAB {
+        let ids = b.draw_rows(logits, vocab, &draws)?;
+        for ((row, _), id) in draws.iter().zip(ids) {
+            tokens[*row] = Some(id);
+        }
+        return Ok(());
+    }
+    let mut row_logits = vec![0.0f32; vocab]; // [vocab], a drawn row's
+    for (row, _) in &draws {
+        b.download_f32_at(logits, row * vocab, &mut row_logits)?;
+        tokens[*row] = picks[*row].token_on_host(&row_logits);
+    }
+    Ok(())
 }
 
 /// The greedy id of each of the `rows` rows of `logits` (`[rows, vocab]` f32), chosen on the

@@ -95,6 +95,8 @@ pub struct DecodeGraphs {
     /// Backend scratch generation the graphs were captured under.
     generation: u64,
     use_graphs: bool,
+    /// Whether plain sampled rows are drawn on the device ([`Self::device_draw`]).
+    device_draw: bool,
     /// Rows of the last step (its logits rows are valid).
     last_rows: usize,
     vocab: usize,
@@ -123,9 +125,26 @@ impl DecodeGraphs {
             warm: HashSet::new(),
             generation: 0,
             use_graphs,
+            device_draw: false,
             last_rows: 0,
             vocab: 0,
         }
+    }
+
+    /// This runner, drawing plain sampled rows on the device when `on` (`RunnerOptions::device_draw`).
+    pub fn drawing_on_device(mut self, on: bool) -> Self {
+        self.device_draw = on;
+        self
+    }
+
+    /// Whether plain sampled rows are drawn on the device (else on the host from their rows).
+    pub fn device_draw(&self) -> bool {
+        self.device_draw
+    }
+
+    /// The last step's logits (`[rows, vocab]` f32, its first `rows` rows valid), if a step ran.
+    pub fn logits(&self) -> Option<&CudaBuffer> {
+        self.bufs.as_ref().map(|b| &b.logits)
     }
 
     /// How many step graphs are captured now (0 after a failed capture, which turns replay off).

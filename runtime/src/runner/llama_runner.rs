@@ -69,7 +69,7 @@ impl<B: RunnerBackend> LlamaRunner<B> {
         {
             return out.map_err(|e| e.to_string());
         }
-        if let Some(out) = B::step_pick(&self.model, &mut self.kv, chunks, picks) {
+        if let Some(out) = B::step_pick(&self.decode, &self.model, &mut self.kv, chunks, picks) {
             return out.map_err(|e| e.to_string());
         }
         pick_on_host(self.vocab_size(), self.forward(chunks)?, picks)

@@ -52,11 +52,19 @@ pub struct RunnerOptions {
     /// (default). Off: the same fixed buffers, launched eagerly every step (what the graphs save
     /// is the difference).
     pub cuda_graphs: bool,
+    /// On CUDA: draw the tokens of plain sampled rows on the device (`draw_tokens`, the host's
+    /// `draw` bit for bit), so only their ids come back; off: their logits rows are downloaded
+    /// and drawn on the host. Off by default until the device check
+    /// (`draw_rows_match_the_engine_draw`) has passed on a GPU.
+    pub device_draw: bool,
 }
 
 impl Default for RunnerOptions {
     fn default() -> Self {
-        Self { cuda_graphs: true }
+        Self {
+            cuda_graphs: true,
+            device_draw: false,
+        }
     }
 }
 
@@ -103,12 +111,13 @@ pub trait RunnerBackend: Backend + crate::backend::kv_stage::KvStager {
     /// the backend gains nothing over downloading every row (the runner then picks on the host),
     /// which is the default.
     fn step_pick(
+        decode: &Self::Decode,
         model: &LlamaModel<Self>,
         kv: &mut KvCache<Self>,
         chunks: &[SeqChunk<'_>],
         picks: &[RowPick],
     ) -> Option<Result<PickedRows, ModelError>> {
-        let _ = (model, kv, chunks, picks);
+        let _ = (decode, model, kv, chunks, picks);
         None
     }
 }

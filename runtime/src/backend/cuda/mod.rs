@@ -77,7 +77,7 @@ pub use device::{CudaBackend, probe};
 pub use fp8::Fp8Path;
 pub use gemm_fp8::ScaleMode;
 pub use graph::StepGraph;
-pub use sampling::SamplingRow;
+pub use sampling::{DrawRow, MAX_DRAW_VOCAB};
 pub use tuning::{
     CudaTuning, DecodeCarveout, Fp8QuantizedInputs, KernelBuild, Quantization, RETIRED_VARS,
     TuningError, retired_vars_set,

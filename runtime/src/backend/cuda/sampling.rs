@@ -1,4 +1,5 @@
-//! Next-token choice on the device (`sampling.cu`): only the token ids come back to the host.
+//! Next-token choice on the device (`sampling.cu`): only the token ids come back to the host. The
+//! greedy choice follows the engine's host `argmax`, the sampled one its `draw`, bit for bit.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::KernelId;
@@ -10,30 +11,36 @@ use super::ops::to_i32;
 use super::pdl::arg;
 use crate::backend::{BackendError, DType, check_buffer};
 
-/// Sampling settings of one row of logits.
+/// One sampled row's draw: the engine's `DrawSpec` (`engine/draw.rs`, which specifies the
+/// steps `draw_tokens` follows bit for bit), in the backend's own terms.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SamplingRow {
-    /// `<= 0` means greedy (argmax).
+pub struct DrawRow {
+    /// Divides the logits; > 0.
     pub temperature: f32,
-    /// Keep the `top_k` most likely tokens; 0 disables the filter.
+    /// Keep the `top_k` first tokens of the sorted order; 0 keeps all.
     pub top_k: u32,
-    /// Keep the smallest most-likely set with probability mass `>= top_p`; `>= 1` disables it.
+    /// Keep the shortest sorted prefix holding this share of the top-k weight; `>= 1` keeps all.
     pub top_p: f32,
-    /// Uniform draw in `[0, 1)` from the request's seeded RNG (ignored when greedy).
-    pub uniform: f32,
+    /// Drop tokens lighter than `min_p` times the heaviest; 0 keeps all.
+    pub min_p: f32,
+    /// 53 random bits: the request's uniform number for this token, times `2^53`.
+    pub bits: u64,
 }
 
-impl SamplingRow {
-    /// Greedy decoding.
-    pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            uniform: 0.0,
-        }
+impl DrawRow {
+    /// The three u64 words `draw_tokens` reads: (temperature | top_k << 32, top_p | min_p << 32,
+    /// bits).
+    fn words(&self) -> [u64; 3] {
+        [
+            self.temperature.to_bits() as u64 | (self.top_k as u64) << 32,
+            self.top_p.to_bits() as u64 | (self.min_p.to_bits() as u64) << 32,
+            self.bits,
+        ]
     }
 }
+
+/// Vocabularies `draw_tokens` takes: its fixed-point weights sum within a u64 below `2^24` tokens.
+pub const MAX_DRAW_VOCAB: usize = 1 << 23;
 
 impl CudaBackend {
     /// Enqueues the greedy choice of each of the first `rows` rows of `logits: [>= rows, vocab]`
@@ -76,46 +83,40 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// One token id per row of `logits: [rows.len(), vocab]` f32, chosen on the device.
-    pub fn sample(
+    /// The drawn token of each `(row, draw)` of `draws`: row `row` of `logits: [>= rows, vocab]`
+    /// f32 sampled on the device as `draw` says, bit for bit the engine's host `draw`. Only the ids
+    /// come back (the call waits for them).
+    pub fn draw_rows(
         &self,
         logits: &CudaBuffer,
         vocab: usize,
-        rows: &[SamplingRow],
+        draws: &[(usize, DrawRow)],
     ) -> Result<Vec<u32>, BackendError> {
-        const OP: &str = "sample";
-        check_buffer(OP, "logits", logits, DType::F32, rows.len() * vocab)?;
-        if rows.is_empty() {
+        const OP: &str = "draw_rows";
+        if draws.is_empty() {
             return Ok(Vec::new());
         }
-        if vocab == 0 {
+        let rows = draws.iter().map(|d| d.0).max().unwrap_or(0) + 1;
+        check_buffer(OP, "logits", logits, DType::F32, rows * vocab)?;
+        if vocab == 0 || vocab > MAX_DRAW_VOCAB {
             return Err(BackendError::Shape {
                 op: OP,
-                detail: "vocab is 0".into(),
+                detail: format!("vocab {vocab} outside 1..={MAX_DRAW_VOCAB}"),
             });
         }
-        let temps: Vec<f32> = rows.iter().map(|r| r.temperature).collect();
-        let top_k: Vec<i32> = rows
-            .iter()
-            .map(|r| r.top_k.min(i32::MAX as u32) as i32)
-            .collect();
-        let top_p: Vec<f32> = rows.iter().map(|r| r.top_p).collect();
-        let uniform: Vec<f32> = rows
-            .iter()
-            .map(|r| r.uniform.clamp(0.0, 1.0 - f32::EPSILON))
-            .collect();
-        let t = self.upload_bytes(DType::F32, bytemuck::cast_slice(&temps))?;
-        let k = self.upload_bytes(DType::I32, bytemuck::cast_slice(&top_k))?;
-        let p = self.upload_bytes(DType::F32, bytemuck::cast_slice(&top_p))?;
-        let u = self.upload_bytes(DType::F32, bytemuck::cast_slice(&uniform))?;
-        let out = self.alloc_zeroed(DType::U32, rows.len())?;
+        let row_ids: Vec<u32> = draws.iter().map(|d| d.0 as u32).collect(); // [n]
+        let words: Vec<u64> = draws.iter().flat_map(|d| d.1.words()).collect(); // [n, 3]
+        let rows_dev = self.upload_bytes(DType::U32, bytemuck::cast_slice(&row_ids))?;
+        // Six u32 a draw, read by the kernel as three u64 (allocations are 256-byte aligned).
+        let params = self.upload_bytes(DType::U32, bytemuck::cast_slice(&words))?;
+        let out = self.alloc_zeroed(DType::U32, draws.len())?;
         let f = self
             .modules
-            .function(KernelId::Sampling, None, "sample_tokens")?;
+            .function(KernelId::Sampling, None, "draw_tokens")?;
         let v = to_i32(vocab, "vocab")?;
-        let ptrs = [out.ptr(), logits.ptr(), t.ptr(), k.ptr(), p.ptr(), u.ptr()];
+        let ptrs = [out.ptr(), logits.ptr(), rows_dev.ptr(), params.ptr()];
         let cfg = LaunchConfig {
-            grid_dim: (rows.len() as u32, 1, 1),
+            grid_dim: (draws.len() as u32, 1, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -124,12 +125,11 @@ impl CudaBackend {
             .arg(&ptrs[1])
             .arg(&v)
             .arg(&ptrs[2])
-            .arg(&ptrs[3])
-            .arg(&ptrs[4])
-            .arg(&ptrs[5]);
-        // SAFETY: every buffer holds rows.len() entries (logits rows * vocab), checked above.
+            .arg(&ptrs[3]);
+        // SAFETY: logits holds `rows` rows of vocab f32 (checked above) and every row index is
+        // below `rows`; rows_dev, params and out hold one entry (three u64 for params) per draw.
         unsafe { b.launch(cfg) }.map_err(driver_err)?;
-        let mut ids = vec![0u32; rows.len()];
+        let mut ids = vec![0u32; draws.len()]; // [n]
         self.download_raw(&out, 0, bytemuck::cast_slice_mut(&mut ids))?;
         Ok(ids)
     }

@@ -9,7 +9,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::reference as cpu;
-use super::{CudaBackend, CudaBuffer, CudaTuning, SamplingRow};
+use super::{CudaBackend, CudaBuffer, CudaTuning, DrawRow};
 use crate::backend::{
     AttentionShape, Backend, BatchMeta, DType, HeadShape, KvLayer, NewTokens, RmsNorm, RopeTables,
     SwiGluShape,
@@ -746,83 +746,93 @@ fn prefill_attention_matches_cpu() {
     }
 }
 
+/// `draw_rows` against the engine's host `draw` (engine/draw.rs), token for token: the draw is
+/// specified to the bit, so every draw must agree, with no margin for rounding. Random rows of
+/// three vocabularies (Llama-3's among them), rows with exact ties (coarse logits), banned tokens
+/// (-inf), NaNs, an all -inf row and a +inf row; every setting of temperature, top-k, top-p and
+/// min-p the engine sends, the rows drawn out of order and one row drawn twice.
 #[test]
-fn sampling_matches_cpu() {
+fn draw_rows_match_the_engine_draw() {
+    use crate::engine::draw::{DrawSpec, draw};
     let Some(b) = device() else { return };
-    for vocab in [1001, 49152, 128256] {
-        let rows = 6;
+    let mut rng = StdRng::seed_from_u64(17);
+    let mut compared = 0;
+    for vocab in [7, 1001, 128256] {
+        let rows = 8;
         let mut logits = cpu::random(rows * vocab, 4.0, vocab as u64);
-        // A few heavy tokens so top-p keeps a small set in some rows.
-        for r in 0..rows {
-            logits[r * vocab + (r * 7919) % vocab] += 6.0 + r as f32;
+        let row = |r: usize| r * vocab..(r + 1) * vocab;
+        // Row 1: coarse (many ties); row 2: heavy tokens and banned ones; row 3: NaNs;
+        // row 4: all -inf; row 5: a +inf; row 6: one dominant token.
+        for x in &mut logits[row(1)] {
+            *x = (*x * 2.0).round();
         }
+        for (j, x) in logits[row(2)].iter_mut().enumerate() {
+            if j % 7 == 3 {
+                *x = f32::NEG_INFINITY;
+            }
+            if j % 97 == 5 {
+                *x += 8.0;
+            }
+        }
+        logits[row(3)][0] = f32::NAN;
+        logits[row(3)][vocab / 2] = f32::NAN;
+        logits[row(4)].fill(f32::NEG_INFINITY);
+        logits[row(5)][vocab / 3] = f32::INFINITY;
+        logits[row(6)][vocab - 1] = 30.0;
         let lb = b.upload_f32(&logits).unwrap();
-        let greedy = b
-            .sample(&lb, vocab, &vec![SamplingRow::greedy(); rows])
-            .unwrap();
-        for r in 0..rows {
-            assert_eq!(
-                greedy[r],
-                cpu::argmax(&logits[r * vocab..(r + 1) * vocab]),
-                "argmax row {r}"
-            );
-        }
-        let topk1: Vec<SamplingRow> = (0..rows)
-            .map(|r| SamplingRow {
-                temperature: 0.7,
-                top_k: 1,
-                top_p: 1.0,
-                uniform: r as f32 / 7.0,
-            })
-            .collect();
-        assert_eq!(b.sample(&lb, vocab, &topk1).unwrap(), greedy, "top_k = 1");
-
-        let mut rng = StdRng::seed_from_u64(vocab as u64 + 1);
-        let settings = [
-            (1.0, 0, 1.0),
-            (0.8, 50, 1.0),
-            (1.3, 0, 0.9),
-            (0.6, 40, 0.8),
-            (2.0, 1000, 0.95),
-            (1.0, 5, 0.5),
+        let settings: [(f32, u32, f32, f32); 9] = [
+            (1.0, 0, 1.0, 0.0),
+            (0.7, 0, 1.0, 0.0),
+            (0.8, 50, 1.0, 0.0),
+            (1.3, 0, 0.9, 0.0),
+            (0.6, 40, 0.8, 0.0),
+            (2.0, 1000, 0.95, 0.05),
+            (1.0, 5, 0.5, 0.0),
+            (1.0, 0, 1.0, 0.1),
+            (0.9, 3, 0.3, 0.2),
         ];
-        let mut compared = 0;
-        for _trial in 0..8 {
-            let params: Vec<SamplingRow> = (0..rows)
-                .map(|r| {
-                    let (temperature, top_k, top_p) = settings[r];
-                    SamplingRow {
+        for trial in 0..6 {
+            let mut draws: Vec<(usize, DrawRow)> = Vec::new();
+            for r in (0..rows).rev() {
+                let (temperature, top_k, top_p, min_p) = settings[(r + trial) % settings.len()];
+                let bits = rng.r#gen::<u64>() >> 11;
+                draws.push((
+                    r,
+                    DrawRow {
                         temperature,
                         top_k,
                         top_p,
-                        uniform: rng.gen_range(0.0..1.0),
-                    }
-                })
-                .collect();
-            let got = b.sample(&lb, vocab, &params).unwrap();
-            for (r, p) in params.iter().enumerate() {
-                let row = &logits[r * vocab..(r + 1) * vocab];
-                let (expect, margin, thr) =
-                    cpu::sample(row, p.temperature, p.top_k as usize, p.top_p, p.uniform);
-                // Always: the token is in the top-k / top-p candidate set (unless the cut is a
-                // rounding-level tie, flagged by a tiny margin).
-                assert!(
-                    row[got[r] as usize] >= thr || margin < 1e-6,
-                    "vocab {vocab} row {r} {p:?}: outside the set"
+                        min_p,
+                        bits,
+                    },
+                ));
+            }
+            draws.push((
+                1,
+                DrawRow {
+                    bits: 0,
+                    ..draws[0].1
+                },
+            ));
+            let got = b.draw_rows(&lb, vocab, &draws).unwrap();
+            for (k, (r, d)) in draws.iter().enumerate() {
+                let spec = DrawSpec {
+                    temperature: d.temperature,
+                    top_k: d.top_k,
+                    top_p: d.top_p,
+                    min_p: d.min_p,
+                    bits: d.bits,
+                };
+                assert_eq!(
+                    got[k],
+                    draw(&logits[row(*r)], &spec),
+                    "vocab {vocab} row {r} trial {trial}: {spec:?}"
                 );
-                // The exact draw, wherever rounding cannot decide it.
-                if margin > 1e-5 {
-                    assert_eq!(got[r], expect, "vocab {vocab} row {r} {p:?}");
-                    compared += 1;
-                }
+                compared += 1;
             }
         }
-        println!(
-            "sampling vocab {vocab}: {compared} of {} draws compared exactly",
-            8 * rows
-        );
-        assert!(compared >= 24, "too few draws compared ({compared})");
     }
+    println!("draw_rows: {compared} draws equal to the host's");
 }
 
 /// `argmax_rows` against the engine's host `argmax` (engine/sampler.rs), the rule the engine's
