@@ -251,6 +251,7 @@ fn witness_round_trip_figures() {
                 checkpoint: None,
                 backend: Some("cpu".into()),
                 precision: Some("f32".into()),
+                sampler: Some("draw-1".into()),
             },
             &sk,
         )

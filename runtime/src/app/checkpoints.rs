@@ -16,6 +16,7 @@ use crate::backend::cuda::CudaTuning;
 use crate::checkpoint::{Anchor, Platform, keys};
 use crate::engine::EngineError;
 use crate::engine::checkpointing::{self, Worm, WormConfig};
+use crate::engine::draw::DRAW_RULE;
 use crate::loader::tensor::HostData;
 use crate::scheduler::Machine;
 
@@ -39,6 +40,7 @@ pub fn platform_of(
     Platform {
         backend: Some(backend),
         precision: Some(precision),
+        sampler: Some(DRAW_RULE.into()),
     }
 }
 

@@ -162,8 +162,9 @@ pub fn compare(expected: &FinishedRecord, got: &Finished) -> Verdict {
 }
 
 /// Why a replay on `replay` may not reproduce a run that its heads say ran on `run` bit for bit
-/// (None: same backend and precision, and a batch-invariant backend). A head without the lines
-/// (older runs) gives no reason.
+/// (None: same backend, precision and sampler, and a batch-invariant backend). A head without
+/// the backend and precision lines (older runs) gives no reason; one without the sampler line
+/// (before the draw rule was named) says sampled requests were drawn by an earlier rule.
 pub fn replay_caveat(run: &Platform, replay: &Platform) -> Option<String> {
     let name = |p: &Platform| {
         format!(
@@ -175,13 +176,26 @@ pub fn replay_caveat(run: &Platform, replay: &Platform) -> Option<String> {
     if run.backend.is_none() && run.precision.is_none() {
         return None;
     }
-    if run != replay {
+    if (&run.backend, &run.precision) != (&replay.backend, &replay.precision) {
         return Some(format!(
             "the run's signed heads say it ran on {}, this replay runs on {}: the arithmetic \
              differs, so outputs can differ without any forgery; replay on {} for a bit-exact audit",
             name(run),
             name(replay),
             name(run)
+        ));
+    }
+    if run.sampler != replay.sampler {
+        let rule = |p: &Platform| {
+            p.sampler
+                .clone()
+                .unwrap_or_else(|| "an earlier rule".into())
+        };
+        return Some(format!(
+            "the run's signed heads say its sampled tokens were drawn by {}, this replay draws by \
+             {}: sampled requests can differ without any forgery (greedy ones must not)",
+            rule(run),
+            rule(replay)
         ));
     }
     let invariant = run.backend.as_deref() == Some("cpu")
@@ -292,6 +306,7 @@ mod tests {
         let p = |b: &str, q: &str| Platform {
             backend: Some(b.into()),
             precision: Some(q.into()),
+            sampler: Some("draw-1".into()),
         };
         assert_eq!(replay_caveat(&p("cpu", "f32"), &p("cpu", "f32")), None);
         let gpu_on_cpu = replay_caveat(&p("cuda", "bf16"), &p("cpu", "f32")).unwrap();
@@ -308,5 +323,20 @@ mod tests {
         assert_eq!(replay_caveat(&split256, &split256), None);
         assert!(replay_caveat(&det, &split256).is_some());
         assert_eq!(replay_caveat(&Platform::default(), &p("cpu", "f32")), None);
+        // A run from before the draw rule was named, or drawn by another rule.
+        let unnamed = Platform {
+            sampler: None,
+            ..p("cpu", "f32")
+        };
+        let why = replay_caveat(&unnamed, &p("cpu", "f32")).unwrap();
+        assert!(
+            why.contains("an earlier rule") && why.contains("draw-1"),
+            "{why}"
+        );
+        let other = Platform {
+            sampler: Some("draw-0".into()),
+            ..p("cpu", "f32")
+        };
+        assert!(replay_caveat(&other, &p("cpu", "f32")).is_some());
     }
 }

@@ -50,6 +50,7 @@ mod tests {
     use super::*;
     use crate::checkpoint::CheckpointStore;
     use crate::checkpoint::fixture::{MODEL, SPEC, finished, key, request};
+    use crate::engine::draw::DRAW_RULE;
 
     /// A run directory whose heads name `precision` on CUDA (one finished request, one head).
     fn run_on(precision: &str) -> tempfile::TempDir {
@@ -57,6 +58,7 @@ mod tests {
         let platform = Platform {
             backend: Some("cuda".into()),
             precision: Some(precision.into()),
+            sampler: Some(DRAW_RULE.into()),
         };
         let dir = super::super::run_dir::checkpoint_dir(run.path());
         let mut store = CheckpointStore::open_on(&dir, key(), SPEC, MODEL, None, platform).unwrap();

@@ -26,7 +26,8 @@
 //!
 //! The chosen token is a sample of `softmax(logits / temperature)` restricted as Hugging Face's
 //! warpers restrict it (temperature, top-k, top-p on the renormalised top-k mass, min-p), within
-//! the weights' precision. `kernels/cuda/draw.cu` implements the same steps on the GPU.
+//! the weights' precision. `draw_tokens` in `kernels/cuda/sampling.cu` implements the same steps on
+//! the GPU; [`DRAW_RULE`] names this rule in signed heads.
 
 use std::cmp::Ordering;
 
@@ -44,6 +45,10 @@ pub struct DrawSpec {
     /// 53 random bits: the request's uniform number for this token, times `2^53`.
     pub bits: u64,
 }
+
+/// This rule's name in signed heads (`sov-sampler`): a change to any step of the draw takes a
+/// new name, so an audit knows when sampled tokens were drawn by another rule.
+pub const DRAW_RULE: &str = "draw-1";
 
 /// Fixed-point scale of the weights: the heaviest token weighs `1 << WEIGHT_BITS`.
 pub const WEIGHT_BITS: u32 = 40;

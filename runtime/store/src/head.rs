@@ -14,6 +14,7 @@
 //! sov-kv-root <64 hex>                        its KV root
 //! sov-backend <name>                          e.g. cpu, cuda (when the engine says)
 //! sov-precision <name>                        e.g. f32, bf16 (when the engine says)
+//! sov-sampler <name>                          the sampled-token draw rule, e.g. draw-1 (when said)
 //! ```
 //! Parsing re-serializes and compares, so any non-canonical byte is refused.
 
@@ -58,6 +59,8 @@ pub struct TreeHead {
     pub backend: Option<String>,
     /// Numeric precision name, when known.
     pub precision: Option<String>,
+    /// The rule sampled tokens were drawn by, when named (heads before it have none).
+    pub sampler: Option<String>,
 }
 
 /// The origin of the log whose first leaf hash is `first`.
@@ -99,6 +102,9 @@ impl TreeHead {
         }
         if let Some(p) = &self.precision {
             s.push_str(&format!("sov-precision {p}\n"));
+        }
+        if let Some(r) = &self.sampler {
+            s.push_str(&format!("sov-sampler {r}\n"));
         }
         s
     }
@@ -159,7 +165,12 @@ impl TreeHead {
         };
         let backend = take("sov-backend");
         let precision = take("sov-precision");
-        for (what, v) in [("backend", &backend), ("precision", &precision)] {
+        let sampler = take("sov-sampler");
+        for (what, v) in [
+            ("backend", &backend),
+            ("precision", &precision),
+            ("sampler", &sampler),
+        ] {
             if let Some(v) = v {
                 check_word(what, v)?;
             }
@@ -176,6 +187,7 @@ impl TreeHead {
             checkpoint,
             backend,
             precision,
+            sampler,
         };
         if head.canonical() != text {
             return Err(bad("not in canonical form"));
@@ -217,6 +229,7 @@ mod tests {
             }),
             backend: Some("cpu".into()),
             precision: Some("f32".into()),
+            sampler: Some("draw-1".into()),
         }
     }
 
@@ -237,6 +250,7 @@ mod tests {
             checkpoint: None,
             backend: None,
             precision: None,
+            sampler: None,
             ..h
         };
         assert_eq!(TreeHead::parse(&bare.canonical()).unwrap(), bare);
@@ -260,6 +274,10 @@ mod tests {
             c.clone() + "sov-extra x\n",
             c.replace("sov-kv-root", "sov-kvroot"),
             c.replace("sov-backend cpu", "sov-backend c u"),
+            c.replace(
+                "sov-precision f32\nsov-sampler draw-1\n",
+                "sov-sampler draw-1\nsov-precision f32\n",
+            ),
         ] {
             if let Ok(h) = TreeHead::parse(&bad) {
                 panic!("accepted {bad:?} as {h:?}");

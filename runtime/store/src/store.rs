@@ -105,13 +105,17 @@ pub struct CheckpointStore {
     log: LogState,
 }
 
-/// Where the engine runs, for the heads' `sov-backend` / `sov-precision` lines.
+/// Where and how the engine computes, for the heads' `sov-backend` / `sov-precision` /
+/// `sov-sampler` lines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Platform {
     /// Compute backend name (e.g. `cpu`, `cuda`).
     pub backend: Option<String>,
     /// Numeric precision name (e.g. `f32`, `bf16`).
     pub precision: Option<String>,
+    /// The rule sampled tokens are drawn by (e.g. `draw-1`); None in heads from before it was
+    /// named.
+    pub sampler: Option<String>,
 }
 
 /// The platform the newest head of a run's `heads.log` names: all `None` when there is no head
@@ -130,6 +134,7 @@ fn note_platform(note_text: &str) -> Result<Platform> {
     Ok(Platform {
         backend: head.backend,
         precision: head.precision,
+        sampler: head.sampler,
     })
 }
 
@@ -151,11 +156,27 @@ fn platform_change(before: &Platform, now: &Platform) -> Option<String> {
             p.precision.as_deref().unwrap_or("?")
         )
     };
-    Some(format!(
-        "the run's newest head says it ran on {}, it continues on {}",
-        name(before),
-        name(now)
-    ))
+    let rule = |p: &Platform| {
+        p.sampler
+            .clone()
+            .unwrap_or_else(|| "an unnamed rule".into())
+    };
+    let mut said = Vec::new();
+    if (&before.backend, &before.precision) != (&now.backend, &now.precision) {
+        said.push(format!(
+            "the run's newest head says it ran on {}, it continues on {}",
+            name(before),
+            name(now)
+        ));
+    }
+    if before.sampler != now.sampler {
+        said.push(format!(
+            "its sampled tokens were drawn by {}, they continue by {}",
+            rule(before),
+            rule(now)
+        ));
+    }
+    Some(said.join("; "))
 }
 
 /// Told of every signed head, on the thread that signed it (so: quick, never blocking): the head
@@ -426,6 +447,7 @@ impl CheckpointStore {
             checkpoint: log.checkpoint.clone(),
             backend: log.platform.backend.clone(),
             precision: log.platform.precision.clone(),
+            sampler: log.platform.sampler.clone(),
         };
         let note = head::sign(&body, &self.key)?;
         log.heads.append(&HeadRecord {

@@ -152,6 +152,7 @@ fn log_costs() {
         checkpoint: None,
         backend: Some("cpu".into()),
         precision: Some("f32".into()),
+        sampler: Some("draw-1".into()),
     };
     let k = key();
     let n = 2000;

@@ -195,6 +195,7 @@ fn a_resume_on_another_platform_is_named() {
     let on = |precision: &str| Platform {
         backend: Some("cuda".into()),
         precision: Some(precision.into()),
+        sampler: Some("draw-1".into()),
     };
     let dir = tempfile::tempdir().unwrap();
     let open = |p: Platform| CheckpointStore::open_on(dir.path(), key(), SPEC, MODEL, None, p);
@@ -226,6 +227,18 @@ fn a_resume_on_another_platform_is_named() {
     assert!(
         said.contains("cuda/bf16-deterministic,")
             && said.contains("cuda/bf16-deterministic-split256"),
+        "{said}"
+    );
+    drop(other);
+    // Another draw rule for sampled tokens is named too.
+    let redrawn = open(Platform {
+        sampler: Some("draw-2".into()),
+        ..on("bf16-deterministic")
+    })
+    .unwrap();
+    let said = redrawn.platform_change().expect("the new rule is named");
+    assert!(
+        said.contains("drawn by draw-1") && said.contains("by draw-2"),
         "{said}"
     );
 }

@@ -51,6 +51,7 @@ fn note_of(t: &Tree, size: u64, key: &SigningKey) -> String {
         checkpoint: None,
         backend: Some("cpu".into()),
         precision: Some("f32".into()),
+        sampler: Some("draw-1".into()),
     };
     head::sign(&h, key).unwrap()
 }
