@@ -134,9 +134,23 @@ fn sorted_prefix(keys: &[u32], n: usize) -> Vec<(u32, u32)> {
     all
 }
 
-/// Whether `w` passes min-p (`min_p` <= 0 passes everything).
+/// Whether `w` passes min-p (`min_p` <= 0 passes everything): `w as f64 >= min_p as f64 * 2^40`.
 fn passes_min_p(w: u64, min_p: f32) -> bool {
     min_p <= 0.0 || w as f64 >= min_p as f64 * (1u64 << WEIGHT_BITS) as f64
+}
+
+/// The least weight that passes min-p: [`passes_min_p`] as one integer comparison, `w >= floor`
+/// (a weight is at most `2^40`, so `w as f64` is exact and the two agree).
+fn min_p_floor(min_p: f32) -> u64 {
+    if min_p <= 0.0 {
+        return 0;
+    }
+    let threshold = min_p as f64 * (1u64 << WEIGHT_BITS) as f64;
+    if threshold.is_nan() || threshold > (1u64 << 62) as f64 {
+        u64::MAX
+    } else {
+        threshold.ceil() as u64
+    }
 }
 
 /// `(bits * total) >> 53`: the target weight sum of the draw, below `total`.
@@ -151,12 +165,12 @@ fn largest(logits: &[f32], temperature: f32) -> f32 {
     scaled(max, temperature)
 }
 
-/// Each logit's weight below `m` at temperature `t`, 0 where min-p drops it, into `out` (same
-/// length as `logits`).
-fn weights_into(logits: &[f32], t: f32, m: f32, min_p: f32, out: &mut [u64]) {
+/// Each logit's weight below `m` at temperature `t`, 0 below `floor` (min-p, [`min_p_floor`]),
+/// into `out` (same length as `logits`).
+fn weights_into(logits: &[f32], t: f32, m: f32, floor: u64, out: &mut [u64]) {
     for (w, &l) in out.iter_mut().zip(logits) {
         let x = weight(scaled(l, t) - m);
-        *w = if passes_min_p(x, min_p) { x } else { 0 };
+        *w = if x >= floor { x } else { 0 };
     }
 }
 
@@ -164,20 +178,21 @@ fn weights_into(logits: &[f32], t: f32, m: f32, min_p: f32, out: &mut [u64]) {
 /// (it never fuses or reorders them), so the weights are the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn weights_into_avx2(logits: &[f32], t: f32, m: f32, min_p: f32, out: &mut [u64]) {
-    weights_into(logits, t, m, min_p, out)
+fn weights_into_avx2(logits: &[f32], t: f32, m: f32, floor: u64, out: &mut [u64]) {
+    weights_into(logits, t, m, floor, out)
 }
 
 /// [`weights_into`] on the widest instructions this CPU has.
 fn weights(logits: &[f32], t: f32, m: f32, min_p: f32) -> Vec<u64> {
     let mut out = vec![0u64; logits.len()]; // [vocab]
+    let floor = min_p_floor(min_p);
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { weights_into_avx2(logits, t, m, min_p, &mut out) };
+        unsafe { weights_into_avx2(logits, t, m, floor, &mut out) };
         return out;
     }
-    weights_into(logits, t, m, min_p, &mut out);
+    weights_into(logits, t, m, floor, &mut out);
     out
 }
 

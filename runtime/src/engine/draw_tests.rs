@@ -254,6 +254,40 @@ fn min_p_drops_light_tokens_and_never_empties_the_row() {
 }
 
 #[test]
+fn the_min_p_floor_is_the_min_p_comparison() {
+    let mut g = Gen(9);
+    for k in 0..20_000 {
+        let min_p = match k {
+            0 => 0.0,
+            1 => 1.0,
+            2 => 1.5,
+            3 => f32::NAN,
+            4 => -0.5,
+            _ => g.range(0.0, 1.0),
+        };
+        let floor = min_p_floor(min_p);
+        let ws = [
+            0,
+            1,
+            (1 << WEIGHT_BITS) - 1,
+            1 << WEIGHT_BITS,
+            g.next() >> 24,
+        ];
+        for w in ws
+            .into_iter()
+            .chain([floor.saturating_sub(1), floor, floor.saturating_add(1)])
+        {
+            let w = w.min(1 << WEIGHT_BITS);
+            assert_eq!(
+                w >= floor,
+                passes_min_p(w, min_p),
+                "min_p {min_p} w {w} floor {floor}"
+            );
+        }
+    }
+}
+
+#[test]
 fn non_finite_rows_take_the_argmax() {
     let s = spec(1.0);
     let all_banned = [f32::NEG_INFINITY; 3];
