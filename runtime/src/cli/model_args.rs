@@ -147,9 +147,9 @@ pub struct ModelArgs {
           value_parser = clap::builder::BoolishValueParser::new(), value_name = "BOOL")]
     pub cuda_graphs: bool,
     /// On CUDA, draw plain sampled rows' tokens on the device (the host's draw bit for bit), so
-    /// only ids come back instead of vocabulary-wide logits rows. Off by default until its device
-    /// check has passed on a GPU.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set,
+    /// only ids come back instead of vocabulary-wide logits rows (default); false downloads each
+    /// sampled row's logits and draws it on the host, with the same tokens.
+    #[arg(long, env = "SOV_DEVICE_DRAW", default_value_t = true, action = clap::ArgAction::Set,
           value_parser = clap::builder::BoolishValueParser::new(), value_name = "BOOL")]
     pub device_draw: bool,
     /// Start with n-gram (prompt-lookup) speculation drafting up to N tokens per step (0 = off;

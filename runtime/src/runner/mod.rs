@@ -54,8 +54,8 @@ pub struct RunnerOptions {
     pub cuda_graphs: bool,
     /// On CUDA: draw the tokens of plain sampled rows on the device (`draw_tokens`, the host's
     /// `draw` bit for bit), so only their ids come back; off: their logits rows are downloaded
-    /// and drawn on the host. Off by default until the device check
-    /// (`draw_rows_match_the_engine_draw`) has passed on a GPU.
+    /// and drawn on the host, the same tokens at a far higher cost (default on; checked by
+    /// `draw_rows_match_the_engine_draw` and `kernels/bench/gpu-device-draw.sh`).
     pub device_draw: bool,
 }
 
@@ -63,7 +63,7 @@ impl Default for RunnerOptions {
     fn default() -> Self {
         Self {
             cuda_graphs: true,
-            device_draw: false,
+            device_draw: true,
         }
     }
 }
