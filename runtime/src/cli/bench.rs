@@ -172,6 +172,9 @@ fn run_requests(
                         max_tokens: *n_out,
                         sampling: SamplingParams {
                             temperature: args.temperature,
+                            top_p: args.top_p,
+                            top_k: args.top_k,
+                            min_p: args.min_p,
                             seed: Some(args.seed.wrapping_add(i as u64)),
                             ..SamplingParams::default()
                         },

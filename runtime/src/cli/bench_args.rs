@@ -46,6 +46,17 @@ pub struct BenchArgs {
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Nucleus sampling: keep the fewest most likely tokens whose probabilities reach this
+    /// (1 = disabled; sent as `top_p` online).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep the K most likely tokens (0 = disabled; sent as `top_k` online).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Drop tokens less likely than this fraction of the most likely one (0 = disabled; sent as
+    /// `min_p` online).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
     /// Seed of the prompt generator and the samplers.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

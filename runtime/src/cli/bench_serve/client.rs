@@ -36,6 +36,12 @@ pub struct RequestSettings {
     pub api: Api,
     /// Sampling temperature (0 = greedy).
     pub temperature: f32,
+    /// `top_p`, sent when below 1.
+    pub top_p: f32,
+    /// `top_k`, sent when above 0.
+    pub top_k: usize,
+    /// `min_p`, sent when above 0.
+    pub min_p: f32,
     /// `Authorization: Bearer` key.
     pub api_key: Option<String>,
 }
@@ -81,6 +87,15 @@ pub fn request_body(item: &WorkItem, s: &RequestSettings) -> Value {
     });
     if let Some(model) = &s.model {
         body["model"] = json!(model);
+    }
+    if s.top_p < 1.0 {
+        body["top_p"] = json!(s.top_p);
+    }
+    if s.top_k > 0 {
+        body["top_k"] = json!(s.top_k);
+    }
+    if s.min_p > 0.0 {
+        body["min_p"] = json!(s.min_p);
     }
     let text = item.text.clone();
     match s.api {

@@ -142,6 +142,9 @@ fn settings(base: &str, api: Api, endpoint: &str) -> RequestSettings {
         model: Some("stub".into()),
         api,
         temperature: 0.0,
+        top_p: 1.0,
+        top_k: 0,
+        min_p: 0.0,
         api_key: Some("k".into()),
     }
 }
@@ -213,4 +216,27 @@ async fn failures_and_concurrency_limit() {
     assert!(r.peak_concurrent_requests <= 2 && r.peak_concurrent_requests >= 1);
     // Three waves of two requests, each at least FIRST_DELAY + 2 GAPs long.
     assert!(duration >= (FIRST_DELAY + GAP * 2) * 3);
+}
+
+#[test]
+fn sampling_filters_are_sent_only_when_set() {
+    let plain = client::request_body(
+        &item(4, false),
+        &settings("http://x", Api::Completions, "/v1/completions"),
+    );
+    for key in ["top_p", "top_k", "min_p"] {
+        assert!(
+            plain.get(key).is_none(),
+            "{key} sent while disabled: {plain}"
+        );
+    }
+    let mut s = settings("http://x", Api::Completions, "/v1/completions");
+    s.temperature = 0.8;
+    s.top_p = 0.9;
+    s.top_k = 40;
+    s.min_p = 0.05;
+    let body = client::request_body(&item(4, false), &s);
+    assert_eq!(body["top_k"], json!(40));
+    assert!((body["top_p"].as_f64().unwrap() - 0.9).abs() < 1e-6);
+    assert!((body["min_p"].as_f64().unwrap() - 0.05).abs() < 1e-6);
 }
