@@ -170,14 +170,7 @@ fn run_requests(
                     let request = Request {
                         prompt: Prompt::Tokens(prompt.clone()),
                         max_tokens: *n_out,
-                        sampling: SamplingParams {
-                            temperature: args.temperature,
-                            top_p: args.top_p,
-                            top_k: args.top_k,
-                            min_p: args.min_p,
-                            seed: Some(args.seed.wrapping_add(i as u64)),
-                            ..SamplingParams::default()
-                        },
+                        sampling: args.sampling(i),
                         stop: Vec::new(),
                         ignore_eos: args.ignore_eos,
                         tag: Vec::new(),
@@ -212,6 +205,10 @@ fn run_requests(
 
 /// Runs `sov bench`.
 pub fn run(args: BenchArgs, dirs: &crate::app::SovDirs) -> anyhow::Result<std::process::ExitCode> {
+    // A bad sampling option fails every request; say so once, before any model loads.
+    args.sampling(0)
+        .validate()
+        .map_err(|e| anyhow::anyhow!("sampling options: {e}"))?;
     if let Some(url) = &args.online.url {
         return super::bench_serve::run(&args, url, dirs);
     }

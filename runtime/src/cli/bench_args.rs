@@ -14,6 +14,7 @@ use super::bench_serve::arrivals::RequestRate;
 use super::bench_serve::report::Slo;
 use super::bench_serve::workload::PromptFormat;
 use super::model_args::ModelArgs;
+use crate::engine::SamplingParams;
 
 /// Arguments of `sov bench`.
 #[derive(clap::Args, Debug, Clone)]
@@ -73,6 +74,18 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// The sampling settings of the `i`-th request: the options, seeded with `--seed` + `i`.
+    pub fn sampling(&self, i: usize) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: Some(self.seed.wrapping_add(i as u64)),
+            ..SamplingParams::default()
+        }
+    }
+
     /// Whether `--json` was given without a file: the JSON replaces the printed report.
     pub fn json_to_stdout(&self) -> bool {
         self.json.as_deref() == Some(std::path::Path::new("-"))
@@ -123,4 +136,44 @@ pub struct OnlineArgs {
     /// Send prompts as token ids or as text (default: ids for completions, text for chat).
     #[arg(long, value_enum)]
     pub prompt_format: Option<PromptFormat>,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::BenchArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn sampling(args: &[&str]) -> Result<(), String> {
+        let cli = Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.bench.sampling(3).validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn sampling_options_are_checked_before_any_request() {
+        assert_eq!(sampling(&[]), Ok(()));
+        assert_eq!(
+            sampling(&["--temperature", "0.8", "--top-p", "0.9", "--top-k", "40"]),
+            Ok(())
+        );
+        for bad in [
+            ["--top-p", "1.5"],
+            ["--top-p", "nan"],
+            ["--min-p", "2"],
+            ["--temperature=-1", "--seed=0"],
+        ] {
+            let err = sampling(&bad).expect_err("a bad option passed");
+            assert!(err.contains("invalid sampling parameter"), "{bad:?}: {err}");
+        }
+        let cli = Cli::try_parse_from(["bench", "--seed", "10", "--top-k", "5"]).expect("parses");
+        let s = cli.bench.sampling(3);
+        assert_eq!((s.seed, s.top_k), (Some(13), 5));
+    }
 }
