@@ -146,11 +146,16 @@ fn collect(rx: std::sync::mpsc::Receiver<crate::engine::Output>) -> Option<(Fini
     }
 }
 
-fn run_requests(
-    engine: &Engine,
-    args: &BenchArgs,
-    work: Vec<(Vec<u32>, usize)>,
-) -> (Vec<(Finished, Duration, Duration)>, usize, Duration) {
+/// What [`run_requests`] measured: each finished request with its latency and send time, the
+/// failed ones (and why the first failed), and the wall time.
+struct RunOutcome {
+    results: Vec<(Finished, Duration, Duration)>,
+    failed: usize,
+    first_failure: Option<String>,
+    duration: Duration,
+}
+
+fn run_requests(engine: &Engine, args: &BenchArgs, work: Vec<(Vec<u32>, usize)>) -> RunOutcome {
     let concurrency = args
         .concurrency
         .unwrap_or(work.len())
@@ -158,6 +163,7 @@ fn run_requests(
     let next = AtomicUsize::new(0);
     let results = Mutex::new(Vec::new());
     let failed = AtomicUsize::new(0);
+    let first_failure = Mutex::new(None::<String>);
     let t0 = Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..concurrency {
@@ -177,8 +183,18 @@ fn run_requests(
                         grammar: None,
                     };
                     let submitted = Instant::now();
-                    match engine.submit(request).ok().and_then(|s| collect(s.rx)) {
-                        Some((f, end)) if !matches!(f.reason, FinishReason::Error(_)) => {
+                    let outcome = match engine.submit(request) {
+                        Err(e) => Err(e.to_string()),
+                        Ok(s) => match collect(s.rx) {
+                            None => Err("the engine closed the request's stream".to_string()),
+                            Some((f, end)) => match f.reason {
+                                FinishReason::Error(why) => Err(why),
+                                _ => Ok((f, end)),
+                            },
+                        },
+                    };
+                    match outcome {
+                        Ok((f, end)) => {
                             if let Ok(mut r) = results.lock() {
                                 r.push((
                                     f,
@@ -187,20 +203,23 @@ fn run_requests(
                                 ));
                             }
                         }
-                        _ => {
+                        Err(why) => {
                             failed.fetch_add(1, Ordering::Relaxed);
+                            if let Ok(mut first) = first_failure.lock() {
+                                first.get_or_insert(why);
+                            }
                         }
                     }
                 }
             });
         }
     });
-    let duration = t0.elapsed();
-    (
-        results.into_inner().unwrap_or_default(),
-        failed.into_inner(),
-        duration,
-    )
+    RunOutcome {
+        duration: t0.elapsed(),
+        results: results.into_inner().unwrap_or_default(),
+        failed: failed.into_inner(),
+        first_failure: first_failure.into_inner().unwrap_or_default(),
+    }
 }
 
 /// Runs `sov bench`.
@@ -269,7 +288,15 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
     let total_input_tokens: usize = work.iter().map(|w| w.0.len()).sum();
     let max_concurrency = args.concurrency.unwrap_or(work.len());
     let before = engine.stats();
-    let (results, failed, duration) = run_requests(engine, args, work);
+    let RunOutcome {
+        results,
+        failed,
+        first_failure,
+        duration,
+    } = run_requests(engine, args, work);
+    if let Some(why) = &first_failure {
+        eprintln!("sov bench: {failed} request(s) failed; the first: {why}");
+    }
     let after = engine.stats();
     let busy = (after.busy_time - before.busy_time).as_secs_f64();
     let forward = (after.forward_time - before.forward_time).as_secs_f64();
