@@ -196,6 +196,60 @@ fn weights(logits: &[f32], t: f32, m: f32, min_p: f32) -> Vec<u64> {
     out
 }
 
+/// The shortest prefix of the sorted order (key descending, id ascending) whose weight sum `c`
+/// reaches `goal` (`c as f64 >= goal`), as `(id, weight)` in id order, for `keys` and `weights`
+/// (`[vocab]` each; the weights fall as the keys do). A radix select, with no sort: three passes
+/// find the boundary key `K` digit by digit (11, 11 and 10 bits), each summing the weights of the
+/// tokens still in question by digit and walking the digits from the top until the sum reaches
+/// `goal`; every token above `K` is in the prefix, and the tokens at `K` (ties, in id order) join
+/// until the sum reaches `goal`. Integer sums make the result that of the sorted walk.
+fn top_p_prefix(keys: &[u32], weights: &[u64], goal: f64) -> Vec<(u32, u64)> {
+    const LEVELS: [(u32, u32); 3] = [(21, 11), (10, 11), (0, 10)]; // (shift, width) of each digit
+    let mut prefix = 0u32; // the boundary key's digits found so far, in place
+    let mut high_mask = 0u32; // the bits of `prefix` that are set
+    let mut above = 0u64; // weight of the tokens whose key is above the boundary's range
+    for (shift, width) in LEVELS {
+        let digits = 1usize << width;
+        let mut sums = vec![0u64; digits]; // [digits] weight of the candidates with each digit
+        let mut counts = vec![0u32; digits]; // [digits] how many candidates have it
+        for (&k, &w) in keys.iter().zip(weights) {
+            if k & high_mask == prefix {
+                let d = ((k >> shift) as usize) & (digits - 1);
+                sums[d] += w;
+                counts[d] += 1;
+            }
+        }
+        // The first non-empty digit from the top whose sum takes `above` to the goal; one
+        // exists, since all candidates together reach it (the weights' total is at least goal).
+        let mut boundary = 0;
+        for d in (0..digits).rev() {
+            if counts[d] == 0 {
+                continue;
+            }
+            boundary = d;
+            if (above + sums[d]) as f64 >= goal {
+                break;
+            }
+            above += sums[d];
+        }
+        prefix |= (boundary as u32) << shift;
+        high_mask |= ((digits - 1) as u32) << shift;
+    }
+    let mut kept = Vec::new();
+    let mut ties = above; // the sum so far, as the ties at the boundary key join in id order
+    let mut first_tie = true;
+    for (i, (&k, &w)) in keys.iter().zip(weights).enumerate() {
+        if k > prefix || (k == prefix && (first_tie || (ties as f64) < goal)) {
+            kept.push((i as u32, w));
+            if k == prefix {
+                ties += w;
+                first_tie = false;
+            }
+        }
+    }
+    kept
+}
+
 /// The draw over the whole vocabulary (no top-k, no top-p; min-p applied): the weights once,
 /// then the walk to the target.
 fn draw_all(logits: &[f32], spec: &DrawSpec, m: f32) -> Option<u32> {
@@ -245,38 +299,26 @@ pub fn kept_tokens(logits: &[f32], spec: &DrawSpec) -> Option<Vec<(u32, u64)>> {
             .map(|(_, i)| (i, w(logits[i as usize])))
             .filter(|&(_, w)| passes_min_p(w, spec.min_p))
             .collect();
+    } else if top_k == n {
+        // Top-p over the whole vocabulary: the prefix found by a radix select of the keys.
+        let weights = weights(logits, t, m, 0.0); // [vocab]
+        let z: u64 = weights.iter().sum();
+        kept = top_p_prefix(&keys(), &weights, spec.top_p as f64 * z as f64);
+        kept.retain(|&(_, w)| passes_min_p(w, spec.min_p));
     } else {
-        // The top-k weight (the whole vocabulary's without top-k), then the shortest sorted
-        // prefix reaching top_p of it, grown 8-fold until found (usually the first round).
-        let mut take = if top_k < n { top_k } else { n.min(256) };
-        let mut z: u64 = if top_k < n {
-            0
-        } else {
-            weights(logits, t, m, 0.0).iter().sum()
-        };
-        let keys = keys();
-        loop {
-            let sorted = sorted_prefix(&keys, take);
-            if top_k < n {
-                z = sorted.iter().map(|&(_, i)| w(logits[i as usize])).sum();
-            }
-            let goal = spec.top_p as f64 * z as f64;
-            let mut cum = 0u64;
-            let mut reached = false;
-            kept.clear();
-            for &(_, i) in &sorted {
-                let wi = w(logits[i as usize]);
-                cum += wi;
-                kept.push((i, wi));
-                if cum as f64 >= goal {
-                    reached = true;
-                    break;
-                }
-            }
-            if reached || take >= top_k {
+        // The top-k set in sorted order and its weight, then its shortest prefix reaching top_p
+        // of that weight.
+        let sorted = sorted_prefix(&keys(), top_k);
+        let z: u64 = sorted.iter().map(|&(_, i)| w(logits[i as usize])).sum();
+        let goal = spec.top_p as f64 * z as f64;
+        let mut cum = 0u64;
+        for &(_, i) in &sorted {
+            let wi = w(logits[i as usize]);
+            cum += wi;
+            kept.push((i, wi));
+            if cum as f64 >= goal {
                 break;
             }
-            take = (take * 8).min(top_k);
         }
         kept.retain(|&(_, w)| passes_min_p(w, spec.min_p));
     }

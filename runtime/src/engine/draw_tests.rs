@@ -347,6 +347,44 @@ fn kept_tokens_follow_the_plain_steps_on_random_rows() {
     }
 }
 
+/// Top-p over the whole vocabulary takes a radix select; at a large vocabulary, with many ties at
+/// the boundary (coarse and constant rows), one dominant token and a flat row, it keeps what the
+/// sorted walk keeps.
+#[test]
+fn top_p_radix_select_keeps_the_sorted_prefix() {
+    let mut g = Gen(11);
+    let vocab = 50_000;
+    for row in 0..4 {
+        let logits: Vec<f32> = (0..vocab)
+            .map(|i| match row {
+                0 => g.range(-10.0, 10.0),
+                1 => (g.range(-6.0, 6.0) * 2.0).round() / 2.0,
+                2 => 1.5,
+                _ if i == 777 => 25.0,
+                _ => g.range(-3.0, 0.0),
+            })
+            .collect();
+        for temperature in [0.5, 1.0, 2.0] {
+            for top_p in [0.001, 0.1, 0.5, 0.9, 0.999] {
+                for min_p in [0.0, 0.2] {
+                    let s = DrawSpec {
+                        temperature,
+                        top_k: 0,
+                        top_p,
+                        min_p,
+                        bits: g.next() >> 11,
+                    };
+                    assert_eq!(
+                        kept_tokens(&logits, &s),
+                        kept_plainly(&logits, &s),
+                        "row {row}: {s:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Host cost of one draw at Llama-3's vocabulary (random logits in [-10, 10], temperature 1):
 /// `cargo test --release -p sov --lib engine::draw::tests::draw_bench -- --ignored --nocapture`.
 #[test]
