@@ -14,6 +14,7 @@ use super::bench_serve::arrivals::RequestRate;
 use super::bench_serve::report::Slo;
 use super::bench_serve::workload::PromptFormat;
 use super::model_args::ModelArgs;
+use super::sampling_args::FilterArgs;
 use crate::engine::SamplingParams;
 
 /// Arguments of `sov bench`.
@@ -47,17 +48,9 @@ pub struct BenchArgs {
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
-    /// Nucleus sampling: keep the fewest most likely tokens whose probabilities reach this
-    /// (1 = disabled; sent as `top_p` online).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// Keep the K most likely tokens (0 = disabled; sent as `top_k` online).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Drop tokens less likely than this fraction of the most likely one (0 = disabled; sent as
-    /// `min_p` online).
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
+    /// Top-p, top-k and min-p.
+    #[command(flatten)]
+    pub filters: FilterArgs,
     /// Seed of the prompt generator and the samplers.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -78,9 +71,9 @@ impl BenchArgs {
     pub fn sampling(&self, i: usize) -> SamplingParams {
         SamplingParams {
             temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
+            top_p: self.filters.top_p,
+            top_k: self.filters.top_k,
+            min_p: self.filters.min_p,
             seed: Some(self.seed.wrapping_add(i as u64)),
             ..SamplingParams::default()
         }

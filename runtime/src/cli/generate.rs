@@ -14,6 +14,7 @@ use serde_json::json;
 use std::sync::mpsc::Receiver;
 
 use super::model_args::{ModelArgs, StartExtras};
+use super::sampling_args::FilterArgs;
 use crate::app::SovDirs;
 use crate::app::start::Started;
 use crate::checkpoint::{FinishedRecord, ResponseReceipt};
@@ -42,16 +43,9 @@ pub struct GenerateArgs {
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
-    /// Nucleus sampling: keep the fewest most likely tokens whose probabilities reach this
-    /// (1 = disabled).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// 0 = disabled.
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Drop tokens less likely than this fraction of the most likely one (0 = disabled).
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
+    /// Top-p, top-k and min-p.
+    #[command(flatten)]
+    pub filters: FilterArgs,
     /// Divide positive logits of tokens in the prompt or output by this, multiply negative ones
     /// (1 = disabled).
     #[arg(long, default_value_t = 1.0)]
@@ -191,9 +185,9 @@ pub fn run(args: GenerateArgs, dirs: &SovDirs) -> anyhow::Result<ExitCode> {
             max_tokens: args.max_tokens,
             sampling: SamplingParams {
                 temperature: args.temperature,
-                top_k: args.top_k,
-                top_p: args.top_p,
-                min_p: args.min_p,
+                top_k: args.filters.top_k,
+                top_p: args.filters.top_p,
+                min_p: args.filters.min_p,
                 repetition_penalty: args.repetition_penalty,
                 frequency_penalty: args.frequency_penalty,
                 presence_penalty: args.presence_penalty,

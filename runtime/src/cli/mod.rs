@@ -21,6 +21,7 @@ pub mod model_args;
 pub mod perplexity;
 pub mod precision_args;
 pub mod runs;
+pub mod sampling_args;
 pub mod serve;
 pub mod settings;
 pub mod slots;

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use super::chunk::parse_chunk;
 use super::sse::{SseDecoder, SseEvent};
 use super::workload::WorkItem;
+use crate::cli::sampling_args::FilterArgs;
 
 /// Which OpenAI endpoint the benchmark drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,12 +37,8 @@ pub struct RequestSettings {
     pub api: Api,
     /// Sampling temperature (0 = greedy).
     pub temperature: f32,
-    /// `top_p`, sent when below 1.
-    pub top_p: f32,
-    /// `top_k`, sent when above 0.
-    pub top_k: usize,
-    /// `min_p`, sent when above 0.
-    pub min_p: f32,
+    /// `top_p`, `top_k`, `min_p`: each sent when set.
+    pub filters: FilterArgs,
     /// `Authorization: Bearer` key.
     pub api_key: Option<String>,
 }
@@ -88,14 +85,15 @@ pub fn request_body(item: &WorkItem, s: &RequestSettings) -> Value {
     if let Some(model) = &s.model {
         body["model"] = json!(model);
     }
-    if s.top_p < 1.0 {
-        body["top_p"] = json!(s.top_p);
+    let f = &s.filters;
+    if f.top_p < 1.0 {
+        body["top_p"] = json!(f.top_p);
     }
-    if s.top_k > 0 {
-        body["top_k"] = json!(s.top_k);
+    if f.top_k > 0 {
+        body["top_k"] = json!(f.top_k);
     }
-    if s.min_p > 0.0 {
-        body["min_p"] = json!(s.min_p);
+    if f.min_p > 0.0 {
+        body["min_p"] = json!(f.min_p);
     }
     let text = item.text.clone();
     match s.api {

@@ -110,9 +110,7 @@ pub fn run(
         model: model.clone(),
         api,
         temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        min_p: args.min_p,
+        filters: args.filters,
         api_key: online.api_key.clone(),
     });
     eprintln!("Traffic request rate: {}", online.request_rate);

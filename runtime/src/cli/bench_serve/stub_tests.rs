@@ -13,6 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::client::{self, Api, RequestSettings};
 use super::workload::WorkItem;
+use crate::cli::sampling_args::FilterArgs;
 
 /// How the stub answers.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -142,9 +143,7 @@ fn settings(base: &str, api: Api, endpoint: &str) -> RequestSettings {
         model: Some("stub".into()),
         api,
         temperature: 0.0,
-        top_p: 1.0,
-        top_k: 0,
-        min_p: 0.0,
+        filters: FilterArgs::default(),
         api_key: Some("k".into()),
     }
 }
@@ -232,9 +231,11 @@ fn sampling_filters_are_sent_only_when_set() {
     }
     let mut s = settings("http://x", Api::Completions, "/v1/completions");
     s.temperature = 0.8;
-    s.top_p = 0.9;
-    s.top_k = 40;
-    s.min_p = 0.05;
+    s.filters = FilterArgs {
+        top_p: 0.9,
+        top_k: 40,
+        min_p: 0.05,
+    };
     let body = client::request_body(&item(4, false), &s);
     assert_eq!(body["top_k"], json!(40));
     assert!((body["top_p"].as_f64().unwrap() - 0.9).abs() < 1e-6);
