@@ -238,16 +238,20 @@ argmax_rows(u32* __restrict__ out, const float* __restrict__ logits, int vocab) 
     }
 }
 
-// out: [n] token ids. logits: [rows, vocab] f32. row: [n] u32, the logits row of each draw.
-// params: [n, 3] u64, each (temperature f32 | top_k u32 << 32, top_p f32 | min_p f32 << 32, bits):
-// the host's DrawSpec. Grid: n, block: NT. The rows are sampled ones (temperature > 0).
+// logits: [rows, vocab] f32. params: [n, 4] u64, each (temperature f32 | top_k u32 << 32, top_p
+// f32 | min_p f32 << 32, bits, logits row): the host's DrawSpec and the row it draws from. out:
+// the token ids, [n] in draw order, or with out_by_row set [rows], each draw's id at its row (the
+// other entries untouched: a decode step's greedy ids stay where argmax_rows put them). Grid: n,
+// block: NT. The rows are sampled ones (temperature > 0).
 extern "C" __global__ void __launch_bounds__(NT)
 draw_tokens(u32* __restrict__ out, const float* __restrict__ logits, int vocab,
-            const u32* __restrict__ rows, const u64* __restrict__ params) {
+            const u64* __restrict__ params, int out_by_row) {
     __shared__ DrawShared sh;
-    const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const float* row = logits + (size_t)rows[b] * vocab;
-    const u64 p0 = params[3 * b], p1 = params[3 * b + 1], bits = params[3 * b + 2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u64 p0 = params[4 * blockIdx.x], p1 = params[4 * blockIdx.x + 1], bits = params[4 * blockIdx.x + 2];
+    const u64 row_index = params[4 * blockIdx.x + 3];
+    const float* row = logits + (size_t)row_index * vocab;
+    const size_t b = out_by_row ? (size_t)row_index : (size_t)blockIdx.x;  // this draw's entry of out
     const float t = __uint_as_float((u32)p0);
     const u32 top_k = (u32)(p0 >> 32);
     const float top_p = __uint_as_float((u32)p1), min_p = __uint_as_float((u32)(p1 >> 32));

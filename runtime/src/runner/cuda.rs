@@ -42,28 +42,28 @@ impl RunnerBackend for CudaBackend {
         if !DecodeGraphs::accepts(chunks) || picks.len() != chunks.len() {
             return None;
         }
+        let vocab = model.config().vocab_size;
+        let device_draws = device_draws(picks, vocab, graphs.device_draw());
         let mut run = || -> Result<PickedRows, ModelError> {
-            let ids = graphs.step_overlapped(model, kv, chunks, host)?;
-            let vocab = model.config().vocab_size;
+            let ids = graphs.step_overlapped(model, kv, chunks, &device_draws, host)?;
             let mut out = PickedRows::default();
             for (row, (pick, id)) in picks.iter().zip(ids).enumerate() {
-                out.tokens.push((*pick == RowPick::Argmax).then_some(id));
+                let on_device = match pick {
+                    RowPick::Argmax => true,
+                    RowPick::Draw(_) => !device_draws.is_empty(),
+                    _ => false,
+                };
+                out.tokens.push(on_device.then_some(id));
                 if *pick == RowPick::Logits {
                     let start = out.logits.len();
                     out.logits.resize(start + vocab, 0.0);
                     graphs.download_logits_row(model.backend(), row, &mut out.logits[start..])?;
                 }
             }
-            if let Some(logits) = graphs.logits() {
-                let on_device = graphs.device_draw();
-                draw_rows(
-                    model.backend(),
-                    logits,
-                    vocab,
-                    picks,
-                    on_device,
-                    &mut out.tokens,
-                )?;
+            if device_draws.is_empty()
+                && let Some(logits) = graphs.logits()
+            {
+                draw_on_host(model.backend(), logits, vocab, picks, &mut out.tokens)?;
             }
             Ok(out)
         };
@@ -101,13 +101,28 @@ fn step_pick(
         tokens: vec![None; rows],
         logits: Vec::new(),
     };
-    if picks.contains(&RowPick::Argmax) {
-        let ids = argmax_ids(b, &logits, vocab, rows)?;
+    let draws = device_draws(picks, vocab, device_draw);
+    if picks.contains(&RowPick::Argmax) || !draws.is_empty() {
+        // Greedy ids and device draws land in one buffer, each at its row: one download.
+        let mut ids_dev = b.alloc(DType::U32, rows)?; // [rows] u32
+        if picks.contains(&RowPick::Argmax) {
+            b.argmax_rows(&logits, vocab, rows, &mut ids_dev)?;
+        }
+        b.enqueue_draws_at_rows(&logits, vocab, &draws, &mut ids_dev)?;
+        let mut ids = vec![0u32; rows]; // [rows]
+        b.download_u32(&ids_dev, &mut ids)?;
         for ((token, pick), id) in out.tokens.iter_mut().zip(picks).zip(ids) {
-            *token = (*pick == RowPick::Argmax).then_some(id);
+            let on_device = match pick {
+                RowPick::Argmax => true,
+                RowPick::Draw(_) => !draws.is_empty(),
+                _ => false,
+            };
+            *token = on_device.then_some(id);
         }
     }
-    draw_rows(b, &logits, vocab, picks, device_draw, &mut out.tokens)?;
+    if draws.is_empty() {
+        draw_on_host(b, &logits, vocab, picks, &mut out.tokens)?;
+    }
     let sampled = picks.iter().filter(|p| **p == RowPick::Logits).count();
     if sampled == rows {
         out.logits = vec![0.0; rows * vocab]; // [rows, vocab]
@@ -128,18 +143,13 @@ fn step_pick(
     Ok(out)
 }
 
-/// Sets `tokens[r]` for every `Draw` row `r` of `picks`, from row `r` of `logits` (`[rows, vocab]`
-/// f32 on the device): drawn there ([`CudaBackend::draw_rows`], the host `draw` bit for bit) when
-/// `on_device` and the vocabulary fits its weights, else each row downloaded and drawn on the host.
-fn draw_rows(
-    b: &CudaBackend,
-    logits: &CudaBuffer,
-    vocab: usize,
-    picks: &[RowPick],
-    on_device: bool,
-    tokens: &mut [Option<u32>],
-) -> Result<(), ModelError> {
-    let draws: Vec<(usize, DrawRow)> = picks
+/// The `Draw` rows of `picks` as the device draws them (`(row, draw)`), or none when `on_device`
+/// is off or the vocabulary is too wide for `draw_tokens` (then [`draw_on_host`] draws them).
+fn device_draws(picks: &[RowPick], vocab: usize, on_device: bool) -> Vec<(usize, DrawRow)> {
+    if !on_device || vocab > MAX_DRAW_VOCAB {
+        return Vec::new();
+    }
+    picks
         .iter()
         .enumerate()
         .filter_map(|(row, pick)| match pick {
@@ -155,36 +165,25 @@ fn draw_rows(
             )),
             _ => None,
         })
-        .collect();
-    if draws.is_empty() {
-        return Ok(());
-    }
-    if on_device && vocab <= MAX_DRAW_VOCAB {
-        let ids = b.draw_rows(logits, vocab, &draws)?;
-        for ((row, _), id) in draws.iter().zip(ids) {
-            tokens[*row] = Some(id);
-        }
-        return Ok(());
-    }
-    let mut row_logits = vec![0.0f32; vocab]; // [vocab], a drawn row's
-    for (row, _) in &draws {
-        b.download_f32_at(logits, row * vocab, &mut row_logits)?;
-        tokens[*row] = picks[*row].token_on_host(&row_logits);
-    }
-    Ok(())
+        .collect()
 }
 
-/// The greedy id of each of the `rows` rows of `logits` (`[rows, vocab]` f32), chosen on the
-/// device; only the ids come back.
-fn argmax_ids(
+/// Sets `tokens[r]` for every `Draw` row `r` of `picks` by downloading row `r` of `logits`
+/// (`[rows, vocab]` f32 on the device) and drawing it on the host: the same token as the device
+/// draw, at the cost of a vocabulary-wide download a row.
+fn draw_on_host(
     b: &CudaBackend,
     logits: &CudaBuffer,
     vocab: usize,
-    rows: usize,
-) -> Result<Vec<u32>, ModelError> {
-    let mut ids_dev = b.alloc(DType::U32, rows)?; // [rows] u32
-    b.argmax_rows(logits, vocab, rows, &mut ids_dev)?;
-    let mut ids = vec![0u32; rows]; // [rows]
-    b.download_u32(&ids_dev, &mut ids)?;
-    Ok(ids)
+    picks: &[RowPick],
+    tokens: &mut [Option<u32>],
+) -> Result<(), ModelError> {
+    let mut row_logits = vec![0.0f32; vocab]; // [vocab], a drawn row's
+    for (row, pick) in picks.iter().enumerate() {
+        if let RowPick::Draw(_) = pick {
+            b.download_f32_at(logits, row * vocab, &mut row_logits)?;
+            tokens[row] = pick.token_on_host(&row_logits);
+        }
+    }
+    Ok(())
 }

@@ -31,7 +31,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::backend::cuda::{CudaBackend, CudaBuffer, StepGraph};
+use crate::backend::cuda::{CudaBackend, CudaBuffer, DrawRow, StepGraph};
 use crate::backend::{Backend, BackendError, BatchMeta, DType};
 use crate::engine::forward::HostWork;
 use crate::model::batch::SeqChunk;
@@ -179,17 +179,20 @@ impl DecodeGraphs {
         kv: &mut KvCache<CudaBackend>,
         chunks: &[SeqChunk<'_>],
     ) -> Result<Vec<u32>, ModelError> {
-        self.step_overlapped(model, kv, chunks, &mut HostWork::none())
+        self.step_overlapped(model, kv, chunks, &[], &mut HostWork::none())
     }
 
-    /// [`Self::step`], running `host` once the step is enqueued and before its ids are downloaded
-    /// (the download waits for the GPU), so the host work overlaps the step. `host` does not run
-    /// when the step fails before it is enqueued (the caller runs it then).
+    /// [`Self::step`], with the token of each `(row, draw)` of `draws` drawn on the device from
+    /// its logits row (`draw_tokens`, after the step, in the same stream) in place of that row's
+    /// greedy id, and `host` run once the step is enqueued and before the ids are downloaded (one
+    /// download, which waits for the GPU), so the host work overlaps the step. `host` does not
+    /// run when the step fails before it is enqueued (the caller runs it then).
     pub fn step_overlapped(
         &mut self,
         model: &LlamaModel<CudaBackend>,
         kv: &mut KvCache<CudaBackend>,
         chunks: &[SeqChunk<'_>],
+        draws: &[(usize, DrawRow)],
         host: &mut HostWork<'_>,
     ) -> Result<Vec<u32>, ModelError> {
         if !Self::accepts(chunks) {
@@ -202,6 +205,11 @@ impl DecodeGraphs {
         let step = model.plan_step(kv, chunks)?;
         let block_size = kv.block_size();
         let n = chunks.len();
+        if draws.iter().any(|(row, _)| *row >= n) {
+            return Err(ModelError::InvalidBatch(format!(
+                "a draw names a row past the step's {n} rows"
+            )));
+        }
         let bucket = batch_bucket(n);
         let ctx_b = ctx_bucket(step.max_ctx_len);
         let stride = ctx_b.div_ceil(block_size);
@@ -276,6 +284,7 @@ impl DecodeGraphs {
                 None => enqueue_step(model, kv, bufs, set, bucket)?,
             }
         }
+        b.enqueue_draws_at_rows(&bufs.logits, c.vocab_size, draws, &mut bufs.picked)?;
         host.run();
         let mut picked = vec![0u32; n]; // [n]
         b.download_u32(&bufs.picked, &mut picked)?;

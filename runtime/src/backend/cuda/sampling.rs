@@ -28,13 +28,14 @@ pub struct DrawRow {
 }
 
 impl DrawRow {
-    /// The three u64 words `draw_tokens` reads: (temperature | top_k << 32, top_p | min_p << 32,
-    /// bits).
-    fn words(&self) -> [u64; 3] {
+    /// The four u64 words `draw_tokens` reads for a draw from logits row `row`: (temperature |
+    /// top_k << 32, top_p | min_p << 32, bits, row).
+    fn words(&self, row: usize) -> [u64; 4] {
         [
             self.temperature.to_bits() as u64 | (self.top_k as u64) << 32,
             self.top_p.to_bits() as u64 | (self.min_p.to_bits() as u64) << 32,
             self.bits,
+            row as u64,
         ]
     }
 }
@@ -92,9 +93,43 @@ impl CudaBackend {
         vocab: usize,
         draws: &[(usize, DrawRow)],
     ) -> Result<Vec<u32>, BackendError> {
-        const OP: &str = "draw_rows";
         if draws.is_empty() {
             return Ok(Vec::new());
+        }
+        let mut out = self.alloc_zeroed(DType::U32, draws.len())?; // [n] u32
+        self.launch_draws(logits, vocab, draws, &mut out, false)?;
+        let mut ids = vec![0u32; draws.len()]; // [n]
+        self.download_raw(&out, 0, bytemuck::cast_slice_mut(&mut ids))?;
+        Ok(ids)
+    }
+
+    /// Enqueues the draws of [`Self::draw_rows`] with each id written at its row of `out: [>=
+    /// rows]` u32 (no other entry touched), so one download brings a step's greedy and drawn ids
+    /// together. Nothing is downloaded.
+    pub fn enqueue_draws_at_rows(
+        &self,
+        logits: &CudaBuffer,
+        vocab: usize,
+        draws: &[(usize, DrawRow)],
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        let rows = draws.iter().map(|d| d.0).max().map_or(0, |r| r + 1);
+        check_buffer("enqueue_draws_at_rows", "out", out, DType::U32, rows)?;
+        self.launch_draws(logits, vocab, draws, out, true)
+    }
+
+    /// Launches `draw_tokens` over `draws`, writing `out` in draw order or (`by_row`) at rows.
+    fn launch_draws(
+        &self,
+        logits: &CudaBuffer,
+        vocab: usize,
+        draws: &[(usize, DrawRow)],
+        out: &mut CudaBuffer,
+        by_row: bool,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "draw_rows";
+        if draws.is_empty() {
+            return Ok(());
         }
         let rows = draws.iter().map(|d| d.0).max().unwrap_or(0) + 1;
         check_buffer(OP, "logits", logits, DType::F32, rows * vocab)?;
@@ -104,17 +139,15 @@ impl CudaBackend {
                 detail: format!("vocab {vocab} outside 1..={MAX_DRAW_VOCAB}"),
             });
         }
-        let row_ids: Vec<u32> = draws.iter().map(|d| d.0 as u32).collect(); // [n]
-        let words: Vec<u64> = draws.iter().flat_map(|d| d.1.words()).collect(); // [n, 3]
-        let rows_dev = self.upload_bytes(DType::U32, bytemuck::cast_slice(&row_ids))?;
-        // Six u32 a draw, read by the kernel as three u64 (allocations are 256-byte aligned).
+        let words: Vec<u64> = draws.iter().flat_map(|(r, d)| d.words(*r)).collect(); // [n, 4]
+        // Eight u32 a draw, read by the kernel as four u64 (allocations are 256-byte aligned).
         let params = self.upload_bytes(DType::U32, bytemuck::cast_slice(&words))?;
-        let out = self.alloc_zeroed(DType::U32, draws.len())?;
         let f = self
             .modules
             .function(KernelId::Sampling, None, "draw_tokens")?;
         let v = to_i32(vocab, "vocab")?;
-        let ptrs = [out.ptr(), logits.ptr(), rows_dev.ptr(), params.ptr()];
+        let by_row = i32::from(by_row);
+        let ptrs = [out.ptr(), logits.ptr(), params.ptr()];
         let cfg = LaunchConfig {
             grid_dim: (draws.len() as u32, 1, 1),
             block_dim: (1024, 1, 1),
@@ -125,12 +158,11 @@ impl CudaBackend {
             .arg(&ptrs[1])
             .arg(&v)
             .arg(&ptrs[2])
-            .arg(&ptrs[3]);
-        // SAFETY: logits holds `rows` rows of vocab f32 (checked above) and every row index is
-        // below `rows`; rows_dev, params and out hold one entry (three u64 for params) per draw.
+            .arg(&by_row);
+        // SAFETY: logits holds `rows` rows of vocab f32 (checked above) and every draw's row is
+        // below `rows`; params holds four u64 a draw; out holds one entry a draw (draw_rows
+        // allocates it so) or, by row, `rows` entries (checked by enqueue_draws_at_rows).
         unsafe { b.launch(cfg) }.map_err(driver_err)?;
-        let mut ids = vec![0u32; draws.len()]; // [n]
-        self.download_raw(&out, 0, bytemuck::cast_slice_mut(&mut ids))?;
-        Ok(ids)
+        Ok(())
     }
 }
