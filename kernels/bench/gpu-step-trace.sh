@@ -8,7 +8,8 @@
 # FLAGS adds sov bench options (e.g. "--quantization fp8"); KV (MiB of KV cache, default 4000) and
 # OUTPUT (tokens a request, default 64) size the run; SKIP leaves out the last steps (at a large
 # batch they run with fewer sequences: e.g. BATCHES=1024 KV=60000 OUTPUT=256 SKIP=100). Traces
-# stay in OUT_DIR.
+# stay in OUT_DIR. PREFILL=N adds a report of the STEPS passes after the first N (with every prompt
+# arriving at once, prefill passes: e.g. PREFILL=8).
 set -u
 DIR=$(cd "$(dirname "$0")" && pwd)
 SOV=${SOV:-.gpu/sov}
@@ -32,5 +33,6 @@ for b in $BATCHES; do
       --input-len 128 --output-len "${OUTPUT:-64}" --ignore-eos --deterministic "$mode" ${FLAGS:-} >"$OUT_DIR/bench-b$b-det-$mode.txt" 2>&1
     echo "== batch $b deterministic=$mode: rc $?, $(grep -m1 "Output token throughput" "$OUT_DIR/bench-b$b-det-$mode.txt")"
     python3 "$DIR/step_trace/step_report.py" "$trace" "$STEPS" "${SKIP:-0}"
+    [ -z "${PREFILL:-}" ] || python3 "$DIR/step_trace/step_report.py" "$trace" "$STEPS" "$PREFILL" first
   done
 done
