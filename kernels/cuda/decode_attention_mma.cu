@@ -28,20 +28,17 @@
 // An e4m3 cache (-DKV_FP8, layout in common.cuh): a ring slot holds the chunk's codes ([2][CHUNK, D]
 // bytes, K rows at k8_offset, V rows at v8_offset: 16-byte pieces at swizzled columns) and its
 // per-token scales ([2][CHUNK] f32), and the mma operands are f16, widened from the codes in
-// registers (cvt.f16x2.e4m3x2), never written back to shared memory. Each lane reads its codes in
-// runs of D / 8 bytes (one 16-byte load at D = 128). K: of tokens gid and gid + 8, the run at byte
-// tig * D / 8 of each half of D; word i of half h is the lane's B fragment of k-step h * D / 32 + i,
-// so the k-steps take the dims in a permuted order, Q's A fragment is loaded in the same order (the
-// dot product does not depend on it), and the RoPE pairs (j, j + D/2) stay in one lane. V: the B
-// fragment of P.V needs one dim of 4 tokens, which are 4 different rows; a lane reads the run at
-// byte gid * D / 8 of each of its 4 tokens (2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9: P's columns in
-// its A fragment) and transposes word gr of the four with byte permutes, so n-tile 4 gr + j holds
-// dim gid * D / 8 + 4 gr + j: the output dims are permuted (acc_dim) and put back in order when the
-// warps' states are stored. The accumulators keep all four registers of each tile (mma_rows4:
-// rows gid + 8 stay zero), which spares the zero registers mma_top_rows makes for every mma. Each
-// score is multiplied by its token's K scale and each P by its token's V scale before P is
-// packed. The fused write quantizes the newest token's rows with rope_kv_write_e4m3's arithmetic
-// (kv_quant_inv, kv_quant_scale), so the cache holds the same bytes.
+// registers (cvt.f16x2.e4m3x2), never written back to shared memory. K: a lane reads 4 consecutive
+// codes of a token -- dims ks * 16 + tig * 4 .. + 3 of k-step ks -- as its B fragment, so the
+// k-step's 16 dims are taken in a permuted order, and Q's A fragment is loaded in the same order
+// (the dot product does not depend on it). V: the B fragment of P.V needs one dim of 4 tokens, which
+// are 4 different rows; a lane reads 4 bytes (dims 4 gid .. + 3 of a group of 32) of each of its 4
+// tokens (2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9: P's columns in its A fragment) and transposes the
+// 4 x 4 bytes with byte permutes, so n-tile j of a group holds dims 4 n + j: the output dims are
+// permuted within each group of 32 (acc_dim) and put back in order when the warps' states are
+// stored. Each score is multiplied by its token's K scale and each P by its token's V scale before
+// P is packed. The fused write quantizes the newest token's rows with rope_kv_write_e4m3's
+// arithmetic (kv_quant_inv, kv_quant_scale), so the cache holds the same bytes.
 //
 // Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), a bf16 or (KV_FP8) e4m3 cache; STAGES
 // (ring depth, default 2) and MIN_BLOCKS (occupancy hint). Dynamic shared memory: NWARPS *
@@ -86,39 +83,18 @@
 #define WARP_BYTES (STAGES * STAGE_BYTES)
 #define PIECES8 (D / 16)                                    // 16-byte pieces of codes per K or V row
 #define SWZ8 ((PIECES8 < 8 ? PIECES8 : 8) - 1)
-#define RUN8 (D / 8)  // bytes of a K row half (K) or of a V row (V) one lane reads at once
-// Byte offset of 16-byte piece `piece` of K codes row `tok` in a staged chunk. A lane reads RUN8
-// bytes of each half of rows gid and gid + 8 (from byte half * D / 2 + tig * RUN8); a 16-byte
-// load's 8 lanes (two tokens of one parity pair, four tigs) then cover 8 distinct columns once odd
-// rows are XORed by 4 pieces (D = 128; other head sizes may conflict, which costs time only).
+// Byte offset of 16-byte piece `piece` of K codes row `tok` in a staged chunk: swizzled so that
+// the 8 tokens a k-step's loads touch (rows gid, or gid + 8) fall into different banks.
 __device__ __forceinline__ u32 k8_offset(int tok, int piece) {
-    return (u32)(tok * D + ((piece ^ (((tok & 1) << 2) & SWZ8)) << 4));
+    return (u32)(tok * D + ((piece ^ (tok & SWZ8)) << 4));
 }
-// The same for V codes row `tok` (from the V codes' start): a lane reads RUN8 bytes of each of its
-// 4 tokens (2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9) from byte gid * RUN8; a 16-byte load's 8 lanes
-// (tokens 2 tig + r over the 4 tigs, pieces of gids 2p, 2p + 1) land in different banks.
+// The same for V codes row `tok` (from the V codes' start): the 4 tokens 2 tig + r (tig = 0..3) of
+// one of P.V's loads land in different banks.
 __device__ __forceinline__ u32 v8_offset(int tok, int piece) {
     return (u32)(tok * D + ((piece ^ ((((tok >> 1) & 3) << 1) & SWZ8)) << 4));
 }
-// RUN8 bytes of a staged row from byte b (b % 16 = 0 unless D = 64) into words w[0 .. D / 32).
-__device__ __forceinline__ void load_run8(u32* w, const unsigned char* piece_at, const unsigned char* next_piece_at) {
-#if D == 64
-    const uint2 v = *(const uint2*)piece_at;
-    w[0] = v.x;
-    w[1] = v.y;
-#else
-    const uint4 v = *(const uint4*)piece_at;
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-#if D == 256
-    const uint4 u = *(const uint4*)next_piece_at;
-    w[4] = u.x, w[5] = u.y, w[6] = u.z, w[7] = u.w;
-#endif
-#endif
-}
-// The output dim of accumulator column e (0, 1) of n-tile nt for the lane in quad position tig:
-// column c of n-tile nt is dim c * RUN8 + nt (V word nt / 4 of the run of the lane with gid c, byte
-// nt % 4).
-__device__ __forceinline__ int acc_dim(int nt, int tig, int e) { return (tig * 2 + e) * RUN8 + nt; }
+// The output dim of accumulator column e (0, 1) of n-tile nt for the lane in quad position tig.
+__device__ __forceinline__ int acc_dim(int nt, int tig, int e) { return (nt >> 2) * 32 + 4 * (tig * 2 + e) + (nt & 3); }
 #else
 #define STAGE_BYTES (2 * SLOT_BYTES)                        // K then V tile, bf16, swizzled
 #define WARP_BYTES (STAGES * STAGE_BYTES)
@@ -140,26 +116,6 @@ __device__ __forceinline__ void mma_top_rows(float* c, u32 a_lo, u32 a_hi, u32 b
         : "=f"(c[0]), "=f"(c[1]), "=f"(drop0), "=f"(drop1)
         : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(0u), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(0.f), "f"(0.f));
 }
-
-// c[0..3] += A . B with every accumulator kept (rows groupID + 8 stay zero: A's rows there are
-// zero), so no zero registers are made for each mma as mma_top_rows needs.
-__device__ __forceinline__ void mma_rows4(float* c, u32 a_lo, u32 a_hi, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32." MMA_AB "." MMA_AB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(0u), "r"(b0), "r"(b1));
-}
-#ifndef FULL_ACC
-#define FULL_ACC 1
-#endif
-#if FULL_ACC && defined(KV_FP8)  // (the bf16 cache keeps the registers for its ldmatrix operands)
-#define ACC_W 4
-#define MMA_ROWS mma_rows4
-#else
-#define ACC_W 2
-#define MMA_ROWS mma_top_rows
-#endif
 
 // Token t's cache block and offset in it without an integer division (one compiles to about 35
 // instructions on sm_90, paid once a chunk): the block size's f32 reciprocal gives the quotient to
@@ -432,13 +388,12 @@ __device__ __forceinline__ void decode_attention_mma(
     for (int ks = 0; ks < D / 16; ks++) {
         const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + min(gid, G - 1)) * D + ks * 16 + tig * 2;
 #ifdef KV_FP8
-        // The dims this lane's K codes of k-step ks are (see the loop): in half ks / (D / 32) of
-        // D, word ks % (D / 32) of the lane's run of RUN8 bytes.
-        const float* qk = qp - ks * 16 - tig * 2 + (ks / (D / 32)) * (D / 2) + tig * RUN8 + (ks % (D / 32)) * 4;
-        qf[ks][0] = qk[0];
-        qf[ks][1] = qk[1];
-        qf[ks][2] = qk[2];
-        qf[ks][3] = qk[3];
+        // Dims tig * 4 .. + 3 of the k-step (qp is at tig * 2), the order this lane's K codes
+        // come in (see the top).
+        qf[ks][0] = qp[tig * 2];
+        qf[ks][1] = qp[tig * 2 + 1];
+        qf[ks][2] = qp[tig * 2 + 2];
+        qf[ks][3] = qp[tig * 2 + 3];
 #else
         qf[ks][0] = qp[0];
         qf[ks][1] = qp[1];
@@ -549,7 +504,7 @@ __device__ __forceinline__ void decode_attention_mma(
 #pragma unroll
             for (int e = 0; e < 4; e++) {
 #ifdef KV_FP8
-                const int j = tig * RUN8 + ks * 4 + e;  // first half of D: half 0, word ks
+                const int j = ks * 16 + tig * 4 + e;
 #else
                 const int j = ks * 16 + tig * 2 + (e & 1) + (e >> 1) * 8;
 #endif
@@ -562,11 +517,9 @@ __device__ __forceinline__ void decode_attention_mma(
         qa[ks][0] = gid < G ? pack_ab(qf[ks][0] * scale, qf[ks][1] * scale) : 0u;
         qa[ks][1] = gid < G ? pack_ab(qf[ks][2] * scale, qf[ks][3] * scale) : 0u;
     }
-    float acc[D / 8][ACC_W];  // O rows gid: dims acc_dim(nt, tig, {0, 1}) (rows gid + 8: zero, unused)
+    float acc[D / 8][2];  // O rows gid: dims nt * 8 + tig * 2 + {0, 1}
 #pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < ACC_W; e++) acc[nt][e] = 0.f;
+    for (int nt = 0; nt < D / 8; nt++) acc[nt][0] = acc[nt][1] = 0.f;
     float m = -SOV_INF, l = 0.f;  // running max of row gid; this lane's part of its running sum
 
     for (int c = 0; c < my_chunks; c++) {
@@ -592,55 +545,36 @@ __device__ __forceinline__ void decode_attention_mma(
         // The scales of this lane's tokens n * 8 + tig * 2 + j: k_sc for the scores, v_sc for P.
         float k_sc[2][2], v_sc[2][2];
 #pragma unroll
-        for (int n = 0; n < 2; n++) {
-            const float* sc = (const float*)(stp + 2 * CODE_BYTES) + n * 8 + tig * 2;
-            const float2 k2 = *(const float2*)sc, v2 = *(const float2*)(sc + CHUNK);
-            k_sc[n][0] = k2.x, k_sc[n][1] = k2.y;
-            v_sc[n][0] = v2.x, v_sc[n][1] = v2.y;
-        }
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float* sc = (const float*)(stp + 2 * CODE_BYTES) + n * 8 + tig * 2 + j;
+                k_sc[n][j] = sc[0];
+                v_sc[n][j] = sc[CHUNK];
+            }
 #else
         const u32 ks = ring + (c % STAGES) * STAGE_BYTES;
         const u32 vs = ks + SLOT_BYTES;
 #endif
 
         // S = Q . K^T: s[n][j] is row gid, token n * 8 + tig * 2 + j of the chunk.
-#ifdef KV_FP8
-        float s[2][ACC_W];
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int e = 0; e < ACC_W; e++) s[n][e] = 0.f;
-        // This lane's K codes: rows gid and gid + 8 (r), RUN8 bytes of each half h of D from byte
-        // h * D / 2 + tig * RUN8, D / 32 words a half; k-step h * D / 32 + i takes word i.
-        u32 kw[2][2][D / 32];
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int b = h * (D / 2) + tig * RUN8;
-                load_run8(kw[r][h], stp + k8_offset(gid + 8 * r, b >> 4) + (b & 15),
-                          stp + k8_offset(gid + 8 * r, (b >> 4) + 1));
-            }
-#pragma unroll
-        for (int kstep = 0; kstep < D / 16; kstep++) {
-            const u32 w0 = kw[0][kstep / (D / 32)][kstep % (D / 32)];
-            const u32 w1 = kw[1][kstep / (D / 32)][kstep % (D / 32)];
-            const u32 b[4] = {e4m3x2_to_f16x2((unsigned short)(w0 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w0 >> 16)),
-                              e4m3x2_to_f16x2((unsigned short)(w1 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w1 >> 16))};
-            MMA_ROWS(s[0], qa[kstep][0], qa[kstep][1], b[0], b[1]);
-            MMA_ROWS(s[1], qa[kstep][0], qa[kstep][1], b[2], b[3]);
-        }
-#else
         float s[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
         for (int kstep = 0; kstep < D / 16; kstep++) {
+#ifdef KV_FP8
+            // Codes of tokens gid and gid + 8, dims kstep * 16 + tig * 4 .. + 3, widened.
+            const u32 w0 = *(const u32*)(stp + k8_offset(gid, kstep) + tig * 4);
+            const u32 w1 = *(const u32*)(stp + k8_offset(gid + 8, kstep) + tig * 4);
+            const u32 b[4] = {e4m3x2_to_f16x2((unsigned short)(w0 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w0 >> 16)),
+                              e4m3x2_to_f16x2((unsigned short)(w1 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w1 >> 16))};
+#else
             // Matrices: tokens 0-7 / 8-15 (mat >> 1) x dims kstep*16 + 0-7 / 8-15 (mat & 1).
             u32 b[4];
             ldsm_x4(b, ks + k_row + (((kstep * 2) ^ k_swz) << 4));
+#endif
             mma_top_rows(s[0], qa[kstep][0], qa[kstep][1], b[0], b[1]);
             mma_top_rows(s[1], qa[kstep][0], qa[kstep][1], b[2], b[3]);
         }
-#endif
 #ifdef KV_FP8
 #pragma unroll
         for (int n = 0; n < 2; n++)
@@ -673,7 +607,7 @@ __device__ __forceinline__ void decode_attention_mma(
         if (__any_sync(0xffffffffu, alpha != 1.f)) {  // after the first chunks the max rarely moves
 #pragma unroll
             for (int nt = 0; nt < D / 8; nt++) {
-                acc[nt][0] *= alpha;  // rows gid + 8 (full accumulators) stay zero
+                acc[nt][0] *= alpha;
                 acc[nt][1] *= alpha;
             }
         }
@@ -682,28 +616,26 @@ __device__ __forceinline__ void decode_attention_mma(
         const u32 p_lo = pack_ab(s[0][0] * v_sc[0][0], s[0][1] * v_sc[0][1]);
         const u32 p_hi = pack_ab(s[1][0] * v_sc[1][0], s[1][1] * v_sc[1][1]);
         const unsigned char* vc = stp + CODE_BYTES;  // the chunk's V codes
-        // RUN8 bytes from byte gid * RUN8 of tokens 2 tig, 2 tig + 1 (P's columns in p_lo) and
-        // 2 tig + 8, 2 tig + 9 (p_hi): D / 32 words each.
-        u32 vw[4][D / 32];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int tok = 2 * tig + (r & 1) + (r >> 1) * 8, b = gid * RUN8;
-            load_run8(vw[r], vc + v8_offset(tok, b >> 4) + (b & 15), vc + v8_offset(tok, (b >> 4) + 1));
-        }
 #pragma unroll
         for (int gr = 0; gr < D / 32; gr++) {
-            // Word gr (dims gid * RUN8 + 4 gr .. + 3) of the 4 tokens, transposed by byte permutes
-            // into token pairs of one dim: n-tile 4 gr + j holds dim gid * RUN8 + 4 gr + j (acc_dim).
-            const u32 w0 = vw[0][gr], w1 = vw[1][gr], w2 = vw[2][gr], w3 = vw[3][gr];
+            // Dims gr * 32 + 4 gid .. + 3 of tokens 2 tig, 2 tig + 1 (P's columns in p_lo) and
+            // 2 tig + 8, 2 tig + 9 (p_hi), a u32 of codes each; transposed by byte permutes into
+            // token pairs of one dim: n-tile 4 gr + j holds dim gr * 32 + 4 gid + j (acc_dim).
+            const int piece = 2 * gr + (gid >> 2);
+            const u32 col = (u32)((gid & 3) * 4);
+            const u32 w0 = *(const u32*)(vc + v8_offset(2 * tig, piece) + col);
+            const u32 w1 = *(const u32*)(vc + v8_offset(2 * tig + 1, piece) + col);
+            const u32 w2 = *(const u32*)(vc + v8_offset(2 * tig + 8, piece) + col);
+            const u32 w3 = *(const u32*)(vc + v8_offset(2 * tig + 9, piece) + col);
             const u32 lo01 = __byte_perm(w0, w1, 0x5140), lo23 = __byte_perm(w0, w1, 0x7362);  // dims 0, 1 | 2, 3
             const u32 hi01 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-            MMA_ROWS(acc[4 * gr], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 & 0xffffu)),
+            mma_top_rows(acc[4 * gr], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 & 0xffffu)),
                          e4m3x2_to_f16x2((unsigned short)(hi01 & 0xffffu)));
-            MMA_ROWS(acc[4 * gr + 1], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 >> 16)),
+            mma_top_rows(acc[4 * gr + 1], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 >> 16)),
                          e4m3x2_to_f16x2((unsigned short)(hi01 >> 16)));
-            MMA_ROWS(acc[4 * gr + 2], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 & 0xffffu)),
+            mma_top_rows(acc[4 * gr + 2], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 & 0xffffu)),
                          e4m3x2_to_f16x2((unsigned short)(hi23 & 0xffffu)));
-            MMA_ROWS(acc[4 * gr + 3], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 >> 16)),
+            mma_top_rows(acc[4 * gr + 3], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 >> 16)),
                          e4m3x2_to_f16x2((unsigned short)(hi23 >> 16)));
         }
 #else
