@@ -11,6 +11,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::engine::EngineError;
 use crate::model::LlamaModel;
+use crate::model::error::ModelError;
 use crate::runner::{LlamaRunner, RunnerBackend};
 use crate::scheduler::Machine;
 
@@ -60,12 +61,20 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     model
         .reserve_scratch(rows, seqs, context)
         .map_err(|e| EngineError::Forward(e.to_string()))?;
+    let kv_mib = (prep.num_blocks * prep.block_size * prep.per_token) >> 20;
     let runner = LlamaRunner::with_decode(
         model,
         prep.num_blocks,
         prep.block_size,
         B::new_decode(&opts.runner),
     )
-    .map_err(|e| EngineError::Forward(e.to_string()))?;
+    .map_err(|e| match e {
+        // The backend refused the allocation (out of device memory, most often).
+        ModelError::Backend(b) => EngineError::KvCacheAlloc {
+            mib: kv_mib,
+            reason: b.to_string(),
+        },
+        other => EngineError::Forward(other.to_string()),
+    })?;
     launch::<M, _>(runner, prep, parts, opts)
 }

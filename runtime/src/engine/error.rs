@@ -56,6 +56,17 @@ pub enum EngineError {
     /// Setting up the backend or running the model failed; holds the cause.
     #[error("model forward failed: {0}")]
     Forward(String),
+    /// The KV cache of the configured budget could not be allocated when the engine started
+    /// (e.g. a budget larger than the GPU's free memory); holds the budget and the cause.
+    #[error(
+        "the KV cache ({mib} MiB) could not be allocated: {reason}; lower the KV budget (--kv-memory-mb)"
+    )]
+    KvCacheAlloc {
+        /// The cache's size in MiB (blocks x block size x bytes a token).
+        mib: usize,
+        /// The backend's error.
+        reason: String,
+    },
     /// A step could not get the KV blocks the scheduler reserved for it (an engine bug).
     #[error("the KV cache ran out of blocks while committing a step (scheduler bug)")]
     KvExhausted,

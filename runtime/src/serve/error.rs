@@ -213,6 +213,7 @@ impl From<EngineError> for ApiError {
                 ApiError::invalid_param("response_format", e.to_string())
             }
             EngineError::Forward(_)
+            | EngineError::KvCacheAlloc { .. }
             | EngineError::KvExhausted
             | EngineError::SlotFile { .. }
             | EngineError::Scheduler(_)
