@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sov::app::start::{
-    CheckpointOptions, Device, EngineOptions, ModelParts, Started, start_engine,
+    CheckpointOptions, Device, EngineOptions, KvBudget, ModelParts, Started, start_engine,
 };
 use sov::checkpoint::digest::to_hex;
 use sov::checkpoint::{Anchor, AuditOptions, CheckpointError, audit, keys};
@@ -143,7 +143,7 @@ pub enum RunError {
 pub fn engine_options(device: Device, places: &RunPlaces, max_batch: usize) -> EngineOptions {
     EngineOptions {
         device,
-        kv_memory_bytes: 256 << 20,
+        kv_budget: KvBudget::Bytes(256 << 20),
         max_batch,
         trace: true,
         run_dir: Some(places.run_dir.clone()),

@@ -4,7 +4,7 @@
 //! batch (where sov's default machine admits between decode steps), checkpoints every 8 decode
 //! steps, and leaves a checkpoint chain that verifies against its own spec digest.
 
-use sov::app::start::{Device, EngineOptions, ModelParts, start_engine};
+use sov::app::start::{Device, EngineOptions, KvBudget, ModelParts, start_engine};
 use sov::engine::{FinishReason, Prompt, Request, SamplingParams, TraceEntry};
 use sov::model::random::{WeightDtype, tiny_config};
 use sov::scheduler::{Machine, seed};
@@ -108,7 +108,7 @@ fn the_default_machine_admits_between_decode_steps() {
     let started = start_engine::<seed::Scheduler>(
         tiny(),
         &EngineOptions {
-            kv_memory_bytes: 16 << 20,
+            kv_budget: KvBudget::Bytes(16 << 20),
             max_batch: 2,
             trace: true,
             ..EngineOptions::default()

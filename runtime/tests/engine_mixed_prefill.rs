@@ -8,7 +8,7 @@
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use sov::app::start::{EngineOptions, ModelParts, Started, start_engine};
+use sov::app::start::{EngineOptions, KvBudget, ModelParts, Started, start_engine};
 use sov::engine::{FinishReason, Finished, Output, Prompt, Request, SamplingParams};
 use sov::loader::{cached_default_model, load_model};
 use sov::model::random::{WeightDtype, tiny_config};
@@ -42,7 +42,7 @@ fn start(parts: ModelParts, mixed: bool) -> Started {
     start_engine::<Scheduler>(
         parts,
         &EngineOptions {
-            kv_memory_bytes: 64 << 20,
+            kv_budget: KvBudget::Bytes(64 << 20),
             max_prefill_tokens: 32,
             mixed_prefill: mixed,
             ..EngineOptions::default()

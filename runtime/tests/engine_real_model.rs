@@ -7,7 +7,7 @@
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use sov::app::start::{EngineOptions, ModelParts, Started, start_engine};
+use sov::app::start::{EngineOptions, KvBudget, ModelParts, Started, start_engine};
 use sov::engine::{FinishReason, Finished, Output, Prompt, Request, SamplingParams};
 use sov::loader::{cached_default_model, load_model};
 use sov::model::random::{WeightDtype, tiny_config};
@@ -51,7 +51,7 @@ fn start(parts: ModelParts, kv_bytes: usize) -> Started {
     start_engine::<Scheduler>(
         parts,
         &EngineOptions {
-            kv_memory_bytes: kv_bytes,
+            kv_budget: KvBudget::Bytes(kv_bytes),
             ..EngineOptions::default()
         },
     )

@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p sov-examples --bin llama3_8b -- [PATH] [--device cuda:0] [--batch N]`
 
-use sov::app::start::{Device, EngineOptions, ModelParts};
+use sov::app::start::{Device, EngineOptions, KvBudget, ModelParts};
 use sov::engine::{Prompt, Request, SamplingParams};
 use sov::loader::load_model;
 use sov::model::random::{WeightDtype, llama3_8b_config};
@@ -39,7 +39,7 @@ fn main() -> anyhow::Result<()> {
     let vocab = parts.config.vocab_size as u32;
     let opts = EngineOptions {
         device,
-        kv_memory_bytes: 8 << 30,
+        kv_budget: KvBudget::Bytes(8 << 30),
         ..EngineOptions::default()
     };
     let started = sov_examples::start(parts, &opts)?;

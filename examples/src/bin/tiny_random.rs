@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p sov-examples --bin tiny_random`
 
-use sov::app::start::{EngineOptions, ModelParts};
+use sov::app::start::{EngineOptions, KvBudget, ModelParts};
 use sov::engine::{Prompt, Request, SamplingParams};
 use sov::model::random::{WeightDtype, tiny_config};
 
@@ -13,7 +13,7 @@ fn main() -> anyhow::Result<()> {
     let started = sov_examples::start(
         parts,
         &EngineOptions {
-            kv_memory_bytes: 16 << 20,
+            kv_budget: KvBudget::Bytes(16 << 20),
             ..EngineOptions::default()
         },
     )?;

@@ -24,6 +24,6 @@ pub mod witnesses;
 
 pub use dirs::{DirOverrides, SovDirs};
 pub use start::{
-    CheckpointInfo, CheckpointOptions, Device, EngineOptions, ModelParts, Started, default_kv_mode,
-    kv_bytes_per_token, kv_row_bytes, model_digest, start_engine, start_on,
+    CheckpointInfo, CheckpointOptions, Device, EngineOptions, KvBudget, ModelParts, Started,
+    default_kv_mode, kv_bytes_per_token, kv_row_bytes, model_digest, start_engine, start_on,
 };

@@ -55,8 +55,8 @@ impl std::str::FromStr for Device {
 pub struct EngineOptions {
     /// Where the model runs.
     pub device: Device,
-    /// Bytes the KV cache may take.
-    pub kv_memory_bytes: usize,
+    /// How much memory the KV cache takes.
+    pub kv_budget: KvBudget,
     /// Most sequences in the running batch.
     pub max_batch: usize,
     /// Most prompt tokens per prefill forward pass (per mixed step when `mixed_prefill`).
@@ -138,7 +138,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         Self {
             device: Device::Cpu,
-            kv_memory_bytes: 1 << 30,
+            kv_budget: KvBudget::Bytes(1 << 30),
             max_batch: 256,
             max_prefill_tokens: 2048,
             mixed_prefill: true,
@@ -160,6 +160,27 @@ impl Default for EngineOptions {
         }
     }
 }
+
+/// How much memory the KV cache takes: a size, or a share of what the device has free.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvBudget {
+    /// This many bytes.
+    Bytes(usize),
+    /// This fraction (0 < f <= 1) of the device memory still free once the weights and the
+    /// scratch are in place, less [`KV_AUTO_RESERVE_BYTES`] for what a run allocates later
+    /// (decode graphs, library workspaces). Only for a device that reports its free memory (a
+    /// GPU), and one device (no tensor parallelism).
+    FreeDeviceMemory(f64),
+}
+
+/// Device memory [`KvBudget::FreeDeviceMemory`] leaves out of the KV cache for what a run
+/// allocates after it: the decode graphs (at most 2 GiB, `runner/decode_graphs.rs`) and cuBLAS
+/// workspaces.
+pub const KV_AUTO_RESERVE_BYTES: usize = 3 << 30;
+
+/// The share of free device memory `--kv-memory-mb auto` gives the KV cache (vLLM's
+/// `--gpu-memory-utilization` default is the same 0.9, of the whole card).
+pub const KV_AUTO_FRACTION: f64 = 0.9;
 
 /// Bytes of KV one token takes in every layer (K and V) with rows of `row_bytes` (one token's K,
 /// or V, in one layer: `KVH * D` elements in a plain format).
@@ -187,6 +208,9 @@ pub struct Started {
     pub model_name: String,
     /// The model's config.
     pub config: LlamaConfig,
+    /// Bytes the KV cache took (its blocks; settled from the device's free memory under
+    /// [`KvBudget::FreeDeviceMemory`]).
+    pub kv_cache_bytes: usize,
     /// The checkpoint setup, when checkpoints are on.
     pub checkpoints: Option<CheckpointInfo>,
     /// Raises low_battery from the machine's battery (set by the front end; None: not watching).

@@ -20,8 +20,9 @@ use super::tensor_parallel::start_tensor_parallel;
 
 pub use super::checkpoints::{model_digest, platform_of};
 pub use super::options::{
-    CheckpointInfo, CheckpointOptions, Device, EngineOptions, ModelParts, Started, default_kv_mode,
-    kv_bytes_per_token, kv_row_bytes,
+    CheckpointInfo, CheckpointOptions, Device, EngineOptions, KV_AUTO_FRACTION,
+    KV_AUTO_RESERVE_BYTES, KvBudget, ModelParts, Started, default_kv_mode, kv_bytes_per_token,
+    kv_row_bytes,
 };
 
 /// Builds the model on `opts.device` and starts an engine running machine `M`.
@@ -50,7 +51,7 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     mut parts: ModelParts,
     opts: &EngineOptions,
 ) -> Result<Started, EngineError> {
-    let prep = prepare::<M>(kv_row_bytes(&backend, &parts.config), &parts, opts)?;
+    let mut prep = prepare::<M>(kv_row_bytes(&backend, &parts.config), &parts, opts)?;
     // Weights move to the backend one tensor at a time: host memory never holds two copies.
     let tensors = std::mem::take(&mut parts.tensors);
     let model = LlamaModel::from_tensors(backend, &parts.config, tensors)
@@ -61,10 +62,12 @@ pub fn start_on<M: Machine + 'static, B: RunnerBackend>(
     model
         .reserve_scratch(rows, seqs, context)
         .map_err(|e| EngineError::Forward(e.to_string()))?;
-    let kv_mib = (prep.num_blocks * prep.block_size * prep.per_token) >> 20;
+    // A share of free memory is measured only now, with the weights and scratch in place.
+    let num_blocks = prep.settle_blocks(opts.kv_budget, model.backend().free_memory_bytes())?;
+    let kv_mib = (num_blocks * prep.block_size * prep.per_token) >> 20;
     let runner = LlamaRunner::with_decode(
         model,
-        prep.num_blocks,
+        num_blocks,
         prep.block_size,
         B::new_decode(&opts.runner),
     )

@@ -32,7 +32,9 @@ pub fn start_tensor_parallel<M: Machine + 'static>(
     // ranks together hold as many blocks as one whole model would.
     let c = &parts.config;
     let row_bytes = c.num_key_value_heads * c.head_dim * DType::F32.size_bytes();
-    let prep = prepare::<M>(row_bytes, &parts, opts)?;
+    let mut prep = prepare::<M>(row_bytes, &parts, opts)?;
+    // The ranks run on the CPU, which reports no free device memory: a byte budget only.
+    let num_blocks = prep.settle_blocks(opts.kv_budget, None)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let backends = (0..world)
         .map(|_| CpuBackend::with_threads((cores / world).max(1)))
@@ -49,7 +51,7 @@ pub fn start_tensor_parallel<M: Machine + 'static>(
                 .map_err(|e| EngineError::Forward(e.to_string()))?;
         }
     }
-    let runner = TensorParallelRunner::new(tp, prep.num_blocks, prep.block_size)
+    let runner = TensorParallelRunner::new(tp, num_blocks, prep.block_size)
         .map_err(|e| EngineError::Forward(e.to_string()))?;
     launch::<M, _>(runner, prep, parts, opts)
 }

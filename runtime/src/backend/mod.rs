@@ -383,6 +383,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn kv_block_multiple(&self) -> usize {
         1
     }
+    /// The device memory free now, in bytes, where the device reports it (a GPU); None on
+    /// backends whose memory is the host's.
+    fn free_memory_bytes(&self) -> Option<usize> {
+        None
+    }
     /// Waits until all queued work has finished (a no-op on synchronous backends).
     fn synchronize(&self) -> Result<(), BackendError>;
     /// Runs one forward step's worth of op calls in the backend's execution context. The CPU

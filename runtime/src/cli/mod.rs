@@ -17,6 +17,7 @@ pub mod bench_serve;
 pub mod bench_stats;
 pub mod generate;
 pub mod keygen;
+pub mod kv_memory_arg;
 pub mod model_args;
 pub mod perplexity;
 pub mod precision_args;

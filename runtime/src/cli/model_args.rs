@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use super::kv_memory_arg::KvMemoryArg;
 use crate::app::SovDirs;
 use crate::app::battery::{BatteryWatcher, POWER_SUPPLY_DIR};
 use crate::app::run_dir::{create_run_dir, remove_scratch_run_dir};
@@ -91,9 +92,10 @@ pub struct ModelArgs {
     /// Scheduler machine (a spec compiled into this binary).
     #[arg(long, value_enum, default_value_t = MachineChoice::Seed)]
     pub machine: MachineChoice,
-    /// KV cache budget in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub kv_memory_mb: usize,
+    /// KV cache budget in MiB, or `auto`: 90% of the GPU memory left free once the model and
+    /// its scratch are loaded, less 3 GiB for decode graphs and workspaces (GPUs only).
+    #[arg(long, default_value = "1024", value_name = "MIB|auto")]
+    pub kv_memory_mb: KvMemoryArg,
     /// Most sequences in the running batch.
     #[arg(long, default_value_t = 256)]
     pub max_batch: usize,
@@ -397,7 +399,7 @@ impl ModelArgs {
         let device = self.device();
         let mut opts = EngineOptions {
             device,
-            kv_memory_bytes: self.kv_memory_mb << 20,
+            kv_budget: self.kv_memory_mb.budget(),
             prefix_cache: !self.no_prefix_cache,
             swap_memory_bytes: self.swap_mb << 20,
             swap_file_bytes: self.swap_file_mb << 20,
@@ -498,7 +500,7 @@ impl ModelArgs {
             started.model_name,
             device,
             t0.elapsed().as_secs_f64(),
-            self.kv_memory_mb,
+            (started.kv_cache_bytes as f64 / (1u64 << 20) as f64).round(),
             match &started.slot_path {
                 Some(p) => p.display().to_string(),
                 None => "in memory".into(),

@@ -67,6 +67,10 @@ pub enum EngineError {
         /// The backend's error.
         reason: String,
     },
+    /// The KV budget cannot be settled (e.g. automatic sizing on a device that does not report
+    /// its free memory); holds why.
+    #[error("KV budget: {0}")]
+    KvBudget(String),
     /// A step could not get the KV blocks the scheduler reserved for it (an engine bug).
     #[error("the KV cache ran out of blocks while committing a step (scheduler bug)")]
     KvExhausted,

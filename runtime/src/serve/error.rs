@@ -214,6 +214,7 @@ impl From<EngineError> for ApiError {
             }
             EngineError::Forward(_)
             | EngineError::KvCacheAlloc { .. }
+            | EngineError::KvBudget(_)
             | EngineError::KvExhausted
             | EngineError::SlotFile { .. }
             | EngineError::Scheduler(_)

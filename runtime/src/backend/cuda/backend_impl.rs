@@ -159,6 +159,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn free_memory_bytes(&self) -> Option<usize> {
+        self.free_device_bytes().ok()
+    }
+
     fn synchronize(&self) -> Result<(), BackendError> {
         self.stream.synchronize().map_err(driver_err)
     }
