@@ -70,6 +70,7 @@ variant "tensor cores, 4 CTAs per SM target" SOV_DECODE_CTAS_PER_SM=4
 run python3 kernels/bench/sdpa_bench.py
 [ "$MODE" = attention ] && exit 0
 run .gpu/sov-lib-tests backend::cuda::bench::bench_decode_matmuls --ignored --nocapture --test-threads=1
+run .gpu/sov-lib-tests backend::cuda::bench::bench_row_kernels --ignored --nocapture --test-threads=1
 run .gpu/sov-gpu-bench bench_llama8b_decode --ignored --nocapture --test-threads=1
 run .gpu/sov bench $BENCH --sweep 1,16,64,256
 run python3 kernels/bench/hf_generate.py 1 16 64 256

@@ -77,6 +77,91 @@ __device__ __forceinline__ float rms_row(float* __restrict__ r, const float* __r
     return rsqrtf(ss / (float)d + eps);
 }
 
+// Four consecutive outputs from out[0].
+__device__ __forceinline__ void store_out4(float* p, float a, float b, float c, float d) {
+    *(float4*)p = make_float4(a, b, c, d);
+}
+__device__ __forceinline__ void store_out4(bf16_t* p, float a, float b, float c, float d) {
+    *(uint2*)p = make_uint2((u32)f2bf(a) | ((u32)f2bf(b) << 16), (u32)f2bf(c) | ((u32)f2bf(d) << 16));
+}
+
+// Vector rows: where d % 4 == 0 and the row pointers are 16-byte aligned (every row then is), a
+// thread owns the float4 groups g = threadIdx.x + j * blockDim.x of its row and keeps the first
+// RMS_VEC_KEEP of them (and their weights) in registers; the launch (ops.rs `rms_norm_config`)
+// gives a row d / (4 * RMS_VEC_KEEP) threads (whole warps, 32..1024: 256 holding 16 values each
+// for a 4096-wide row), or d / 4 where the rows are no more than the SMs (their latency is the
+// step's). Design: 16-byte loads and stores, and CTAs small enough that several share an SM and
+// one's loads overlap another's reductions; the 1024-thread CTAs of the scalar form ran at about
+// 2/3 of copy speed, this form at 0.92-0.95 (kernels/README.md, FP8). Each element's expression
+// is the scalar form's; only the order of the sum of squares differs.
+#define RMS_VEC_KEEP 4
+
+// Whether the vector form applies to a row of d: d % 4 == 0 and every pointer 16-byte aligned.
+__device__ __forceinline__ bool rms_vec_rows(int d, const void* a, const void* b, const void* c, const void* e) {
+    return (d & 3) == 0 && (((size_t)a | (size_t)b | (size_t)c | (size_t)e) & 15) == 0;
+}
+
+// rms_row's vector form: the row's first RMS_VEC_KEEP float4 groups a thread owns kept in keep / w.
+__device__ __forceinline__ float rms_row4(float* __restrict__ r, const float* __restrict__ drow,
+                                          const float* __restrict__ weight, int d, float eps, float4* keep,
+                                          float4* w, float* scratch) {
+    const int groups = d >> 2;
+    float4* r4 = (float4*)r;
+    const float4* d4 = (const float4*)drow;
+    const float4* w4 = (const float4*)weight;
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < RMS_VEC_KEEP; j++) {
+        const int g = threadIdx.x + j * blockDim.x;
+        keep[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        w[j] = keep[j];
+        if (g < groups) {
+            keep[j] = r4[g];
+            w[j] = w4[g];
+            if (drow != nullptr) {
+                const float4 x = d4[g];
+                keep[j].x += x.x;
+                keep[j].y += x.y;
+                keep[j].z += x.z;
+                keep[j].w += x.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < RMS_VEC_KEEP; j++) {
+        const int g = threadIdx.x + j * blockDim.x;
+        if (g < groups) {
+            if (drow != nullptr) r4[g] = keep[j];
+            ss = fmaf(keep[j].x, keep[j].x, ss);
+            ss = fmaf(keep[j].y, keep[j].y, ss);
+            ss = fmaf(keep[j].z, keep[j].z, ss);
+            ss = fmaf(keep[j].w, keep[j].w, ss);
+        }
+    }
+    for (int g = threadIdx.x + RMS_VEC_KEEP * blockDim.x; g < groups; g += blockDim.x) {
+        float4 v = r4[g];
+        if (drow != nullptr) {
+            const float4 x = d4[g];
+            v.x += x.x;
+            v.y += x.y;
+            v.z += x.z;
+            v.w += x.w;
+            r4[g] = v;
+        }
+        ss = fmaf(v.x, v.x, ss);
+        ss = fmaf(v.y, v.y, ss);
+        ss = fmaf(v.z, v.z, ss);
+        ss = fmaf(v.w, v.w, ss);
+    }
+    ss = block_sum(ss, scratch);
+    return rsqrtf(ss / (float)d + eps);
+}
+
+// A kept group's normalized values, keep * inv * w element by element.
+__device__ __forceinline__ float4 rms_scale4(float4 v, float inv, float4 w) {
+    return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+}
+
 template <typename OutT>
 __device__ __forceinline__ void rmsnorm_rows(OutT* __restrict__ out, float* __restrict__ residual,
                                              const float* __restrict__ delta, const float* __restrict__ weight,
@@ -86,15 +171,34 @@ __device__ __forceinline__ void rmsnorm_rows(OutT* __restrict__ out, float* __re
     wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     const size_t row = blockIdx.x;
     float* r = residual + row * d;
+    const float* drow = delta != nullptr ? delta + row * d : nullptr;
+    OutT* o = out + row * d;
+    if (rms_vec_rows(d, out, residual, delta, weight)) {
+        const int groups = d >> 2;
+        float4 keep[RMS_VEC_KEEP], w[RMS_VEC_KEEP];
+        const float inv = rms_row4(r, drow, weight, d, eps, keep, w, scratch);
+#pragma unroll
+        for (int j = 0; j < RMS_VEC_KEEP; j++) {
+            const int g = threadIdx.x + j * blockDim.x;
+            if (g < groups) {
+                const float4 v = rms_scale4(keep[j], inv, w[j]);
+                store_out4(o + 4 * g, v.x, v.y, v.z, v.w);
+            }
+        }
+        for (int g = threadIdx.x + RMS_VEC_KEEP * blockDim.x; g < groups; g += blockDim.x) {
+            const float4 v = rms_scale4(((const float4*)r)[g], inv, ((const float4*)weight)[g]);
+            store_out4(o + 4 * g, v.x, v.y, v.z, v.w);
+        }
+        return;
+    }
     float keep[RMS_KEEP], w[RMS_KEEP];
-    const float inv = rms_row(r, delta != nullptr ? delta + row * d : nullptr, weight, d, eps, keep, w, scratch);
+    const float inv = rms_row(r, drow, weight, d, eps, keep, w, scratch);
 #pragma unroll
     for (int j = 0; j < RMS_KEEP; j++) {
         const int i = threadIdx.x + j * blockDim.x;
-        if (i < d) store_out(&out[row * d + i], keep[j] * inv * w[j]);
+        if (i < d) store_out(&o[i], keep[j] * inv * w[j]);
     }
-    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x)
-        store_out(&out[row * d + i], r[i] * inv * weight[i]);
+    for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x) store_out(&o[i], r[i] * inv * weight[i]);
 }
 
 // out: [n, d] f32.
@@ -111,11 +215,54 @@ extern "C" __global__ void rmsnorm_residual_bf16(bf16_t* __restrict__ out, float
     rmsnorm_rows(out, residual, delta, weight, d, eps);
 }
 
+// Four values times inv, each rounded to e4m3 as quantize_rows rounds it, the first in the low byte.
+__device__ __forceinline__ u32 e4m3x4_of(float4 v, float inv) {
+    const u32 lo = f32x2_to_e4m3x2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
+    const u32 hi = f32x2_to_e4m3x2(__fmul_rn(v.z, inv), __fmul_rn(v.w, inv));
+    return lo | (hi << 16);
+}
+
+// A group's normalized values as the `_bf16` form stores them, widened back.
+__device__ __forceinline__ float4 as_bf16x4(float4 v) {
+    return make_float4(as_bf16(v.x), as_bf16(v.y), as_bf16(v.z), as_bf16(v.w));
+}
+
+__device__ __forceinline__ float absmax4(float a, float4 v) {
+    return fmaxf(fmaxf(a, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+
+// rmsnorm_residual_e4m3's vector form (rms_vec_rows); returns after writing the row.
+__device__ __forceinline__ void rmsnorm_e4m3_vec(u8* __restrict__ qr, float* __restrict__ scale, float* __restrict__ r,
+                                                 const float* __restrict__ drow, const float* __restrict__ weight,
+                                                 int d, float eps, float* scratch) {
+    const int groups = d >> 2;
+    float4 keep[RMS_VEC_KEEP], w[RMS_VEC_KEEP];
+    const float inv = rms_row4(r, drow, weight, d, eps, keep, w, scratch);
+    float a = 0.f;
+#pragma unroll
+    for (int j = 0; j < RMS_VEC_KEEP; j++) {
+        keep[j] = as_bf16x4(rms_scale4(keep[j], inv, w[j]));  // zeros past the row: no effect on a
+        a = absmax4(a, keep[j]);
+    }
+    for (int g = threadIdx.x + RMS_VEC_KEEP * blockDim.x; g < groups; g += blockDim.x)
+        a = absmax4(a, as_bf16x4(rms_scale4(((const float4*)r)[g], inv, ((const float4*)weight)[g])));
+    a = block_max(a, scratch);
+    const float qi = row_quant_inv(a);
+    if (threadIdx.x == 0) *scale = row_quant_scale(a);
+#pragma unroll
+    for (int j = 0; j < RMS_VEC_KEEP; j++) {
+        const int g = threadIdx.x + j * blockDim.x;
+        if (g < groups) ((u32*)qr)[g] = e4m3x4_of(keep[j], qi);
+    }
+    for (int g = threadIdx.x + RMS_VEC_KEEP * blockDim.x; g < groups; g += blockDim.x)
+        ((u32*)qr)[g] =
+            e4m3x4_of(as_bf16x4(rms_scale4(((const float4*)r)[g], inv, ((const float4*)weight)[g])), qi);
+}
+
 // The same as e4m3 rows: rmsnorm_residual_bf16's values, quantized per row (see the top).
-// q: [n, d] e4m3, scales: [n] f32. Bounded to 32 registers a thread, as the other forms compile
-// to: two CTAs of 1024 threads an SM (with 36 it ran one, 30.2 us a 1024 x 4096 launch on the
-// H200 against the bf16 form's 19.4).
-extern "C" __global__ void __launch_bounds__(1024, 2) rmsnorm_residual_e4m3(u8* __restrict__ q, float* __restrict__ scales,
+// q: [n, d] e4m3, scales: [n] f32. The vector form takes 62 registers, so the scalar form (odd
+// widths only) runs one 1024-thread CTA an SM.
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_e4m3(u8* __restrict__ q, float* __restrict__ scales,
                                                  float* __restrict__ residual, const float* __restrict__ delta,
                                                  const float* __restrict__ weight, int d, float eps) {
     __shared__ float scratch[32];
@@ -123,8 +270,14 @@ extern "C" __global__ void __launch_bounds__(1024, 2) rmsnorm_residual_e4m3(u8* 
     wait_for_prerequisites();
     const size_t row = blockIdx.x;
     float* r = residual + row * d;
+    const float* drow = delta != nullptr ? delta + row * d : nullptr;
+    u8* qr = q + row * d;
+    if (rms_vec_rows(d, q, residual, delta, weight)) {
+        rmsnorm_e4m3_vec(qr, scales + row, r, drow, weight, d, eps, scratch);
+        return;
+    }
     float keep[RMS_KEEP], w[RMS_KEEP];
-    const float inv = rms_row(r, delta != nullptr ? delta + row * d : nullptr, weight, d, eps, keep, w, scratch);
+    const float inv = rms_row(r, drow, weight, d, eps, keep, w, scratch);
     float a = 0.f;
 #pragma unroll
     for (int j = 0; j < RMS_KEEP; j++) {
@@ -137,7 +290,6 @@ extern "C" __global__ void __launch_bounds__(1024, 2) rmsnorm_residual_e4m3(u8* 
     a = block_max(a, scratch);
     const float qi = row_quant_inv(a);
     if (threadIdx.x == 0) scales[row] = row_quant_scale(a);
-    u8* qr = q + row * d;
 #pragma unroll
     for (int j = 0; j < RMS_KEEP; j++) {
         const int i = threadIdx.x + j * blockDim.x;
@@ -145,14 +297,6 @@ extern "C" __global__ void __launch_bounds__(1024, 2) rmsnorm_residual_e4m3(u8* 
     }
     for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x)
         qr[i] = e4m3_of(as_bf16(r[i] * inv * weight[i]), qi);
-}
-
-// Four consecutive outputs from out[0].
-__device__ __forceinline__ void store_out4(float* p, float a, float b, float c, float d) {
-    *(float4*)p = make_float4(a, b, c, d);
-}
-__device__ __forceinline__ void store_out4(bf16_t* p, float a, float b, float c, float d) {
-    *(uint2*)p = make_uint2((u32)f2bf(a) | ((u32)f2bf(b) << 16), (u32)f2bf(c) | ((u32)f2bf(d) << 16));
 }
 
 // Four consecutive gate/up values from g[4 q ..]: f32 (16-byte load) or bf16 (8-byte load, widened).
@@ -214,60 +358,75 @@ extern "C" __global__ void silu_mul_bf16_from_bf16(bf16_t* __restrict__ out, con
     silu_mul_rows(out, gate_up, n, f);
 }
 
-#define SILU_Q_THREADS 512
-#define SILU_Q_GROUPS 8  // groups of 4 values a thread holds: f <= 4 * 512 * 8 = 16384
+#define SILU_Q_MAX_GROUPS 4096  // groups of 4 values a row may have: f <= 16384
+#define SILU_Q_PHASE 4           // groups a thread loads before computing their SwiGLUs
 
 // silu_mul_bf16's values as e4m3 rows (see the top): q: [n, f] e4m3, scales: [n] f32,
-// gate_up: [n, 2f] InT (f32 or bf16). Grid: n, block: SILU_Q_THREADS; f % 4 == 0 and f <= 16384
-// (the row is held in registers between its max and its quantization, so gate_up is read once).
+// gate_up: [n, 2f] InT (f32 or bf16). Grid: n, block: any multiple of 32 up to 1024
+// (fp8_inputs.rs: 256, or 1024 where the rows are fewer than the SMs); f % 4 == 0, f <= 16384.
+// Design: gate_up is read once. A thread issues the loads of SILU_Q_PHASE of its groups of 4
+// before their SwiGLUs (the IEEE division's slow-path call in between would otherwise keep one
+// group's loads in flight at a time) and parks the rounded values in shared memory until the row's
+// max is known, so registers stay few enough for four 256-thread CTAs an SM, and the CTA size is
+// free: rows no more than the SMs take 1024 threads (their latency is the step's). At 1024 x 14336
+// on the H100 (`bench_row_kernels`) this ran 39.0 us (0.63 of copy speed); the same loop fully
+// unrolled for a fixed 256 threads ran 30.7 us (0.80) in another call, the values held in
+// registers (256 threads) 34.2 us: kernels/README.md, FP8.
 template <typename InT>
 __device__ __forceinline__ void silu_mul_e4m3_row(u8* __restrict__ q, float* __restrict__ scales,
                                                   const InT* __restrict__ gate_up, int f) {
     __shared__ float scratch[32];
+    // The row's SwiGLU values as the bf16 the `_bf16` form would store, each at its group's
+    // index: a thread reads back only what it wrote, so no barrier is needed for them.
+    __shared__ uint2 vals[SILU_Q_MAX_GROUPS];  // [f / 4] groups of 4 bf16
     allow_dependents_early();
     wait_for_prerequisites();
     const size_t row = blockIdx.x;
     const InT* g = gate_up + row * 2 * (size_t)f;
     const InT* u = g + f;
-    const int groups = f >> 2;
-    float v[SILU_Q_GROUPS][4];
+    const int groups = f >> 2, stride = blockDim.x;
     float a = 0.f;
+    for (int base = threadIdx.x; base < groups; base += SILU_Q_PHASE * stride) {
+        float4 x[SILU_Q_PHASE], y[SILU_Q_PHASE];
 #pragma unroll
-    for (int c = 0; c < SILU_Q_GROUPS; c++) {
-        const int idx = threadIdx.x + c * SILU_Q_THREADS;
-        if (idx < groups) {
-            const float4 x = load4(g, idx), y = load4(u, idx);
-            v[c][0] = as_bf16(swiglu(x.x, y.x));
-            v[c][1] = as_bf16(swiglu(x.y, y.y));
-            v[c][2] = as_bf16(swiglu(x.z, y.z));
-            v[c][3] = as_bf16(swiglu(x.w, y.w));
+        for (int c = 0; c < SILU_Q_PHASE; c++) {
+            const int idx = base + c * stride;
+            if (idx < groups) {
+                x[c] = load4(g, idx);
+                y[c] = load4(u, idx);
+            }
+        }
 #pragma unroll
-            for (int j = 0; j < 4; j++) a = fmaxf(a, fabsf(v[c][j]));
+        for (int c = 0; c < SILU_Q_PHASE; c++) {
+            const int idx = base + c * stride;
+            if (idx < groups) {
+                const bf16_t b0 = f2bf(swiglu(x[c].x, y[c].x)), b1 = f2bf(swiglu(x[c].y, y[c].y));
+                const bf16_t b2 = f2bf(swiglu(x[c].z, y[c].z)), b3 = f2bf(swiglu(x[c].w, y[c].w));
+                vals[idx] = make_uint2((u32)b0 | ((u32)b1 << 16), (u32)b2 | ((u32)b3 << 16));
+                a = fmaxf(fmaxf(a, fmaxf(fabsf(bf2f(b0)), fabsf(bf2f(b1)))), fmaxf(fabsf(bf2f(b2)), fabsf(bf2f(b3))));
+            }
         }
     }
     a = block_max(a, scratch);
     const float qi = row_quant_inv(a);
     if (threadIdx.x == 0) scales[row] = row_quant_scale(a);
     u32* qr = (u32*)(q + row * (size_t)f);
-#pragma unroll
-    for (int c = 0; c < SILU_Q_GROUPS; c++) {
-        const int idx = threadIdx.x + c * SILU_Q_THREADS;
-        if (idx < groups) {
-            const u32 lo = f32x2_to_e4m3x2(__fmul_rn(v[c][0], qi), __fmul_rn(v[c][1], qi));
-            const u32 hi = f32x2_to_e4m3x2(__fmul_rn(v[c][2], qi), __fmul_rn(v[c][3], qi));
-            qr[idx] = lo | (hi << 16);
-        }
+    for (int idx = threadIdx.x; idx < groups; idx += stride) {
+        const uint2 v = vals[idx];
+        const float4 x = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                                     __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+        qr[idx] = e4m3x4_of(x, qi);
     }
 }
 
 // gate_up: [n, 2f] f32.
-extern "C" __global__ void __launch_bounds__(SILU_Q_THREADS)
+extern "C" __global__ void __launch_bounds__(1024)
 silu_mul_e4m3(u8* __restrict__ q, float* __restrict__ scales, const float* __restrict__ gate_up, int f) {
     silu_mul_e4m3_row(q, scales, gate_up, f);
 }
 
 // gate_up: [n, 2f] bf16.
-extern "C" __global__ void __launch_bounds__(SILU_Q_THREADS)
+extern "C" __global__ void __launch_bounds__(1024)
 silu_mul_e4m3_from_bf16(u8* __restrict__ q, float* __restrict__ scales, const bf16_t* __restrict__ gate_up, int f) {
     silu_mul_e4m3_row(q, scales, gate_up, f);
 }

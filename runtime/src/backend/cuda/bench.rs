@@ -16,6 +16,9 @@
 //!
 //! - `bench_fp8_matmuls`: Llama-3-8B's layer products at 1..1024 rows in bf16 and FP8 (the input
 //!   quantization alone, the small-M kernel, cuBLASLt; FP8 times include the quantization).
+//! - `bench_row_kernels`: the row kernels between the products of a 1024- and 2048-row step at the
+//!   Llama-3-8B widths (residual add + RMSNorm into f32, bf16 and e4m3 rows; SwiGLU of bf16 gate/up
+//!   rows into e4m3 rows); bytes moved over the median time, next to a device-to-device copy.
 //!
 //! Times are CUDA-event medians after warm-up.
 
@@ -472,4 +475,72 @@ fn random_weight(b: &CudaBackend, len: usize, seed: u32, fan_in: usize) -> R<Cud
     let mut w = b.alloc(DType::BF16, len)?;
     b.fill_random_bf16(&mut w, seed, (3.0 / fan_in as f32).sqrt())?;
     Ok(w)
+}
+
+#[test]
+#[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
+fn bench_row_kernels() -> R<()> {
+    use super::ops::GateUpRows;
+    use crate::backend::RmsNorm;
+    let Some(b) = super::tests::device_with(|t| t.quantization = super::Quantization::Fp8W8A8)
+    else {
+        return Ok(());
+    };
+    let copy = copy_bandwidth(&b)?;
+    println!(
+        "BENCH copy_d2d bandwidth={:.1} GB/s (read+write)",
+        copy / 1e9
+    );
+    let (d, f) = (4096usize, 14336usize);
+    let weight = b.upload_f32(&super::reference::random(d, 1.0, 3))?; // [d]
+    let norm = RmsNorm {
+        weight: &weight,
+        eps: 1e-5,
+    };
+    for n in [1024usize, 2048] {
+        let mut residual = b.upload_f32(&super::reference::random(n * d, 1.0, 4))?; // [n, d]
+        let delta = b.upload_f32(&super::reference::random(n * d, 0.5, 5))?; // [n, d]
+        // Read residual, delta, weight; write residual and the output.
+        let rms_bytes = |out: usize| (3 * n * d * 4 + d * 4 + out) as f64;
+        for (name, dtype, out_bytes) in [
+            ("f32", DType::F32, n * d * 4),
+            ("bf16", DType::BF16, n * d * 2),
+            ("e4m3", DType::F8E4M3, n * d + 4 * n),
+        ] {
+            let mut out = if dtype == DType::F8E4M3 {
+                b.alloc_quantized_rows(n, d)?
+            } else {
+                b.alloc(dtype, n * d)?
+            }; // [n, d]
+            let ms = back_to_back_ms(&b, 20, 10, || {
+                Ok(b.add_rms_norm(&mut residual, &delta, norm, &mut out, n, d)?)
+            })?;
+            let bw = rms_bytes(out_bytes) / (ms * 1e-3);
+            println!(
+                "BENCH add_rms_norm {name} n={n} d={d} us={:.1} bandwidth={:.1} GB/s copy_fraction={:.2}",
+                ms * 1e3,
+                bw / 1e9,
+                bw / copy
+            );
+        }
+        let mut gate_up = b.alloc(DType::BF16, n * 2 * f)?; // [n, 2f] bf16
+        b.fill_random_bf16(&mut gate_up, 7, 4.0)?;
+        let rows = GateUpRows {
+            ptr: gate_up.ptr(),
+            bf16: true,
+        };
+        let mut q = b.alloc_quantized_rows(n, f)?; // [n, f] e4m3 + [n] f32
+        let ms = back_to_back_ms(&b, 20, 10, || {
+            // SAFETY: gate_up holds n * 2f bf16 and outlives the launches (timed synchronously).
+            Ok(unsafe { b.silu_mul_from(rows, &mut q, n, f) }?)
+        })?;
+        let bw = (n * 2 * f * 2 + n * f + 4 * n) as f64 / (ms * 1e-3);
+        println!(
+            "BENCH silu_mul e4m3_from_bf16 n={n} f={f} us={:.1} bandwidth={:.1} GB/s copy_fraction={:.2}",
+            ms * 1e3,
+            bw / 1e9,
+            bw / copy
+        );
+    }
+    Ok(())
 }

@@ -24,9 +24,13 @@ use super::ops::{GateUpRows, to_i32};
 use super::pdl::arg;
 use crate::backend::{BackendError, DType, InputProducer, RmsNorm, check_buffer};
 
-/// Threads of a `silu_mul_e4m3` CTA (`SILU_Q_THREADS` in `elementwise.cu`).
-const SILU_Q_THREADS: u32 = 512;
-/// Longest row `silu_mul_e4m3` holds (`4 * SILU_Q_THREADS * SILU_Q_GROUPS`).
+/// Threads of a `silu_mul_e4m3` CTA: four fit an SM, so a wide step's rows overlap each other's
+/// loads and reductions.
+const SILU_Q_THREADS: u32 = 256;
+/// The same where the rows are no more than the SMs (each row has an SM to itself, and its latency
+/// is the step's: a batch of 16 ran 2-3% slower with 256).
+const SILU_Q_THREADS_FEW_ROWS: u32 = 1024;
+/// Longest row `silu_mul_e4m3` holds (`4 * SILU_Q_MAX_GROUPS` in `elementwise.cu`).
 const SILU_Q_MAX_F: usize = 16384;
 
 impl CudaBackend {
@@ -111,7 +115,13 @@ impl CudaBackend {
         // SAFETY: out holds n*d codes and n scales (checked above); residual, delta (or null) and
         // the weight were checked by the caller; the kernel waits for its prerequisites before
         // touching them (super::pdl).
-        unsafe { self.launch_overlapping(&f, super::ops::per_row(n, d), &mut params) }
+        unsafe {
+            self.launch_overlapping(
+                &f,
+                super::ops::rms_norm_config(n, d, self.sm_count),
+                &mut params,
+            )
+        }
     }
 
     /// SwiGLU of `gate_up` (`[n, 2f]` f32 or bf16) into quantized rows `out`.
@@ -150,7 +160,15 @@ impl CudaBackend {
                 1,
                 1,
             ),
-            block_dim: (SILU_Q_THREADS, 1, 1),
+            block_dim: (
+                if n <= self.sm_count {
+                    SILU_Q_THREADS_FEW_ROWS
+                } else {
+                    SILU_Q_THREADS
+                },
+                1,
+                1,
+            ),
             shared_mem_bytes: 0,
         };
         // SAFETY: out holds n*f codes and n scales (checked above), gate_up n*2f elements of

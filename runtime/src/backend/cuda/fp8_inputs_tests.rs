@@ -45,8 +45,9 @@ fn assert_quantized_rows(rows: &[f32], codes: &[u8], scales: &[f32], k: usize, w
 fn rms_norm_into_quantized_rows_quantizes_the_bf16_rows() {
     let Some(b) = fp8_device() else { return };
     let mut rng = StdRng::seed_from_u64(17);
-    // Widths under, at and past what a CTA keeps in registers (4 x 1024), odd row counts, a zero
-    // row (row 1 of `values`), with and without the residual add.
+    // Widths of the vector form (d % 4 == 0) under, at and past what a CTA keeps in registers
+    // (16 x 1024), of the scalar form (odd, past its 4 x 1024), odd row counts, a zero row (row 1
+    // of `values`), with and without the residual add.
     for (n, d) in [
         (1, 4096),
         (3, 576),
@@ -55,6 +56,12 @@ fn rms_norm_into_quantized_rows_quantizes_the_bf16_rows() {
         (2, 8192),
         (7, 64),
         (9, 1000),
+        (2, 16388),
+        (3, 4097),
+        (4, 1001),
+        (300, 4096),
+        (301, 5000),
+        (299, 16388),
     ] {
         let res = values(&mut rng, n, d);
         let delta = super::reference::random(n * d, 0.5, n as u64); // [n, d]
@@ -97,7 +104,8 @@ fn rms_norm_into_quantized_rows_quantizes_the_bf16_rows() {
 fn silu_mul_into_quantized_rows_quantizes_the_bf16_rows() {
     let Some(b) = fp8_device() else { return };
     let mut rng = StdRng::seed_from_u64(19);
-    // Llama-3-8B's 14336, the longest row the kernel holds, short and odd-group rows.
+    // Llama-3-8B's 14336, the longest row the kernel holds, short and odd-group rows; more rows
+    // than an H100 or H200 has SMs (the 256-thread CTAs) and fewer (1024 threads).
     for (n, f) in [
         (1, 14336),
         (33, 14336),
@@ -105,6 +113,9 @@ fn silu_mul_into_quantized_rows_quantizes_the_bf16_rows() {
         (6, 1536),
         (3, 12),
         (2, 4100),
+        (300, 14336),
+        (301, 16384),
+        (299, 4100),
     ] {
         let gate_up = values(&mut rng, n, 2 * f);
         let g = b.upload_f32(&gate_up).expect("upload"); // [n, 2f]

@@ -53,6 +53,26 @@ pub(super) fn per_row(rows: usize, width: usize) -> LaunchConfig {
     }
 }
 
+/// Float4 groups a thread of an RMSNorm row keeps (`RMS_VEC_KEEP` in `elementwise.cu`).
+const RMS_VEC_KEEP: usize = 4;
+
+/// One CTA per RMSNorm row: where `width % 4 == 0`, the kernels' vector form, a thread owning
+/// `RMS_VEC_KEEP` float4 groups (256 threads for 4096: several CTAs an SM overlap each other's
+/// loads and reductions) or, where the rows are no more than the `sm_count` SMs, one (each row has
+/// an SM to itself and its latency is the step's); else `per_row`'s one element a thread.
+pub(super) fn rms_norm_config(rows: usize, width: usize, sm_count: usize) -> LaunchConfig {
+    if !width.is_multiple_of(4) {
+        return per_row(rows, width);
+    }
+    let keep = if rows <= sm_count { 1 } else { RMS_VEC_KEEP };
+    let threads = (width / 4).div_ceil(keep).div_ceil(32).clamp(1, 32) as u32 * 32;
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Checks the activation, positions and tables of a RoPE (`qkv: [n, qkv_width]` f32, positions
 /// `[n]` u32, cos/sin `[max_pos, D/2]` f32).
 pub(super) fn check_rope_args(
@@ -162,7 +182,7 @@ impl CudaBackend {
         // SAFETY: sizes checked above (residual by the caller); a null delta means plain RMSNorm,
         // in which case the kernel never writes `residual`.
         // The kernel waits for its prerequisites before touching them (super::pdl).
-        unsafe { self.launch_overlapping(&f, per_row(n, d), &mut params) }?;
+        unsafe { self.launch_overlapping(&f, rms_norm_config(n, d, self.sm_count), &mut params) }?;
         Ok(())
     }
 

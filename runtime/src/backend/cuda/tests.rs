@@ -67,6 +67,10 @@ fn embedding_rmsnorm_bias_silu_gather_match_cpu() {
         (7, 576, 1000, 1536),
         (33, 4096, 517, 77),
         (300, 64, 256, 14336),
+        // RMSNorm's scalar form (d % 4 != 0), and a row past what its vector form keeps.
+        (3, 1001, 300, 64),
+        (2, 16388, 300, 64),
+        (300, 4096, 300, 64),
     ] {
         let seed = (n * 1000 + d) as u64;
         let table = cpu::round_bf16(&cpu::random(vocab * d, 1.0, seed));
