@@ -19,6 +19,7 @@
 //! - `bench_row_kernels`: the row kernels between the products of a 1024- and 2048-row step at the
 //!   Llama-3-8B widths (residual add + RMSNorm into f32, bf16 and e4m3 rows; SwiGLU of bf16 gate/up
 //!   rows into e4m3 rows); bytes moved over the median time, next to a device-to-device copy.
+//!   Launches cycle through 4 sets of buffers, so none is served from L2.
 //!
 //! Times are CUDA-event medians after warm-up.
 
@@ -497,9 +498,16 @@ fn bench_row_kernels() -> R<()> {
         weight: &weight,
         eps: 1e-5,
     };
+    // Launches cycle through ROW_COPIES sets of buffers, so no launch finds its rows in L2 (a
+    // 1024-row RMSNorm reads and writes 36 MB: one set fits the H100's 50 MB L2).
+    const ROW_COPIES: usize = 4;
     for n in [1024usize, 2048] {
-        let mut residual = b.upload_f32(&super::reference::random(n * d, 1.0, 4))?; // [n, d]
-        let delta = b.upload_f32(&super::reference::random(n * d, 0.5, 5))?; // [n, d]
+        let mut residuals: Vec<CudaBuffer> = (0..ROW_COPIES)
+            .map(|i| b.upload_f32(&super::reference::random(n * d, 1.0, 4 + i as u64)))
+            .collect::<Result<_, _>>()?; // each [n, d]
+        let deltas: Vec<CudaBuffer> = (0..ROW_COPIES)
+            .map(|i| b.upload_f32(&super::reference::random(n * d, 0.5, 9 + i as u64)))
+            .collect::<Result<_, _>>()?; // each [n, d]
         // Read residual, delta, weight; write residual and the output.
         let rms_bytes = |out: usize| (3 * n * d * 4 + d * 4 + out) as f64;
         for (name, dtype, out_bytes) in [
@@ -507,13 +515,20 @@ fn bench_row_kernels() -> R<()> {
             ("bf16", DType::BF16, n * d * 2),
             ("e4m3", DType::F8E4M3, n * d + 4 * n),
         ] {
-            let mut out = if dtype == DType::F8E4M3 {
-                b.alloc_quantized_rows(n, d)?
-            } else {
-                b.alloc(dtype, n * d)?
-            }; // [n, d]
+            let mut outs: Vec<CudaBuffer> = (0..ROW_COPIES)
+                .map(|_| {
+                    if dtype == DType::F8E4M3 {
+                        b.alloc_quantized_rows(n, d)
+                    } else {
+                        b.alloc(dtype, n * d)
+                    }
+                })
+                .collect::<Result<_, _>>()?; // each [n, d]
+            let mut i = 0;
             let ms = back_to_back_ms(&b, 20, 10, || {
-                Ok(b.add_rms_norm(&mut residual, &delta, norm, &mut out, n, d)?)
+                let c = i % ROW_COPIES;
+                i += 1;
+                Ok(b.add_rms_norm(&mut residuals[c], &deltas[c], norm, &mut outs[c], n, d)?)
             })?;
             let bw = rms_bytes(out_bytes) / (ms * 1e-3);
             println!(
@@ -523,16 +538,23 @@ fn bench_row_kernels() -> R<()> {
                 bw / copy
             );
         }
-        let mut gate_up = b.alloc(DType::BF16, n * 2 * f)?; // [n, 2f] bf16
-        b.fill_random_bf16(&mut gate_up, 7, 4.0)?;
-        let rows = GateUpRows {
-            ptr: gate_up.ptr(),
-            bf16: true,
-        };
-        let mut q = b.alloc_quantized_rows(n, f)?; // [n, f] e4m3 + [n] f32
+        let mut sets = Vec::with_capacity(ROW_COPIES);
+        for c in 0..ROW_COPIES {
+            let mut gate_up = b.alloc(DType::BF16, n * 2 * f)?; // [n, 2f] bf16
+            b.fill_random_bf16(&mut gate_up, 7 + c as u32, 4.0)?;
+            let q = b.alloc_quantized_rows(n, f)?; // [n, f] e4m3 + [n] f32
+            sets.push((gate_up, q));
+        }
+        let mut i = 0;
         let ms = back_to_back_ms(&b, 20, 10, || {
+            let (gate_up, q) = &mut sets[i % ROW_COPIES];
+            i += 1;
+            let rows = GateUpRows {
+                ptr: gate_up.ptr(),
+                bf16: true,
+            };
             // SAFETY: gate_up holds n * 2f bf16 and outlives the launches (timed synchronously).
-            Ok(unsafe { b.silu_mul_from(rows, &mut q, n, f) }?)
+            Ok(unsafe { b.silu_mul_from(rows, q, n, f) }?)
         })?;
         let bw = (n * 2 * f * 2 + n * f + 4 * n) as f64 / (ms * 1e-3);
         println!(
