@@ -9,7 +9,7 @@
 #    (temperature 0) as the anchor. HOST=0 leaves out the host-draw runs (at 1000 requests they
 #    take minutes: ~1.5k tok/s at batch 256), SHAPES=sweep or SHAPES=1000 one of the two shapes.
 # Usage (repository root, on the GPU machine): [SOV=.gpu/sov] [FLAGS="--quantization fp8 --kv-dtype fp8"]
-#   [HOST=0] [SHAPES=sweep|1000] [KV_MB=60000 (an 80 GB card; default 100000)] kernels/bench/gpu-device-draw.sh
+#   [HOST=0] [SHAPES=sweep|1000] [KV_MB=MiB (default auto: what the card has free after loading)] kernels/bench/gpu-device-draw.sh
 # Logs to $OUT/gpu-device-draw.log (or ./gpu-device-draw.log).
 set -o pipefail
 SOV=${SOV:-.gpu/sov}
@@ -41,7 +41,7 @@ for sampling in "--temperature_0.8_--top-p_0.9" "--temperature_1"; do
 done
 MODEL="--model random:llama3-8b --device cuda --input-len 128 --output-len 256 --ignore-eos $FLAGS"
 SWEEP="--kv-memory-mb 24000 --sweep 1,16,256"
-THOUSAND="--num-prompts 1000 --max-batch 1024 --kv-memory-mb ${KV_MB:-100000}"
+THOUSAND="--num-prompts 1000 --max-batch 1024 --kv-memory-mb ${KV_MB:-auto}"
 case ${SHAPES:-both} in sweep) SHAPE_LIST=("$SWEEP") ;; 1000) SHAPE_LIST=("$THOUSAND") ;; *) SHAPE_LIST=("$SWEEP" "$THOUSAND") ;; esac
 RUNS=("--temperature 1 --device-draw true" "--temperature 0")
 [ "${HOST:-1}" = 0 ] || RUNS=("--temperature 1 --device-draw true" "--temperature 1 --device-draw false" "--temperature 0")

@@ -7,7 +7,7 @@
 # at 1000 requests (Llama-3-8B shape, random weights, 128 in / 256 out, ignore EOS) with the bf16
 # cache (the anchor) and the e4m3 one, in bf16 and with FP8 products; with GGUF set, the perplexity
 # of that model on runtime/bench/texts/plain-english.txt with each cache.
-# Usage (repository root, on the GPU machine): [GGUF=smol.gguf] [KV_MB=60000 (an 80 GB card; default 100000)] kernels/bench/gpu-kv-fp8.sh [BIN_DIR]
+# Usage (repository root, on the GPU machine): [GGUF=smol.gguf] [KV_MB=MiB (default auto: what the card has free after loading)] kernels/bench/gpu-kv-fp8.sh [BIN_DIR]
 # (default .gpu; binaries from kernels/build-gpu.sh). Logs to $OUT/gpu-kv-fp8.log (or ./).
 set -o pipefail
 BIN=${1:-.gpu}
@@ -20,7 +20,7 @@ SHAPES=${SHAPES:-1000x256,1000x384,256x1024,64x2048,1x4096}
 for carveout in 40,72 "${CARVEOUT:-40,100}"; do
   run env SOV_DECODE_CARVEOUT=$carveout SOV_BENCH_ATTN_SHAPES=$SHAPES "$BIN/sov-lib-tests" bench_decode_attention --ignored --nocapture --test-threads=1
 done
-B8="--model random:llama3-8b --device cuda --input-len 128 --output-len 256 --ignore-eos --num-prompts 1000 --max-batch 1024 --kv-memory-mb ${KV_MB:-100000}"
+B8="--model random:llama3-8b --device cuda --input-len 128 --output-len 256 --ignore-eos --num-prompts 1000 --max-batch 1024 --kv-memory-mb ${KV_MB:-auto}"
 for q in none fp8; do
   for kv in bf16 fp8; do
     run "$BIN/sov" bench $B8 --quantization $q --kv-dtype $kv
