@@ -89,11 +89,11 @@ __device__ __forceinline__ void store_out4(bf16_t* p, float a, float b, float c,
 // thread owns the float4 groups g = threadIdx.x + j * blockDim.x of its row and keeps the first
 // RMS_VEC_KEEP of them (and their weights) in registers; the launch (ops.rs `rms_norm_config`)
 // gives a row d / (4 * RMS_VEC_KEEP) threads (whole warps, 32..1024: 256 holding 16 values each
-// for a 4096-wide row), or d / 4 where the rows are no more than the SMs (their latency is the
-// step's). Design: 16-byte loads and stores, and CTAs small enough that several share an SM and
-// one's loads overlap another's reductions; the 1024-thread CTAs of the scalar form ran at about
-// 2/3 of copy speed, this form at 0.92-0.95 (kernels/README.md, FP8). Each element's expression
-// is the scalar form's; only the order of the sum of squares differs.
+// for a 4096-wide row) whatever the row count, so a row's sum of squares is added in one order in
+// every batch. Design: 16-byte loads and stores, and CTAs small enough that several share an SM
+// and one's loads overlap another's reductions; the 1024-thread CTAs of the scalar form ran at
+// about 2/3 of copy speed, this form at 0.92-0.95 (kernels/README.md, FP8). Each element's
+// expression is the scalar form's; only the order of the sum of squares differs.
 #define RMS_VEC_KEEP 4
 
 // Whether the vector form applies to a row of d: d % 4 == 0 and every pointer 16-byte aligned.
@@ -363,7 +363,7 @@ extern "C" __global__ void silu_mul_bf16_from_bf16(bf16_t* __restrict__ out, con
 
 // silu_mul_bf16's values as e4m3 rows (see the top): q: [n, f] e4m3, scales: [n] f32,
 // gate_up: [n, 2f] InT (f32 or bf16). Grid: n, block: any multiple of 32 up to 1024
-// (fp8_inputs.rs: 256, or 1024 where the rows are fewer than the SMs); f % 4 == 0, f <= 16384.
+// (fp8_inputs.rs: 256, or 1024 where the rows are no more than the SMs); f % 4 == 0, f <= 16384.
 // Design: gate_up is read once. A thread issues the loads of SILU_Q_PHASE of its groups of 4
 // before their SwiGLUs (the IEEE division's slow-path call in between would otherwise keep one
 // group's loads in flight at a time) and parks the rounded values in shared memory until the row's

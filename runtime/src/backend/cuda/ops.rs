@@ -58,14 +58,15 @@ const RMS_VEC_KEEP: usize = 4;
 
 /// One CTA per RMSNorm row: where `width % 4 == 0`, the kernels' vector form, a thread owning
 /// `RMS_VEC_KEEP` float4 groups (256 threads for 4096: several CTAs an SM overlap each other's
-/// loads and reductions) or, where the rows are no more than the `sm_count` SMs, one (each row has
-/// an SM to itself and its latency is the step's); else `per_row`'s one element a thread.
-pub(super) fn rms_norm_config(rows: usize, width: usize, sm_count: usize) -> LaunchConfig {
+/// loads and reductions), else `per_row`'s one element a thread. The CTA size fixes the order of
+/// the row's sum of squares, so it depends on the width alone, never on the row count: a row's
+/// bits must not depend on its batch (`--deterministic`), and the e4m3 form must give the bits of
+/// the bf16 form at any row count.
+pub(super) fn rms_norm_config(rows: usize, width: usize) -> LaunchConfig {
     if !width.is_multiple_of(4) {
         return per_row(rows, width);
     }
-    let keep = if rows <= sm_count { 1 } else { RMS_VEC_KEEP };
-    let threads = (width / 4).div_ceil(keep).div_ceil(32).clamp(1, 32) as u32 * 32;
+    let threads = (width / 4).div_ceil(RMS_VEC_KEEP).div_ceil(32).clamp(1, 32) as u32 * 32;
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
         block_dim: (threads, 1, 1),
@@ -182,7 +183,7 @@ impl CudaBackend {
         // SAFETY: sizes checked above (residual by the caller); a null delta means plain RMSNorm,
         // in which case the kernel never writes `residual`.
         // The kernel waits for its prerequisites before touching them (super::pdl).
-        unsafe { self.launch_overlapping(&f, rms_norm_config(n, d, self.sm_count), &mut params) }?;
+        unsafe { self.launch_overlapping(&f, rms_norm_config(n, d), &mut params) }?;
         Ok(())
     }
 
@@ -516,4 +517,29 @@ fn check_product_input(
         _ => DType::F32,
     };
     check_buffer(op, name, buf, dtype, need)
+}
+
+#[cfg(test)]
+mod launch_tests {
+    use super::rms_norm_config;
+
+    /// The CTA size of an RMSNorm row fixes the order of its sum of squares, so a row's bits may
+    /// depend on its width only: a batch of any size (fewer rows than SMs, or many more) must
+    /// launch it alike, or `--deterministic` runs would depend on their batch.
+    #[test]
+    fn rms_norm_threads_do_not_depend_on_the_row_count() {
+        for width in [64, 576, 1000, 1001, 4096, 5000, 8192, 16388] {
+            let one = rms_norm_config(1, width).block_dim;
+            for rows in [2, 16, 131, 132, 133, 264, 1024, 4096] {
+                assert_eq!(
+                    rms_norm_config(rows, width).block_dim,
+                    one,
+                    "width {width}, {rows} rows"
+                );
+            }
+        }
+        // The vector form: 4 float4 groups a thread, whole warps.
+        assert_eq!(rms_norm_config(7, 4096).block_dim, (256, 1, 1));
+        assert_eq!(rms_norm_config(7, 64).block_dim, (32, 1, 1));
+    }
 }
