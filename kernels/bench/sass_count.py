@@ -3,7 +3,8 @@
 Why: the decode kernels are issue-bound in places (kernels/README.md), so a change to a loop can be
 judged by the SASS it compiles to before it reaches a device. This uses NVIDIA's NVRTC (the same
 compiler sov calls at run time, through ctypes) and nvdisasm from the pip wheels
-`nvidia-cuda-nvrtc`, `nvidia-cuda-nvdisasm` and `nvidia-cuda-cuobjdump` (13.x; tested with 13.5):
+`nvidia-cuda-nvrtc`, `nvidia-cuda-nvdisasm` and `nvidia-cuda-cuobjdump` (13.x; tested with 13.5, and
+with NVRTC 13.0.88, the version CI installs):
     pip install "nvidia-cuda-nvrtc>=13,<14" "nvidia-cuda-nvdisasm>=13,<14" "nvidia-cuda-cuobjdump>=13,<14"
 Headers are inlined as sov-kernels does (`#include "common.cuh"` and friends replaced by the file).
 
@@ -51,6 +52,12 @@ def inline(name, seen=None):
 
 
 def compile_cubin(source, options, libdir):
+    # NVRTC opens its builtins library by name at compile time; some wheels (13.0) do not find it
+    # beside themselves, so it is loaded first, which satisfies that lookup.
+    for builtins in sorted(glob.glob(os.path.join(libdir, "lib", "libnvrtc-builtins.so*"))):
+        if ".alt." not in builtins:
+            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+            break
     lib = ctypes.CDLL(sorted(glob.glob(os.path.join(libdir, "lib", "libnvrtc.so*")))[0])
     prog = ctypes.c_void_p()
     check = lambda rc, what: rc == 0 or sys.exit(f"sass_count: {what} failed ({rc})")
