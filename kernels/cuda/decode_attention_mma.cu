@@ -40,6 +40,14 @@
 // P is packed. The fused write quantizes the newest token's rows with rope_kv_write_e4m3's
 // arithmetic (kv_quant_inv, kv_quant_scale), so the cache holds the same bytes.
 //
+// Warp items (the third entry point, paged_decode_attention_mma_warps): at wide grids -- many
+// sequences, one split each -- each warp takes a whole (kv head, sequence) on its own instead of
+// sharing it with its CTA's other warps: a CTA is NWARPS kv heads of one sequence. A warp then
+// streams 4x the chunks for one start-up (Q loads, the first chunk's latency) and one end, and
+// needs no merge of warp states: it normalises its accumulators and stores the rows itself. The
+// chunks are visited in order by one warp, so the sums round differently from the CTA form; the
+// host uses this form only outside deterministic mode, with one split and no fused RoPE.
+//
 // Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), a bf16 or (KV_FP8) e4m3 cache; STAGES
 // (ring depth, default 2) and MIN_BLOCKS (occupancy hint). Dynamic shared memory: NWARPS *
 // WARP_BYTES (sov_kernels::decode_mma_shared_bytes).
@@ -299,6 +307,38 @@ __device__ __forceinline__ void place_fresh8(u32 st, int tok, int lane, const un
 
 #endif
 
+// The end of a warp item: this warp's accumulators (rows gid < G: query head kvh * G + gid, dims
+// acc_dim) divided by the row sums l, staged in the warp's own ring (stage: WARP_BYTES of shared
+// memory, no copy of the warp's in flight) as [G][D] f32, then stored as whole rows: out [batch,
+// out_stride] f32, or bf16 rounded as store_act rounds (query head h at h * D).
+static_assert(G * D * 4 <= WARP_BYTES, "a warp item stages its [G][D] f32 output in its ring");
+__device__ __forceinline__ void warp_item_finish(const float (&acc)[D / 8][2], float l, unsigned char* stage,
+                                                 int lane, void* __restrict__ out, int out_stride, int out_bf16,
+                                                 int seq, int kvh) {
+    const int gid = lane >> 2, tig = lane & 3;
+    float* o = (float*)stage;  // [G][D] f32
+    cp_async_wait_all();
+    __syncwarp();  // every lane is past its last read of the ring
+    if (gid < G) {
+        const float inv = 1.f / l;  // l >= 1: the split's first token has weight e^0
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            o[gid * D + acc_dim(nt, tig, 0)] = acc[nt][0] * inv;
+            o[gid * D + acc_dim(nt, tig, 1)] = acc[nt][1] * inv;
+        }
+    }
+    __syncwarp();
+    const size_t out_base = (size_t)seq * out_stride + (size_t)(kvh * G) * D;  // elements, a multiple of 4
+    for (int c = lane; c < G * D / 4; c += 32) {
+        const float4 r = ((const float4*)o)[c];
+        if (out_bf16)  // four bf16 in one 8-byte store
+            ((uint2*)((bf16_t*)out + out_base))[c] =
+                make_uint2((u32)f2bf(r.x) | ((u32)f2bf(r.y) << 16), (u32)f2bf(r.z) | ((u32)f2bf(r.w) << 16));
+        else
+            ((float4*)((float*)out + out_base))[c] = r;
+    }
+}
+
 // The body of both entry points below. Arguments, shapes and grid as paged_decode_attention in
 // decode_attention.cu (bf16 cache), plus dynamic shared memory of NWARPS * STAGES * 2 * SLOT bf16,
 // and the fused RoPE + KV write (all four null/absent: q and the cache already hold the rotated
@@ -308,6 +348,7 @@ __device__ __forceinline__ void place_fresh8(u32 st, int tok, int lane, const un
 // sequence's newest token rotates that token's k head, stores it and the v head into the cache, and
 // uses them straight from shared memory -- exactly rope_kv_write's arithmetic (rope_kv.cu), so the
 // results are those of rope_kv_write followed by this kernel.
+template <bool WARP_ITEMS>
 __device__ __forceinline__ void decode_attention_mma(
     void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,
     kv_t* __restrict__ k_cache,
@@ -323,18 +364,22 @@ __device__ __forceinline__ void decode_attention_mma(
     // lengths and block tables (uploaded before the step's first kernel) and the cache rows of every
     // token but each sequence's newest. So the first chunks' K/V loads are in flight before the
     // wait; the newest token's rows are placed after it.
-    const DecodeWork work = decode_work(context_lens, split_tokens);
-    if (!work.active) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const DecodeWork work =
+        WARP_ITEMS ? decode_warp_work(context_lens, split_tokens, n_kv_heads, warp) : decode_work(context_lens, split_tokens);
+    if (!work.active) return;  // warp items: this warp alone (no barrier follows in that form)
     const int split = work.split, kvh = work.kvh, seq = work.seq, n_splits = work.n_splits;
     const int t_begin = work.t_begin, t_end = work.t_end;
     const int fresh = split == n_splits - 1 ? t_end - 1 : -1;  // the newest token, if in this split
-    const bool rope = cos_t != nullptr;
+    const bool rope = !WARP_ITEMS && cos_t != nullptr;  // the fused write needs the CTA's barriers
+    // Tokens between a warp's consecutive chunks: the CTA's warps interleave their chunks, or a
+    // warp item takes every chunk of its split.
+    constexpr int CSTEP = WARP_ITEMS ? CHUNK : NWARPS * CHUNK;
 
     // ring: [NWARPS][WARP_BYTES] (bf16: [STAGES][2 (K, V)][CHUNK, D]; e4m3: see WARP_BYTES);
     // reused as w_acc [NWARPS][G][D] f32 at the end.
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float w_m[NWARPS][G], w_l[NWARPS][G];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
     const u32 ring = (u32)__cvta_generic_to_shared(smem) + (u32)(warp * WARP_BYTES);
 
@@ -352,11 +397,10 @@ __device__ __forceinline__ void decode_attention_mma(
     __shared__ __align__(16) bf16_t fresh_kv[2 * D];  // the newest token's K row, then its V row
 #define ISSUE_ARGS row_elems, head_off
 #endif
-    const int first = t_begin + warp * CHUNK;
-    const int my_chunks = first < t_end ? (t_end - first + NWARPS * CHUNK - 1) / (NWARPS * CHUNK) : 0;
+    const int first = WARP_ITEMS ? t_begin : t_begin + warp * CHUNK;
+    const int my_chunks = first < t_end ? (t_end - first + CSTEP - 1) / CSTEP : 0;
     // The warp chunk holding the newest token, if this warp has it (it is then the warp's last).
-    const int fresh_chunk =
-        fresh >= first && (fresh - first) % (NWARPS * CHUNK) < CHUNK ? (fresh - first) / (NWARPS * CHUNK) : -1;
+    const int fresh_chunk = fresh >= first && (fresh - first) % CSTEP < CHUNK ? (fresh - first) / CSTEP : -1;
 #ifndef KV_FP8
     // ldmatrix row addresses: this lane names row (lane & 7) of matrix (lane >> 3). K matrices are
     // tokens 0-7 / 8-15 (mat >> 1) x pieces 2k / 2k + 1 (mat & 1); V matrices are tokens 0-7 / 8-15
@@ -371,7 +415,7 @@ __device__ __forceinline__ void decode_attention_mma(
 #pragma unroll
     for (int c = 0; c < STAGES - 1; c++) {
         if (c < my_chunks) {
-            issue_chunk(ring + c * STAGE_BYTES, first + c * NWARPS * CHUNK, lane, t_end, fresh, bt, bdiv,
+            issue_chunk(ring + c * STAGE_BYTES, first + c * CSTEP, lane, t_end, fresh, bt, bdiv,
                         ISSUE_ARGS, k_cache, v_cache);
         }
         cp_async_commit();
@@ -443,10 +487,10 @@ __device__ __forceinline__ void decode_attention_mma(
                     fresh_s[tid];
         }
         if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
-            place_fresh8(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * NWARPS * CHUNK), lane,
+            place_fresh8(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), lane,
                          fresh_q, fresh_s);
     } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
-        const int tok = fresh - (first + fresh_chunk * NWARPS * CHUNK);
+        const int tok = fresh - (first + fresh_chunk * CSTEP);
         const size_t slot = (size_t)bt[fresh / block_size] * block_size + fresh % block_size;
         const size_t codes_at = kv8_codes_at(slot, kvh, D, row_elems);
         const u32 st = ring + fresh_chunk * STAGE_BYTES;
@@ -483,10 +527,10 @@ __device__ __forceinline__ void decode_attention_mma(
                 ((uint4*)((i < PIECES ? k_cache : v_cache) + at))[i % PIECES] = ((const uint4*)fresh_kv)[i];
         }
         if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
-            place_fresh(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * NWARPS * CHUNK), lane,
+            place_fresh(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), lane,
                         fresh_kv);
     } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
-        const int tok = fresh - (first + fresh_chunk * NWARPS * CHUNK);
+        const int tok = fresh - (first + fresh_chunk * CSTEP);
         const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems + head_off;
         const u32 ks = ring + fresh_chunk * STAGE_BYTES;
         for (int piece = lane; piece < PIECES; piece += 32) {
@@ -523,17 +567,17 @@ __device__ __forceinline__ void decode_attention_mma(
     float m = -SOV_INF, l = 0.f;  // running max of row gid; this lane's part of its running sum
 
     for (int c = 0; c < my_chunks; c++) {
-        const int t0 = first + c * NWARPS * CHUNK;
+        const int t0 = first + c * CSTEP;
         const int next = c + STAGES - 1;
         if (next < my_chunks) {
-            issue_chunk(ring + (next % STAGES) * STAGE_BYTES, first + next * NWARPS * CHUNK, lane, t_end,
+            issue_chunk(ring + (next % STAGES) * STAGE_BYTES, first + next * CSTEP, lane, t_end,
                         rope ? fresh : -1, bt, bdiv, ISSUE_ARGS, k_cache, v_cache);
             if (rope && next == fresh_chunk)
 #ifdef KV_FP8
-                place_fresh8(ring + (next % STAGES) * STAGE_BYTES, fresh - (first + next * NWARPS * CHUNK), lane,
+                place_fresh8(ring + (next % STAGES) * STAGE_BYTES, fresh - (first + next * CSTEP), lane,
                              fresh_q, fresh_s);
 #else
-                place_fresh(ring + (next % STAGES) * STAGE_BYTES, fresh - (first + next * NWARPS * CHUNK), lane,
+                place_fresh(ring + (next % STAGES) * STAGE_BYTES, fresh - (first + next * CSTEP), lane,
                             fresh_kv);
 #endif
         }
@@ -655,6 +699,10 @@ __device__ __forceinline__ void decode_attention_mma(
     // Row sums: add the quad's parts. Then the warps' states go to shared memory (w_acc over the ring).
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (WARP_ITEMS) {
+        warp_item_finish(acc, l, smem + warp * WARP_BYTES, lane, out, out_stride, out_bf16, seq, kvh);
+        return;
+    }
     cp_async_wait_all();
     __syncthreads();
     float* w_acc = (float*)smem;  // [NWARPS][G][D]
@@ -685,7 +733,7 @@ paged_decode_attention_mma(void* __restrict__ out, int out_stride, int out_bf16,
                            int block_size, int split_tokens, int max_splits, float scale,
                            const u32* __restrict__ positions, const u32* __restrict__ slots,
                            const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
-    decode_attention_mma(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
+    decode_attention_mma<false>(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
                          part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
                          slots, cos_t, sin_t);
 }
@@ -702,7 +750,24 @@ paged_decode_attention_mma_few(void* __restrict__ out, int out_stride, int out_b
                                int block_size, int split_tokens, int max_splits, float scale,
                                const u32* __restrict__ positions, const u32* __restrict__ slots,
                                const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
-    decode_attention_mma(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
+    decode_attention_mma<false>(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
                          part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
                          slots, cos_t, sin_t);
+}
+
+// Warp items (see the top): grid (ceil(n_kv_heads / NWARPS), 1, batch), one split per sequence, no
+// fused RoPE (positions, slots and tables are ignored). Shares the wide grids' carveout.
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
+paged_decode_attention_mma_warps(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q,
+                                 int q_stride,
+                                 kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache,
+                                 const u32* __restrict__ block_tables, int max_blocks,
+                                 const u32* __restrict__ context_lens, float* __restrict__ part_o,
+                                 float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
+                                 int block_size, int split_tokens, int max_splits, float scale,
+                                 const u32* __restrict__ positions, const u32* __restrict__ slots,
+                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
+    decode_attention_mma<true>(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks,
+                               context_lens, part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits,
+                               scale, positions, slots, cos_t, sin_t);
 }

@@ -382,6 +382,7 @@ impl KernelId {
             KernelId::DecodeAttentionMma => &[
                 "paged_decode_attention_mma",
                 "paged_decode_attention_mma_few",
+                "paged_decode_attention_mma_warps",
             ],
             KernelId::PrefillAttention => &["prefill_attention"],
             KernelId::PrefillAttentionMma => &["prefill_attention_mma"],

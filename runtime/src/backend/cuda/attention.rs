@@ -10,13 +10,15 @@
 //! split per sequence unless [`super::CudaTuning::decode_max_split_tokens`] caps the split length
 //! (uncapped measured fastest). The
 //! split count depends only on the batch size and the longest context, so a captured decode graph
-//! stays valid while contexts stay in its range.
+//! stays valid while contexts stay in its range. Where one split per sequence leaves at least
+//! [`super::CudaTuning::decode_warp_items_per_sm`] (sequence, kv head) items per SM, each item is
+//! one warp's instead of one CTA's ([`CudaBackend::warp_items`]).
 //!
 //! Decode steps of the model come through [`CudaBackend::rope_kv_attention_impl`]: with the
 //! tensor-core kernel the RoPE and the KV write of the new token happen inside the attention
 //! launch (one kernel fewer per layer), otherwise `rope_kv_write` runs first. The tensor-core
-//! kernel has two entry points, for grids of at most one CTA per SM and for wider ones, so each
-//! gets its own shared-memory carveout ([`super::DecodeCarveout`]).
+//! kernel has three entry points, for grids of at most one CTA per SM, for wider ones and for
+//! warp items, so each gets its own shared-memory carveout ([`super::DecodeCarveout`]).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::{HeadConfig, KernelId, KvElement};
@@ -37,6 +39,8 @@ const DECODE_TILE: usize = 64;
 const MAX_SPLITS: usize = 256;
 /// Threads per CTA of both attention kernels.
 const THREADS: u32 = 128;
+/// Warps per CTA (`NWARPS` in the decode kernels).
+const WARPS: usize = THREADS as usize / 32;
 
 /// How a decode launch cuts the contexts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +254,18 @@ impl CudaBackend {
         )
     }
 
+    /// Whether a tensor-core decode launch of `seqs` sequences under `plan` (RoPE not fused)
+    /// gives each (sequence, kv head) a warp of its own (`paged_decode_attention_mma_warps`):
+    /// outside deterministic mode, with one split per sequence, and at least
+    /// [`super::CudaTuning::decode_warp_items_per_sm`] items per SM.
+    pub(super) fn warp_items(&self, seqs: usize, kv_heads: usize, plan: SplitPlan) -> bool {
+        let per_sm = self.tuning.decode_warp_items_per_sm;
+        !self.tuning.deterministic
+            && plan.splits == 1
+            && per_sm > 0
+            && seqs * kv_heads >= per_sm * self.sm_count
+    }
+
     /// The split-K decode launch (one new token per sequence), with the fused RoPE + KV write
     /// when `rope` is given (tensor-core kernel only).
     fn decode_attention(
@@ -313,10 +329,13 @@ impl CudaBackend {
             ));
         }
         let ctas = plan.splits * heads.n_kv_heads * seqs;
+        let warp_items = mma && rope.is_none() && self.warp_items(seqs, heads.n_kv_heads, plan);
         let (f, shared_mem_bytes) = if mma {
-            // Two entry points of one kernel, each with its own shared-memory carveout
+            // Three entry points of one kernel, each with its own shared-memory carveout
             // (`DecodeCarveout`).
-            let name = if ctas <= self.sm_count {
+            let name = if warp_items {
+                "paged_decode_attention_mma_warps"
+            } else if ctas <= self.sm_count {
                 "paged_decode_attention_mma_few"
             } else {
                 "paged_decode_attention_mma"
@@ -368,8 +387,14 @@ impl CudaBackend {
             pml.ptr(),
             cnt.ptr(),
         ];
+        // Warp items: a CTA is WARPS kv heads of one sequence (`decode_warp_work`).
+        let grid_dim = if warp_items {
+            (heads.n_kv_heads.div_ceil(WARPS) as u32, 1, seqs as u32)
+        } else {
+            (plan.splits as u32, heads.n_kv_heads as u32, seqs as u32)
+        };
         let launch = LaunchConfig {
-            grid_dim: (plan.splits as u32, heads.n_kv_heads as u32, seqs as u32),
+            grid_dim,
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes,
         };

@@ -239,7 +239,7 @@ fn decode_attention_shapes(b: &CudaBackend) -> R<()> {
         println!(
             "BENCH decode_attention kv={:?} batch={batch} ctx={ctx} time_us={:.1} kv_bytes={:.1}MB bandwidth={:.1} GB/s \
              pct_of_copy={:.1}% back_to_back_us={:.1} back_to_back_pct_of_copy={:.1}% splits={} \
-             split_tokens={}",
+             split_tokens={} warp_items={}",
             b.kv_dtype(),
             ms * 1e3,
             kv_bytes / 1e6,
@@ -248,7 +248,8 @@ fn decode_attention_shapes(b: &CudaBackend) -> R<()> {
             b2b_ms * 1e3,
             pct(b2b_ms),
             plan.splits,
-            plan.split_tokens
+            plan.split_tokens,
+            b.warp_items(batch, 8, plan)
         );
         println!(
             "BENCH decode_attention_graph kv={:?} batch={batch} ctx={ctx} cache_copies={copies} \

@@ -271,6 +271,21 @@ fn attention_over_an_e4m3_cache_matches_cpu() {
     for (i, c) in cases.iter().enumerate() {
         run_attention(&b, c, 500 + i as u64);
     }
+    // A warp per (sequence, kv head): wide decode launches (block sizes multiples of 16).
+    let Some(warps) = device_with(|t| {
+        t.kv_e4m3 = true;
+        t.decode_warp_items_per_sm = 1;
+    }) else {
+        return;
+    };
+    println!("e4m3 cache, a warp per (sequence, kv head):");
+    for (i, c) in super::tests::warp_item_cases(&[16, 16, 48, 32])
+        .iter()
+        .enumerate()
+    {
+        super::tests::assert_warp_items(&warps, c);
+        run_attention(&warps, c, 520 + i as u64);
+    }
     // Deterministic mode: prefill as decode rows, fixed splits.
     let Some(det) = device_with(|t| {
         t.kv_e4m3 = true;

@@ -664,6 +664,53 @@ fn decode_attention_matches_cpu() {
     for (i, c) in cases.iter().take(2).enumerate() {
         run_attention(&precise, c, 150 + i as u64);
     }
+    let Some(warps) = device_with(|t| t.decode_warp_items_per_sm = 1) else {
+        return;
+    };
+    println!("decode attention, a warp per (sequence, kv head):");
+    for (i, c) in warp_item_cases(&[16, 16, 7, 32]).iter().enumerate() {
+        assert_warp_items(&warps, c);
+        run_attention(&warps, c, 160 + i as u64);
+    }
+}
+
+/// Decode cases that the tensor-core kernel takes as warp items at one item per SM
+/// ([`CudaTuning::decode_warp_items_per_sm`] = 1; asserted): many sequences of mixed lengths at
+/// the Llama-3-8B heads, 3 kv heads (each CTA's fourth warp idle), 8 kv heads of one query head
+/// each, and head_dim 256 with 2 kv heads (two idle warps), with the given block sizes.
+pub(super) fn warp_item_cases(block_sizes: &[usize; 4]) -> Vec<AttnCase> {
+    let shape = |n_heads, n_kv_heads, head_dim| HeadShape {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+    };
+    let shapes = [
+        (shape(32, 8, 128), 40),
+        (shape(9, 3, 64), 100),
+        (shape(8, 8, 128), 40),
+        (shape(16, 2, 256), 140),
+    ];
+    shapes
+        .iter()
+        .zip(block_sizes)
+        .map(|(&(heads, n), &block_size)| AttnCase {
+            heads,
+            block_size,
+            seqs: (0..n).map(|i| ((i * 37) % 300 + 1, 1)).collect(),
+        })
+        .collect()
+}
+
+/// Asserts that `b` launches `case`'s decode rows as warp items.
+pub(super) fn assert_warp_items(b: &CudaBackend, case: &AttnCase) {
+    let (n, kvh) = (case.seqs.len(), case.heads.n_kv_heads);
+    let max_ctx = case.seqs.iter().map(|s| s.0).max().unwrap_or(0);
+    let plan = b.decode_plan(n, kvh, max_ctx);
+    assert!(
+        b.warp_items(n, kvh, plan),
+        "{n} sequences x {kvh} kv heads ({plan:?}) should be warp items on {} SMs",
+        b.sm_count
+    );
 }
 
 #[test]

@@ -44,6 +44,13 @@ pub struct CudaTuning {
     /// fused write puts the newest token's rotation and quantization on one warp of every CTA,
     /// which at wide grids costs more than the launch it saves (`kernels/README.md`).
     pub decode_fused_rope_max_rows: usize,
+    /// (sequence, kv head) items per SM from which a decode launch on tensor cores gives each
+    /// item a warp of its own instead of a CTA of four warps (`paged_decode_attention_mma_warps`,
+    /// `SOV_DECODE_WARP_ITEMS`, a whole number; 0 = never). Only where every context fits one
+    /// split, the RoPE is not fused and the mode is not deterministic: a warp then streams a whole
+    /// context for one start-up and needs no merge of warp states. Default 0 (never) until it is
+    /// measured on a GPU; 8 is one wave of an SM's 8 warps (`kernels/README.md`, FP8 KV cache).
+    pub decode_warp_items_per_sm: usize,
     /// Prefill attention (prompt chunks, and the decode rows of a mixed step) on tensor cores
     /// (`prefill_attention_mma.cu`) where the head shape allows (`SOV_PREFILL_MMA`, a switch).
     /// Default on. Off keeps the CUDA-core kernel (`prefill_attention.cu`), which took 14.5 ms of
@@ -176,8 +183,8 @@ pub struct KernelBuild {
     /// cost shared memory; at head_dim 256 a depth of 4 needs more than an SM has (the unit then
     /// fails to load with the driver's error).
     pub decode_stages: usize,
-    /// Shared-memory carveouts of the tensor-core decode kernel's two entry points
-    /// (`SOV_DECODE_CARVEOUT=few,wide`, percent, `-1` = the driver's choice).
+    /// Shared-memory carveouts of the tensor-core decode kernel's three entry points
+    /// (`SOV_DECODE_CARVEOUT=few,wide[,warps]`, percent, `-1` = the driver's choice).
     pub decode_carveout: DecodeCarveout,
     /// Extra NVRTC options of the CUDA-core decode-attention unit, e.g. `-DREG_LOADS -DPREFETCH`
     /// (`SOV_DECODE_ATTENTION_DEFINES`, split at whitespace; see `decode_attention.cu`). Default
@@ -193,7 +200,9 @@ pub struct KernelBuild {
 
 /// Shared-memory carveout (percent of the SM's maximum; `None` leaves the driver's choice) of the
 /// tensor-core decode kernel's entry points: `few` for `paged_decode_attention_mma_few` (grids of
-/// at most one CTA per SM), `wide` for `paged_decode_attention_mma`. Defaults 40 and 72, measured
+/// at most one CTA per SM), `wide` for `paged_decode_attention_mma`, `warps` for
+/// `paged_decode_attention_mma_warps` (warp items; `SOV_DECODE_CARVEOUT=few,wide` sets it to
+/// `wide`). Defaults 40, 72 and 72; the first two measured
 /// on the H200: without a carveout the driver gave the kernel so much shared memory that at batch 1
 /// the GEMVs overlapping it lost the L1 they read x through (4.59 vs 4.25 ms a Llama-3-8B step),
 /// and at batch 64 it ran at 74% of copy bandwidth instead of 94%; 40 was best at batch 1
@@ -204,6 +213,8 @@ pub struct DecodeCarveout {
     pub few: Option<u8>,
     /// Percent (0..=100) for wider grids.
     pub wide: Option<u8>,
+    /// Percent (0..=100) for launches of warp items.
+    pub warps: Option<u8>,
 }
 
 impl Default for DecodeCarveout {
@@ -211,16 +222,18 @@ impl Default for DecodeCarveout {
         Self {
             few: Some(40),
             wide: Some(72),
+            warps: Some(72),
         }
     }
 }
 
 impl DecodeCarveout {
-    /// The carveout of kernel function `name`, if it is one of the two entry points and has one.
+    /// The carveout of kernel function `name`, if it is one of the three entry points and has one.
     pub(super) fn of(self, name: &str) -> Option<i32> {
         match name {
             "paged_decode_attention_mma_few" => self.few.map(i32::from),
             "paged_decode_attention_mma" => self.wide.map(i32::from),
+            "paged_decode_attention_mma_warps" => self.warps.map(i32::from),
             _ => None,
         }
     }
@@ -246,6 +259,7 @@ impl Default for CudaTuning {
             decode_max_split_tokens: None,
             decode_tensor_cores: true,
             decode_fused_rope_max_rows: DEFAULT_FUSED_ROPE_ROWS,
+            decode_warp_items_per_sm: DEFAULT_WARP_ITEMS_PER_SM,
             prefill_tensor_cores: true,
             gemv_max_rows: 1,
             gemv_split: None,
@@ -380,6 +394,9 @@ const MAX_SPLIT_VAR: &str = "SOV_DECODE_SPLIT_TOKENS";
 const MMA_VAR: &str = "SOV_DECODE_MMA";
 const PREFILL_MMA_VAR: &str = "SOV_PREFILL_MMA";
 const FUSED_ROPE_VAR: &str = "SOV_DECODE_FUSED_ROPE_ROWS";
+const WARP_ITEMS_VAR: &str = "SOV_DECODE_WARP_ITEMS";
+/// [`CudaTuning::decode_warp_items_per_sm`]'s default.
+const DEFAULT_WARP_ITEMS_PER_SM: usize = 0;
 /// [`CudaTuning::decode_fused_rope_max_rows`]'s default.
 const DEFAULT_FUSED_ROPE_ROWS: usize = 64;
 const GEMV_VAR: &str = "SOV_GEMV";
@@ -428,16 +445,18 @@ pub(super) const FP8_SMALL_LIMIT: usize = 32;
 const GEMV_SPLITS: [usize; 4] = [1, 2, 4, 8];
 const GEMV_SPLIT_EXPECTED: &str = "1, 2, 4 or 8";
 const STAGES_EXPECTED: &str = "2, 3 or 4";
-const CARVEOUT_EXPECTED: &str = "two percents `few,wide`, each 0..=100 or -1 (the driver's choice)";
+const CARVEOUT_EXPECTED: &str =
+    "percents `few,wide` or `few,wide,warps`, each 0..=100 or -1 (the driver's choice)";
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 21] = [
+    pub const VARS: [&str; 22] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
         MMA_VAR,
         FUSED_ROPE_VAR,
+        WARP_ITEMS_VAR,
         PREFILL_MMA_VAR,
         GEMV_VAR,
         GEMV_SPLIT_VAR,
@@ -476,6 +495,9 @@ impl CudaTuning {
         }
         if let Some(v) = lookup(&get, FUSED_ROPE_VAR) {
             t.decode_fused_rope_max_rows = parse_count(FUSED_ROPE_VAR, &v, 0)?;
+        }
+        if let Some(v) = lookup(&get, WARP_ITEMS_VAR) {
+            t.decode_warp_items_per_sm = parse_count(WARP_ITEMS_VAR, &v, 0)?;
         }
         if let Some(v) = lookup(&get, PREFILL_MMA_VAR) {
             t.prefill_tensor_cores = parse_switch(PREFILL_MMA_VAR, &v)?;
@@ -553,10 +575,16 @@ impl CudaTuning {
                 Ok(p) if (0..=100).contains(&p) => Ok(Some(p as u8)),
                 _ => Err(bad()),
             };
-            let (few, wide) = v.split_once(',').ok_or_else(bad)?;
+            let parts: Vec<&str> = v.split(',').collect();
+            let (few, wide, warps) = match parts[..] {
+                [few, wide] => (few, wide, wide),
+                [few, wide, warps] => (few, wide, warps),
+                _ => return Err(bad()),
+            };
             k.decode_carveout = DecodeCarveout {
                 few: percent(few)?,
                 wide: percent(wide)?,
+                warps: percent(warps)?,
             };
         }
         if let Some(v) = lookup(&get, ATTENTION_DEFINES_VAR) {
@@ -715,7 +743,11 @@ impl CudaTuning {
             return Err(invalid(STAGES_VAR, &stages.to_string(), STAGES_EXPECTED));
         }
         let c = self.kernels.decode_carveout;
-        if let Some(p) = [c.few, c.wide].into_iter().flatten().find(|p| *p > 100) {
+        if let Some(p) = [c.few, c.wide, c.warps]
+            .into_iter()
+            .flatten()
+            .find(|p| *p > 100)
+        {
             return Err(invalid(CARVEOUT_VAR, &p.to_string(), "percents 0..=100"));
         }
         Ok(())
@@ -757,6 +789,13 @@ mod tests {
             t.kernels.decode_carveout.of("paged_decode_attention_mma"),
             Some(72)
         );
+        assert_eq!(
+            t.kernels
+                .decode_carveout
+                .of("paged_decode_attention_mma_warps"),
+            Some(72)
+        );
+        assert_eq!(t.decode_warp_items_per_sm, 0);
         assert_eq!(t.kernels.decode_carveout.of("gemv_bf16"), None);
         assert!(t.kernels.decode_attention_defines.is_empty() && t.kernels.gemv_defines.is_empty());
         assert_eq!(t.kernels.source_dir, None);
@@ -777,6 +816,7 @@ mod tests {
             ("SOV_DECODE_MMA", "off"),
             ("SOV_PREFILL_MMA", "0"),
             ("SOV_DECODE_FUSED_ROPE_ROWS", "64"),
+            ("SOV_DECODE_WARP_ITEMS", "8"),
             ("SOV_GEMV", "0"),
             ("SOV_GEMV_SPLIT", "8"),
             ("SOV_DECODE_STAGES", "3"),
@@ -801,6 +841,7 @@ mod tests {
             decode_max_split_tokens: Some(512),
             decode_tensor_cores: false,
             decode_fused_rope_max_rows: 64,
+            decode_warp_items_per_sm: 8,
             prefill_tensor_cores: false,
             gemv_max_rows: 0,
             gemv_split: Some(8),
@@ -823,6 +864,7 @@ mod tests {
                 decode_carveout: DecodeCarveout {
                     few: None,
                     wide: Some(55),
+                    warps: Some(55),
                 },
                 decode_attention_defines: vec!["-DREG_LOADS".into(), "-DPREFETCH".into()],
                 gemv_defines: vec!["-DUNROLL=4".into()],
@@ -858,6 +900,9 @@ mod tests {
             ("SOV_DECODE_CARVEOUT", "40"),
             ("SOV_DECODE_CARVEOUT", "40,101"),
             ("SOV_DECODE_CARVEOUT", "x,72"),
+            ("SOV_DECODE_CARVEOUT", "40,72,72,72"),
+            ("SOV_DECODE_CARVEOUT", "40,72,101"),
+            ("SOV_DECODE_WARP_ITEMS", "-1"),
             ("SOV_DETERMINISTIC_SPLIT_TOKENS", "100"),
             ("SOV_DETERMINISTIC_SPLIT_TOKENS", "0"),
             ("SOV_DETERMINISTIC_GEMM_ROWS", "0"),
@@ -914,6 +959,7 @@ mod tests {
                     decode_carveout: DecodeCarveout {
                         few: Some(101),
                         wide: None,
+                        warps: None,
                     },
                     ..Default::default()
                 },
