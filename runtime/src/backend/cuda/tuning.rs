@@ -48,8 +48,10 @@ pub struct CudaTuning {
     /// item a warp of its own instead of a CTA of four warps (`paged_decode_attention_mma_warps`,
     /// `SOV_DECODE_WARP_ITEMS`, a whole number; 0 = never). Only where every context fits one
     /// split, the RoPE is not fused and the mode is not deterministic: a warp then streams a whole
-    /// context for one start-up and needs no merge of warp states. Default 0 (never) until it is
-    /// measured on a GPU; 8 is one wave of an SM's 8 warps (`kernels/README.md`, FP8 KV cache).
+    /// context for one start-up and needs no merge of warp states. Default 24: on an H100
+    /// (`bench_decode_attention`, Llama-3-8B heads) warp items were faster at 31 and 61 items an
+    /// SM with either cache (e4m3 1.18-1.32x, bf16 1.02-1.04x) and mixed at 15.5 (256 x 384 e4m3
+    /// 1.10x, bf16 0.98x; 256 x 1024 0.92x / 0.95x), see `kernels/README.md` (FP8 KV cache).
     pub decode_warp_items_per_sm: usize,
     /// Prefill attention (prompt chunks, and the decode rows of a mixed step) on tensor cores
     /// (`prefill_attention_mma.cu`) where the head shape allows (`SOV_PREFILL_MMA`, a switch).
@@ -396,7 +398,7 @@ const PREFILL_MMA_VAR: &str = "SOV_PREFILL_MMA";
 const FUSED_ROPE_VAR: &str = "SOV_DECODE_FUSED_ROPE_ROWS";
 const WARP_ITEMS_VAR: &str = "SOV_DECODE_WARP_ITEMS";
 /// [`CudaTuning::decode_warp_items_per_sm`]'s default.
-const DEFAULT_WARP_ITEMS_PER_SM: usize = 0;
+const DEFAULT_WARP_ITEMS_PER_SM: usize = 24;
 /// [`CudaTuning::decode_fused_rope_max_rows`]'s default.
 const DEFAULT_FUSED_ROPE_ROWS: usize = 64;
 const GEMV_VAR: &str = "SOV_GEMV";
@@ -795,7 +797,7 @@ mod tests {
                 .of("paged_decode_attention_mma_warps"),
             Some(72)
         );
-        assert_eq!(t.decode_warp_items_per_sm, 0);
+        assert_eq!(t.decode_warp_items_per_sm, 24);
         assert_eq!(t.kernels.decode_carveout.of("gemv_bf16"), None);
         assert!(t.kernels.decode_attention_defines.is_empty() && t.kernels.gemv_defines.is_empty());
         assert_eq!(t.kernels.source_dir, None);
