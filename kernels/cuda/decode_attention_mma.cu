@@ -22,8 +22,9 @@
 // Launched with programmatic dependent launch, a CTA issues its first chunks' copies before it waits
 // for the kernel before it: every token but each sequence's newest is already in the cache, so only
 // that one token's rows are placed after the wait (from the cache, or computed here with the fused
-// RoPE + KV write, see decode_attention_mma() below). Two entry points share the body so the host can
-// give grids of at most one CTA per SM their own shared-memory carveout (attention.rs).
+// RoPE + KV write, see decode_attention_mma() below). The CTA form has two entry points, so the host
+// can give grids of at most one CTA per SM their own shared-memory carveout (attention.rs); warp
+// items (below) are the third.
 //
 // An e4m3 cache (-DKV_FP8, layout in common.cuh): a ring slot holds the chunk's codes ([2][CHUNK, D]
 // bytes, K rows at k8_offset, V rows at v8_offset: 16-byte pieces at swizzled columns) and its
