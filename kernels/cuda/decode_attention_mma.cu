@@ -757,7 +757,7 @@ paged_decode_attention_mma_few(void* __restrict__ out, int out_stride, int out_b
 }
 
 // Warp items (see the top): grid (ceil(n_kv_heads / NWARPS), 1, batch), one split per sequence, no
-// fused RoPE (positions, slots and tables are ignored). Shares the wide grids' carveout.
+// fused RoPE (positions, slots and tables are ignored). Its own carveout (DecodeCarveout::warps).
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 paged_decode_attention_mma_warps(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q,
                                  int q_stride,
