@@ -723,52 +723,32 @@ __device__ __forceinline__ void decode_attention_mma(
                   split, n_splits, max_splits);
 }
 
+// The entry points' parameters (decode_attention_mma's), and the call of the body with them.
+#define DECODE_PARAMS                                                                                              \
+    void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,              \
+        kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, const u32* __restrict__ block_tables,             \
+        int max_blocks, const u32* __restrict__ context_lens, float* __restrict__ part_o,                         \
+        float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads, int block_size, int split_tokens, \
+        int max_splits, float scale, const u32* __restrict__ positions, const u32* __restrict__ slots,            \
+        const float* __restrict__ cos_t, const float* __restrict__ sin_t
+#define DECODE_BODY(WARP_ITEMS)                                                                                    \
+    decode_attention_mma<WARP_ITEMS>(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables,       \
+                                     max_blocks, context_lens, part_o, part_ml, counters, n_kv_heads, block_size,  \
+                                     split_tokens, max_splits, scale, positions, slots, cos_t, sin_t)
+
 // Grids of more CTAs than SMs (batch >= 2 or long contexts).
-extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-paged_decode_attention_mma(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q,
-                           int q_stride,
-                           kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache,
-                           const u32* __restrict__ block_tables, int max_blocks,
-                           const u32* __restrict__ context_lens, float* __restrict__ part_o,
-                           float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
-                           int block_size, int split_tokens, int max_splits, float scale,
-                           const u32* __restrict__ positions, const u32* __restrict__ slots,
-                           const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
-    decode_attention_mma<false>(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
-                         part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
-                         slots, cos_t, sin_t);
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) paged_decode_attention_mma(DECODE_PARAMS) {
+    DECODE_BODY(false);
 }
 
 // The same kernel for grids of at most one CTA per SM (batch 1, short contexts). A separate entry
 // so the host can give it its own shared-memory carveout (attention.rs).
-extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-paged_decode_attention_mma_few(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q,
-                               int q_stride,
-                               kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache,
-                               const u32* __restrict__ block_tables, int max_blocks,
-                               const u32* __restrict__ context_lens, float* __restrict__ part_o,
-                               float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
-                               int block_size, int split_tokens, int max_splits, float scale,
-                               const u32* __restrict__ positions, const u32* __restrict__ slots,
-                               const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
-    decode_attention_mma<false>(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,
-                         part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, scale, positions,
-                         slots, cos_t, sin_t);
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) paged_decode_attention_mma_few(DECODE_PARAMS) {
+    DECODE_BODY(false);
 }
 
 // Warp items (see the top): grid (ceil(n_kv_heads / NWARPS), 1, batch), one split per sequence, no
 // fused RoPE (positions, slots and tables are ignored). Its own carveout (DecodeCarveout::warps).
-extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-paged_decode_attention_mma_warps(void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q,
-                                 int q_stride,
-                                 kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache,
-                                 const u32* __restrict__ block_tables, int max_blocks,
-                                 const u32* __restrict__ context_lens, float* __restrict__ part_o,
-                                 float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads,
-                                 int block_size, int split_tokens, int max_splits, float scale,
-                                 const u32* __restrict__ positions, const u32* __restrict__ slots,
-                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t) {
-    decode_attention_mma<true>(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks,
-                               context_lens, part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits,
-                               scale, positions, slots, cos_t, sin_t);
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) paged_decode_attention_mma_warps(DECODE_PARAMS) {
+    DECODE_BODY(true);
 }
