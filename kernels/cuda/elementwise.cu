@@ -10,7 +10,9 @@
 // For FP8 products (Backend::takes_quantized_rows) they come in an `_e4m3` form too: the bf16
 // form's values, quantized per row exactly as fp8.cu's quantize_rows_vec_bf16 quantizes a bf16 row
 // (the same max, the same product and rounding of each element), so the codes and scales are the
-// bits the bf16 form + that kernel give, with one kernel and no bf16 row written or read.
+// bits the bf16 form + that kernel give, with one kernel and no bf16 row written or read. Rows
+// whose product input is f32 (Backend::matmul_input_dtype: decode steps of a few rows) take the
+// `_f32_e4m3` form instead: the f32 form's values quantized as quantize_rows_vec_f32 does.
 // Quantized rows q: [n, d] e4m3, scales: [n] f32 (the caller places them after the codes).
 // The SiLU-mul kernels read the gate/up rows in f32, or (`_from_bf16`) in bf16 where an FP8 product
 // wrote them so (CudaTuning::fp8_gate_up_bf16): half the bytes written by the product and read here.
@@ -231,7 +233,19 @@ __device__ __forceinline__ float absmax4(float a, float4 v) {
     return fmaxf(fmaxf(a, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
 }
 
+// A group's normalized values as the form quantized stores them: rounded to bf16 (BF16_VALUES)
+// or as f32.
+template <bool BF16_VALUES>
+__device__ __forceinline__ float4 stored4(float4 v) {
+    return BF16_VALUES ? as_bf16x4(v) : v;
+}
+template <bool BF16_VALUES>
+__device__ __forceinline__ float stored1(float v) {
+    return BF16_VALUES ? as_bf16(v) : v;
+}
+
 // rmsnorm_residual_e4m3's vector form (rms_vec_rows); returns after writing the row.
+template <bool BF16_VALUES>
 __device__ __forceinline__ void rmsnorm_e4m3_vec(u8* __restrict__ qr, float* __restrict__ scale, float* __restrict__ r,
                                                  const float* __restrict__ drow, const float* __restrict__ weight,
                                                  int d, float eps, float* scratch) {
@@ -241,11 +255,11 @@ __device__ __forceinline__ void rmsnorm_e4m3_vec(u8* __restrict__ qr, float* __r
     float a = 0.f;
 #pragma unroll
     for (int j = 0; j < RMS_VEC_KEEP; j++) {
-        keep[j] = as_bf16x4(rms_scale4(keep[j], inv, w[j]));  // zeros past the row: no effect on a
+        keep[j] = stored4<BF16_VALUES>(rms_scale4(keep[j], inv, w[j]));  // zeros past the row: no effect on a
         a = absmax4(a, keep[j]);
     }
     for (int g = threadIdx.x + RMS_VEC_KEEP * blockDim.x; g < groups; g += blockDim.x)
-        a = absmax4(a, as_bf16x4(rms_scale4(((const float4*)r)[g], inv, ((const float4*)weight)[g])));
+        a = absmax4(a, stored4<BF16_VALUES>(rms_scale4(((const float4*)r)[g], inv, ((const float4*)weight)[g])));
     a = block_max(a, scratch);
     const float qi = row_quant_inv(a);
     if (threadIdx.x == 0) *scale = row_quant_scale(a);
@@ -256,15 +270,16 @@ __device__ __forceinline__ void rmsnorm_e4m3_vec(u8* __restrict__ qr, float* __r
     }
     for (int g = threadIdx.x + RMS_VEC_KEEP * blockDim.x; g < groups; g += blockDim.x)
         ((u32*)qr)[g] =
-            e4m3x4_of(as_bf16x4(rms_scale4(((const float4*)r)[g], inv, ((const float4*)weight)[g])), qi);
+            e4m3x4_of(stored4<BF16_VALUES>(rms_scale4(((const float4*)r)[g], inv, ((const float4*)weight)[g])), qi);
 }
 
-// The same as e4m3 rows: rmsnorm_residual_bf16's values, quantized per row (see the top).
-// q: [n, d] e4m3, scales: [n] f32. The vector form takes 62 registers, so the scalar form (odd
-// widths only) runs one 1024-thread CTA an SM.
-extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_e4m3(u8* __restrict__ q, float* __restrict__ scales,
-                                                 float* __restrict__ residual, const float* __restrict__ delta,
-                                                 const float* __restrict__ weight, int d, float eps) {
+// The same as e4m3 rows: rmsnorm_residual_bf16's values (BF16_VALUES) or rmsnorm_residual's,
+// quantized per row (see the top). q: [n, d] e4m3, scales: [n] f32. The vector form takes 62
+// registers, so the scalar form (odd widths only) runs one 1024-thread CTA an SM.
+template <bool BF16_VALUES>
+__device__ __forceinline__ void rmsnorm_e4m3_rows(u8* __restrict__ q, float* __restrict__ scales,
+                                                  float* __restrict__ residual, const float* __restrict__ delta,
+                                                  const float* __restrict__ weight, int d, float eps) {
     __shared__ float scratch[32];
     allow_dependents_early();
     wait_for_prerequisites();
@@ -273,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_e4m3(u8* __r
     const float* drow = delta != nullptr ? delta + row * d : nullptr;
     u8* qr = q + row * d;
     if (rms_vec_rows(d, q, residual, delta, weight)) {
-        rmsnorm_e4m3_vec(qr, scales + row, r, drow, weight, d, eps, scratch);
+        rmsnorm_e4m3_vec<BF16_VALUES>(qr, scales + row, r, drow, weight, d, eps, scratch);
         return;
     }
     float keep[RMS_KEEP], w[RMS_KEEP];
@@ -282,11 +297,11 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_e4m3(u8* __r
 #pragma unroll
     for (int j = 0; j < RMS_KEEP; j++) {
         const int i = threadIdx.x + j * blockDim.x;
-        keep[j] = i < d ? as_bf16(keep[j] * inv * w[j]) : 0.f;
+        keep[j] = i < d ? stored1<BF16_VALUES>(keep[j] * inv * w[j]) : 0.f;
         a = fmaxf(a, fabsf(keep[j]));
     }
     for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x)
-        a = fmaxf(a, fabsf(as_bf16(r[i] * inv * weight[i])));
+        a = fmaxf(a, fabsf(stored1<BF16_VALUES>(r[i] * inv * weight[i])));
     a = block_max(a, scratch);
     const float qi = row_quant_inv(a);
     if (threadIdx.x == 0) scales[row] = row_quant_scale(a);
@@ -296,7 +311,21 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_e4m3(u8* __r
         if (i < d) qr[i] = e4m3_of(keep[j], qi);
     }
     for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x)
-        qr[i] = e4m3_of(as_bf16(r[i] * inv * weight[i]), qi);
+        qr[i] = e4m3_of(stored1<BF16_VALUES>(r[i] * inv * weight[i]), qi);
+}
+
+// rmsnorm_residual_bf16's values as e4m3 rows.
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_e4m3(u8* __restrict__ q, float* __restrict__ scales,
+                                                 float* __restrict__ residual, const float* __restrict__ delta,
+                                                 const float* __restrict__ weight, int d, float eps) {
+    rmsnorm_e4m3_rows<true>(q, scales, residual, delta, weight, d, eps);
+}
+
+// rmsnorm_residual's (f32) values as e4m3 rows.
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_f32_e4m3(u8* __restrict__ q, float* __restrict__ scales,
+                                                 float* __restrict__ residual, const float* __restrict__ delta,
+                                                 const float* __restrict__ weight, int d, float eps) {
+    rmsnorm_e4m3_rows<false>(q, scales, residual, delta, weight, d, eps);
 }
 
 // Four consecutive gate/up values from g[4 q ..]: f32 (16-byte load) or bf16 (8-byte load, widened).
@@ -435,6 +464,60 @@ silu_mul_e4m3(u8* __restrict__ q, float* __restrict__ scales, const float* __res
 extern "C" __global__ void __launch_bounds__(1024)
 silu_mul_e4m3_from_bf16(u8* __restrict__ q, float* __restrict__ scales, const bf16_t* __restrict__ gate_up, int f) {
     silu_mul_e4m3_row(q, scales, gate_up, f);
+}
+
+#define SILU_F32_Q_KEEP 4  // groups of 4 values a silu_mul_f32_e4m3 thread holds in registers
+
+// The SwiGLU of four gate and four up values.
+__device__ __forceinline__ float4 swiglu4(float4 g, float4 u) {
+    return make_float4(swiglu(g.x, u.x), swiglu(g.y, u.y), swiglu(g.z, u.z), swiglu(g.w, u.w));
+}
+
+// silu_mul's (f32) values as e4m3 rows, for rows whose product input is f32 (see the top): the
+// codes and scales of silu_mul + quantize_rows_vec_f32. q: [n, f] e4m3, scales: [n] f32, gate_up:
+// [n, 2f] f32, f % 4 == 0. Grid: n, block: any multiple of 32 up to 1024 (fp8_inputs.rs gives
+// these few rows 1024 threads). A thread loads its first SILU_F32_Q_KEEP groups before any
+// SwiGLU and keeps their values in registers until the row's max is known (all of a row of up to
+// 16384 at 1024 threads); groups past those are computed twice, the second time from L2.
+extern "C" __global__ void __launch_bounds__(1024)
+silu_mul_f32_e4m3(u8* __restrict__ q, float* __restrict__ scales, const float* __restrict__ gate_up, int f) {
+    __shared__ float scratch[32];
+    allow_dependents_early();
+    wait_for_prerequisites();
+    const size_t row = blockIdx.x;
+    const float* g = gate_up + row * 2 * (size_t)f;
+    const float* u = g + f;
+    const int groups = f >> 2, stride = blockDim.x;
+    float4 x[SILU_F32_Q_KEEP], y[SILU_F32_Q_KEEP];
+#pragma unroll
+    for (int c = 0; c < SILU_F32_Q_KEEP; c++) {
+        const int idx = threadIdx.x + c * stride;
+        if (idx < groups) {
+            x[c] = load4(g, idx);
+            y[c] = load4(u, idx);
+        }
+    }
+    float a = 0.f;
+#pragma unroll
+    for (int c = 0; c < SILU_F32_Q_KEEP; c++) {
+        if (threadIdx.x + c * stride < groups) {
+            x[c] = swiglu4(x[c], y[c]);
+            a = absmax4(a, x[c]);
+        }
+    }
+    for (int idx = threadIdx.x + SILU_F32_Q_KEEP * stride; idx < groups; idx += stride)
+        a = absmax4(a, swiglu4(load4(g, idx), load4(u, idx)));
+    a = block_max(a, scratch);
+    const float qi = row_quant_inv(a);
+    if (threadIdx.x == 0) scales[row] = row_quant_scale(a);
+    u32* qr = (u32*)(q + row * (size_t)f);
+#pragma unroll
+    for (int c = 0; c < SILU_F32_Q_KEEP; c++) {
+        const int idx = threadIdx.x + c * stride;
+        if (idx < groups) qr[idx] = e4m3x4_of(x[c], qi);
+    }
+    for (int idx = threadIdx.x + SILU_F32_Q_KEEP * stride; idx < groups; idx += stride)
+        qr[idx] = e4m3x4_of(swiglu4(load4(g, idx), load4(u, idx)), qi);
 }
 
 // out[t, :] = f32(table[min(ids[t], vocab - 1), :]). table: [vocab, d] bf16, ids: [n] u32,

@@ -66,10 +66,10 @@ template <typename T>
 __device__ __forceinline__ void quantize_rows(u8* __restrict__ q, float* __restrict__ scale,
                                               const T* __restrict__ x, int k) {
     __shared__ float red[32];
-    // Launched with programmatic serialization: x is the previous kernel's output, and the
-    // product after this one may start loading its weights while this runs.
-    wait_for_prerequisites();
+    // Launched with programmatic serialization: the product after this one may start loading its
+    // weights at once (its CTAs wait before they read q), and x is the previous kernel's output.
     allow_dependents_early();
+    wait_for_prerequisites();
     const size_t row = blockIdx.x;
     const T* xr = x + row * (size_t)k;
     u8* qr = q + row * (size_t)k;
@@ -116,8 +116,8 @@ template <typename T>
 __device__ __forceinline__ void quantize_rows_vec(u8* __restrict__ q, float* __restrict__ scale,
                                                   const T* __restrict__ x, int k) {
     __shared__ float red[32];
+    allow_dependents_early();  // as quantize_rows
     wait_for_prerequisites();
-    allow_dependents_early();
     const size_t row = blockIdx.x;
     const T* xr = x + row * (size_t)k;
     u8* qr = q + row * (size_t)k;

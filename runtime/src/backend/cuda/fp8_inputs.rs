@@ -11,8 +11,10 @@
 //! `elementwise.cu` compute what the `_bf16` ones store and quantize each row as
 //! `quantize_rows_vec_bf16` quantizes a bf16 row, so the product multiplies the same codes and
 //! scales as with a bf16 row and its own quantization (`elementwise_e4m3_rows_equal_*` tests), with
-//! one launch less and no bf16 row written and read again. [`CudaBackend::quantized_rows`] gives
-//! a product the two addresses.
+//! one launch less and no bf16 row written and read again. Rows whose plain product input is f32
+//! (decode steps of a few rows, [`CudaBackend::matmul_input_dtype_impl`]) take the `_f32_e4m3`
+//! kernels: the f32 values, quantized as `quantize_rows_vec_f32` quantizes them.
+//! [`CudaBackend::quantized_rows`] gives a product the two addresses.
 
 use cudarc::driver::LaunchConfig;
 use sov_kernels::KernelId;
@@ -36,11 +38,9 @@ const SILU_Q_MAX_F: usize = 16384;
 
 impl CudaBackend {
     /// [`crate::backend::Backend::takes_quantized_rows`]: a producer that
-    /// [`super::CudaTuning::fp8_quantized_inputs`] names, an FP8 weight, a row count whose plain
-    /// product input is bf16 (the `_e4m3` kernels quantize the bf16 values; an f32 input would
-    /// be quantized unrounded), more rows than the fused small-M kernels take, rows of 16-byte
-    /// multiples (the products' alignment), and for the SwiGLU rows no longer than
-    /// `silu_mul_e4m3` holds.
+    /// [`super::CudaTuning::fp8_quantized_inputs`] names, an FP8 weight, more rows than the
+    /// fused small-M kernels take, rows of 16-byte multiples (the products' alignment), and for
+    /// the SwiGLU rows no longer than `silu_mul_e4m3` holds.
     pub(super) fn takes_quantized_rows_impl(
         &self,
         rows: usize,
@@ -54,7 +54,6 @@ impl CudaBackend {
             && k > 0
             && k.is_multiple_of(16)
             && (producer != InputProducer::SwiGlu || k <= SILU_Q_MAX_F)
-            && self.matmul_input_dtype_impl(rows) == DType::BF16
             && !self.fp8_fused_applies(rows, k)
     }
 
@@ -88,7 +87,8 @@ impl CudaBackend {
         Ok((x.ptr(), x.ptr() + off as u64))
     }
 
-    /// RMSNorm (after `residual += delta` when given) into quantized rows `out`.
+    /// RMSNorm (after `residual += delta` when given) into quantized rows `out`: the values of
+    /// the form the rows' plain input would take (bf16 or f32, [`Self::matmul_input_dtype_impl`]).
     pub(super) fn rms_norm_e4m3(
         &self,
         op: &'static str,
@@ -99,9 +99,11 @@ impl CudaBackend {
         (n, d): (usize, usize),
     ) -> Result<(), BackendError> {
         let (q, scales) = Self::quantized_rows(op, out, n, d)?;
-        let f = self
-            .modules
-            .function(KernelId::Elementwise, None, "rmsnorm_residual_e4m3")?;
+        let name = match self.matmul_input_dtype_impl(n) {
+            DType::BF16 => "rmsnorm_residual_e4m3",
+            _ => "rmsnorm_residual_f32_e4m3",
+        };
+        let f = self.modules.function(KernelId::Elementwise, None, name)?;
         let di = to_i32(d, "d")?;
         let (w, eps) = (norm.weight.ptr(), norm.eps);
         let mut params = [
@@ -119,7 +121,8 @@ impl CudaBackend {
         unsafe { self.launch_overlapping(&f, super::ops::rms_norm_config(n, d), &mut params) }
     }
 
-    /// SwiGLU of `gate_up` (`[n, 2f]` f32 or bf16) into quantized rows `out`.
+    /// SwiGLU of `gate_up` (`[n, 2f]` f32 or bf16) into quantized rows `out`: the values of the
+    /// form the rows' plain input would take, as [`Self::rms_norm_e4m3`].
     ///
     /// # Safety
     /// `gate_up` must address `n * 2f` elements of its type, live until the launch has run.
@@ -137,10 +140,10 @@ impl CudaBackend {
             )));
         }
         let (q, scales) = Self::quantized_rows(OP, out, n, f)?;
-        let name = if gate_up.bf16 {
-            "silu_mul_e4m3_from_bf16"
-        } else {
-            "silu_mul_e4m3"
+        let name = match (gate_up.bf16, self.matmul_input_dtype_impl(n)) {
+            (true, _) => "silu_mul_e4m3_from_bf16",
+            (false, DType::BF16) => "silu_mul_e4m3",
+            (false, _) => "silu_mul_f32_e4m3",
         };
         let func = self.modules.function(KernelId::Elementwise, None, name)?;
         let fi = to_i32(f, "f")?;

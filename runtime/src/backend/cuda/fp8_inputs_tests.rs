@@ -1,6 +1,7 @@
 //! Checks of the quantized product inputs (`fp8_inputs.rs`): RMSNorm and SwiGLU writing e4m3
 //! rows give, byte for byte and scale bit for bit, the host quantization (the OCP encoder of
-//! `fp8_tests.rs`) of what their bf16 forms store; the residual they update is the same; an FP8
+//! `fp8_tests.rs`) of what their plain forms store (bf16, or f32 for the few rows whose products
+//! take f32: `Backend::matmul_input_dtype`); the residual they update is the same; an FP8
 //! product of those rows gives the bits of the same product quantizing the bf16 rows itself; and a
 //! whole FP8 model gives the same logits, bit for bit, with and without them. GPU tests print why
 //! and return without a usable GPU.
@@ -42,14 +43,16 @@ fn assert_quantized_rows(rows: &[f32], codes: &[u8], scales: &[f32], k: usize, w
 }
 
 #[test]
-fn rms_norm_into_quantized_rows_quantizes_the_bf16_rows() {
+fn rms_norm_into_quantized_rows_quantizes_the_plain_rows() {
     let Some(b) = fp8_device() else { return };
     let mut rng = StdRng::seed_from_u64(17);
     // Widths of the vector form (d % 4 == 0) under, at and past what a CTA keeps in registers
     // (16 x 1024), of the scalar form (odd, past its 4 x 1024), odd row counts, a zero row (row 1
-    // of `values`), with and without the residual add.
+    // of `values`), with and without the residual add; one row takes the f32 values (the GEMV's
+    // rows, `CudaTuning::gemv_max_rows`), in both forms.
     for (n, d) in [
         (1, 4096),
+        (1, 5001),
         (3, 576),
         (64, 4096),
         (5, 5000),
@@ -83,11 +86,12 @@ fn rms_norm_into_quantized_rows_quantizes_the_bf16_rows() {
                 .expect("rms norm");
                 download_any(&b, &r)
             };
-            let mut plain = b.alloc(DType::BF16, n * d).expect("alloc"); // [n, d] bf16
+            let form = b.matmul_input_dtype(n);
+            let mut plain = b.alloc(form, n * d).expect("alloc"); // [n, d] bf16 or f32
             let mut q = b.alloc_quantized_rows(n, d).expect("alloc"); // [n, d] e4m3 + [n] f32
             let (res_plain, res_q) = (run(&mut plain), run(&mut q));
             let (codes, scales) = download_rows(&b, &q, n, d);
-            let what = format!("rms_norm n={n} d={d} add={add}");
+            let what = format!("rms_norm n={n} d={d} add={add} of {form:?}");
             assert_quantized_rows(&download_any(&b, &plain), &codes, &scales, d, &what);
             assert!(
                 res_plain
@@ -101,13 +105,16 @@ fn rms_norm_into_quantized_rows_quantizes_the_bf16_rows() {
 }
 
 #[test]
-fn silu_mul_into_quantized_rows_quantizes_the_bf16_rows() {
+fn silu_mul_into_quantized_rows_quantizes_the_plain_rows() {
     let Some(b) = fp8_device() else { return };
     let mut rng = StdRng::seed_from_u64(19);
     // Llama-3-8B's 14336, the longest row the kernel holds, short and odd-group rows; more rows
-    // than an H100 or H200 has SMs (the 256-thread CTAs) and fewer (1024 threads).
+    // than an H100 or H200 has SMs (the 256-thread CTAs) and fewer (1024 threads); one row takes
+    // the f32 values.
     for (n, f) in [
         (1, 14336),
+        (1, 12),
+        (1, 16384),
         (33, 14336),
         (4, 16384),
         (6, 1536),
@@ -119,12 +126,13 @@ fn silu_mul_into_quantized_rows_quantizes_the_bf16_rows() {
     ] {
         let gate_up = values(&mut rng, n, 2 * f);
         let g = b.upload_f32(&gate_up).expect("upload"); // [n, 2f]
-        let mut plain = b.alloc(DType::BF16, n * f).expect("alloc"); // [n, f] bf16
+        let form = b.matmul_input_dtype(n);
+        let mut plain = b.alloc(form, n * f).expect("alloc"); // [n, f] bf16 or f32
         let mut q = b.alloc_quantized_rows(n, f).expect("alloc"); // [n, f] e4m3 + [n] f32
         b.silu_mul(&g, &mut plain, n, f).expect("silu_mul");
         b.silu_mul(&g, &mut q, n, f).expect("silu_mul e4m3");
         let (codes, scales) = download_rows(&b, &q, n, f);
-        let what = format!("silu_mul n={n} f={f}");
+        let what = format!("silu_mul n={n} f={f} of {form:?}");
         assert_quantized_rows(&download_any(&b, &plain), &codes, &scales, f, &what);
     }
     // A row the kernel cannot hold is refused, not truncated.
@@ -245,9 +253,9 @@ pub(super) fn four_layer_logits(
 /// same logits, bit for bit, with quantized rows from the SwiGLU or from both producers as with
 /// none: a prefill of 102 rows (cuBLASLt), a decode step of three rows (small-M) and one of one
 /// row. Also where the gate/up product quantizes its own input but the down product does not
-/// (`SOV_FP8_FUSED_ROWS=8`, 3 x 576 values fit the fused kernel, 3 x 12288 do not), and where a
-/// row's plain input is f32 (`SOV_FP8_FUSED_ROWS=0`: the one-row step feeds the GEMV's f32 rows,
-/// which no producer quantizes).
+/// (`SOV_FP8_FUSED_ROWS=8`, 3 x 576 values fit the fused kernel, 3 x 12288 do not), and with
+/// no fused kernel (`SOV_FP8_FUSED_ROWS=0`, the default), where the one-row step's producers
+/// quantize f32 values (`_f32_e4m3`).
 #[test]
 fn fp8_model_logits_are_the_same_with_quantized_rows() {
     use crate::model::random::{WeightDtype, random_weights};

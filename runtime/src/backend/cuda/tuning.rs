@@ -136,13 +136,16 @@ pub struct CudaTuning {
     /// their input inside the small-M kernel instead of in a `quantize_rows` launch before it,
     /// and the gate/up product applies SwiGLU there too (`fp8_small_q_*`, `fp8_fused.rs`;
     /// `SOV_FP8_FUSED_ROWS`, 0..=8, 0 = off). The outputs are the same bits either way.
+    /// Default 0: every CTA of a fused product re-reads and quantizes the input, so at one row
+    /// the producers' quantized rows ([`Self::fp8_quantized_inputs`]) and the plain small-M
+    /// kernel run the step faster (`kernels/README.md`, FP8).
     pub fp8_fused_max_rows: usize,
     /// Which producers of FP8 product inputs write them as e4m3 rows, so the product runs no
     /// quantization launch of its own (`SOV_FP8_QUANTIZED_INPUTS`: `off`, `swiglu`, `all`;
-    /// `fp8_inputs.rs`): products whose plain input would be bf16 and that do not quantize it
-    /// themselves (more rows than [`Self::fp8_fused_max_rows`]). The producers quantize what
-    /// they would have stored in bf16, with the products' arithmetic, so the products see the
-    /// same codes and scales either way.
+    /// `fp8_inputs.rs`): products that do not quantize their input themselves (more rows than
+    /// [`Self::fp8_fused_max_rows`]). The producers quantize what they would have stored (bf16,
+    /// or f32 for the few rows whose products take f32), with the products' arithmetic, so the
+    /// products see the same codes and scales either way.
     /// Default [`Fp8QuantizedInputs::All`]: on the H200 both quantizing kernels cost less than
     /// the quantization launches they replace (`kernels/README.md`, FP8).
     pub fp8_quantized_inputs: Fp8QuantizedInputs,
@@ -434,7 +437,7 @@ const FP8_SMALL_EXPECTED: &str = "a whole number 0..=32";
 const FP8_FUSED_VAR: &str = "SOV_FP8_FUSED_ROWS";
 const FP8_FUSED_EXPECTED: &str = "a whole number 0..=8";
 /// [`CudaTuning::fp8_fused_max_rows`]'s default.
-const DEFAULT_FP8_FUSED_ROWS: usize = 1;
+const DEFAULT_FP8_FUSED_ROWS: usize = 0;
 const FP8_INPUTS_VAR: &str = "SOV_FP8_QUANTIZED_INPUTS";
 const FP8_INPUTS_EXPECTED: &str = "off, swiglu or all";
 const FP8_GATE_UP_VAR: &str = "SOV_FP8_GATE_UP_BF16";
