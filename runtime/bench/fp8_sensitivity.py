@@ -133,7 +133,9 @@ class Model:
         x = self.rms(x, W["output_norm.weight"])
         head = W.get("output.weight", W["token_embd.weight"])
         how = self.mode(None, "lm_head")
-        return x @ head.T if how == "f32" else bf16(x) @ bf16(head).T
+        if how in ("f32", "bf16"):
+            return x @ head.T if how == "f32" else bf16(x) @ bf16(head).T
+        return self.linear(x, "output.weight" if "output.weight" in W else "token_embd.weight", None, "lm_head")
 
 
 def perplexity(model, tokens, window):
@@ -169,6 +171,10 @@ def cases(last):
         # sov's FP8 default: edge layers in bf16, the gate/up product written in bf16.
         "fp8 but layer 0 and last, gate_up out bf16": lambda l, w: (
             "bf16" if l is None or l in (0, last) else "fp8 bf16 out" if w == "gate_up" else "fp8"
+        ),
+        # The same with the lm head an FP8 W8A8 product too.
+        "fp8 but layer 0 and last, gate_up out bf16, lm head fp8": lambda l, w: (
+            "fp8" if w == "lm_head" else "bf16" if l is None or l in (0, last) else "fp8 bf16 out" if w == "gate_up" else "fp8"
         ),
     }
 
