@@ -332,6 +332,13 @@ fn trace_checkpoints_every_checkpoint_every_decode_steps() {
     for rx in &rxs {
         assert_eq!(collect(rx).1.reason, FinishReason::Length);
     }
+    // The last decode step's checkpoint runs after its results went out: read the trace once the
+    // engine has gone idle, so it holds every checkpoint the stats count.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while engine.trace().last().map(|e| e.to) != Some("idle") {
+        assert!(Instant::now() < deadline, "engine did not go idle");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let trace = engine.trace();
     let mut decodes_since = 0;
     let mut checkpoints = 0;
