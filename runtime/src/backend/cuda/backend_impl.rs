@@ -160,7 +160,11 @@ impl Backend for CudaBackend {
     }
 
     fn free_memory_bytes(&self) -> Option<usize> {
-        self.free_device_bytes().ok()
+        // Memory the allocation pool keeps for reuse is free to this backend's buffers.
+        let idle = self.idle_pool_bytes().ok()?;
+        self.free_device_bytes()
+            .ok()
+            .map(|f| f.saturating_add(idle))
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {

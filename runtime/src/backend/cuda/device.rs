@@ -179,6 +179,7 @@ impl CudaBackend {
             det_picks: SmallPicks::default(),
             fp8: None,
         };
+        backend.keep_freed_memory()?;
         if backend.tuning.deterministic {
             let workspace = backend.alloc_zeroed(DType::U32, WORKSPACE_BYTES / 4)?;
             let rows = backend.tuning.deterministic_gemm_rows;
@@ -243,8 +244,19 @@ impl CudaBackend {
         len: usize,
     ) -> Result<CudaBuffer, BackendError> {
         let bytes = len.max(1) * dtype.size_bytes();
-        let mem = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| {
-            if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+        let oom =
+            |e: &cudarc::driver::DriverError| e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY;
+        let mem = match self.stream.alloc_zeros::<u8>(bytes) {
+            // Memory the pool kept (mem_pool.rs) may be what is missing outside it: hand it
+            // back and try once more.
+            Err(e) if oom(&e) => {
+                self.release_idle_memory()?;
+                self.stream.alloc_zeros::<u8>(bytes)
+            }
+            other => other,
+        }
+        .map_err(|e| {
+            if oom(&e) {
                 BackendError::OutOfMemory { bytes }
             } else {
                 driver_err(e)

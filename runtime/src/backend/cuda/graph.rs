@@ -40,6 +40,9 @@ impl CudaBackend {
         &self,
         step: impl FnOnce() -> Result<(), BackendError>,
     ) -> Result<StepGraph, BackendError> {
+        // The driver's memory for the graph comes from outside the allocation pool: give the
+        // pool's idle bytes back first (mem_pool.rs).
+        self.release_idle_memory()?;
         let free_before = self.free_device_bytes().unwrap_or(0);
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)

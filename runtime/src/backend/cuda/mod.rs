@@ -9,7 +9,8 @@
 //! says. Decode attention is split-K with the merge done by the last CTA (`attention.rs`); the
 //! next-token choice can run on the device so only token ids come back (`sampling.rs`); a decode
 //! step can be captured once into a CUDA graph and replayed (`graph.rs`); the batch-1 GEMV starts
-//! streaming its weights while the kernel before it finishes (`pdl.rs`).
+//! streaming its weights while the kernel before it finishes (`pdl.rs`); the allocation pool keeps
+//! what a pass frees for the next one (`mem_pool.rs`).
 //! Every performance choice that may be changed is a field of [`CudaTuning`] (`tuning.rs`), passed
 //! to [`CudaBackend::with_tuning`]; no code of the backend reads the environment.
 //! Besides the [`crate::backend::Backend`] ops, a model runner that keeps a step's buffers at
@@ -45,6 +46,7 @@ mod gemm_pinned;
 mod graph;
 mod kv_e4m3;
 mod lt_problem;
+mod mem_pool;
 mod modules;
 mod ops;
 mod pdl;
