@@ -5,8 +5,8 @@
 //! pool, whose release threshold is 0 by default: at each synchronisation the pool hands every
 //! freed byte back to the driver, and the next allocation of that size maps it again. A prefill
 //! pass allocates its activations (about 480 MB at 2048 tokens of Llama-3-8B) and frees them when
-//! it ends, so each pass paid the mapping (about 1.2 ms of host time before its first kernel on an
-//! H100, `kernels/README.md`). The backend raises the threshold to "keep everything", as
+//! it ends, so each pass paid the mapping (the GPU idled about 1.1 ms more before the pass's first
+//! kernel on an H100, `kernels/README.md`, FP8). The backend raises the threshold to "keep everything", as
 //! PyTorch's caching allocator does, and gives the pool's idle bytes back where memory must be
 //! free for something else: before a graph capture (the driver's own memory for the graph),
 //! before an allocation retried after running out, and in the free-memory count, which adds
