@@ -15,8 +15,9 @@
 // order. Every path below computes exactly that; they differ only in the order of the sum.
 //
 // fp8_gemm_small: n <= 32 rows on tensor cores (mma.sync m16n8k32 e4m3 x e4m3 -> f32). A CTA of 8
-// warps owns 16 weight rows; its warps take every 8th chunk of k (SMALL_CHUNK = 4 * SMALL_SPAN
-// columns, 128 by default) and their partial sums are added in warp order through shared memory.
+// warps (16 in the `_wide` form) owns 16 weight rows; its warps take every 8th (16th) chunk of k
+// (SMALL_CHUNK = 4 * SMALL_SPAN columns, 128 by default) and their partial sums are added in warp
+// order through shared memory.
 // In a chunk, lane (g = lane / 4, t = lane % 4) loads SMALL_SPAN contiguous bytes (32 by default)
 // of weight rows g and g + 8 and of x row g at k offset t * SMALL_SPAN -- 16-byte loads instead
 // of the 4-byte pieces of the mma fragment layout. The two mmas of each 16 bytes take their four
@@ -221,28 +222,31 @@ __device__ __forceinline__ uint4 x16_or_zero(const u8* p, bool ok) {
 #define SMALL_PIECES (SMALL_SPAN / 16)           // 16-byte loads a lane makes per row and chunk
 #define SMALL_CHUNK (4 * SMALL_SPAN)             // k columns of a chunk (4 lanes a row)
 #define SMALL_LOADS (SMALL_UNROLL * SMALL_PIECES)  // 16-byte loads per row a lane holds
-// Column of piece q (chunk c0 + (q / SMALL_PIECES) * SMALL_WARPS, piece q % SMALL_PIECES) of lane t.
+// Column of piece q (chunk c0 + (q / SMALL_PIECES) * WARPS, piece q % SMALL_PIECES) of lane t, in a
+// CTA of WARPS warps (each takes every WARPS-th chunk).
+template <int WARPS = SMALL_WARPS>
 __device__ __forceinline__ int small_col(int c0, int q, int t) {
-    return (c0 + (q / SMALL_PIECES) * SMALL_WARPS) * SMALL_CHUNK + t * SMALL_SPAN + (q % SMALL_PIECES) * 16;
+    return (c0 + (q / SMALL_PIECES) * WARPS) * SMALL_CHUNK + t * SMALL_SPAN + (q % SMALL_PIECES) * 16;
 }
 
 // The SMALL_LOADS pieces of the two weight rows a lane reads, from chunk c0 (zeros past k).
+template <int WARPS = SMALL_WARPS>
 __device__ __forceinline__ void small_loads(uint4* alo, uint4* ahi, const u8* wlo, const u8* whi, bool w_lo,
                                             bool w_hi, int c0, int k, int t) {
 #pragma unroll
     for (int q = 0; q < SMALL_LOADS; q++) {
-        const int kk = small_col(c0, q, t);
+        const int kk = small_col<WARPS>(c0, q, t);
         alo[q] = load16_or_zero(wlo + kk, kk < k && w_lo);
         ahi[q] = load16_or_zero(whi + kk, kk < k && w_hi);
     }
 }
 
-// See the file comment. Grid: ceil(m / 16) CTAs of 32 * SMALL_WARPS threads. TILES = ceil(n / 8).
-template <int TILES>
+// See the file comment. Grid: ceil(m / 16) CTAs of 32 * WARPS threads. TILES = ceil(n / 8).
+template <int TILES, int WARPS>
 __device__ __forceinline__ void gemm_small(float* __restrict__ out, const u8* __restrict__ qx,
                                            const float* __restrict__ sx, const u8* __restrict__ qw,
                                            const float* __restrict__ sw, int n, int k, int m) {
-    __shared__ float part[SMALL_WARPS][TILES][4][32];
+    __shared__ float part[WARPS][TILES][4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16;
@@ -255,13 +259,13 @@ __device__ __forceinline__ void gemm_small(float* __restrict__ out, const u8* __
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
     const int chunks = (k + SMALL_CHUNK - 1) / SMALL_CHUNK;
-    for (int c0 = warp; c0 < chunks; c0 += SMALL_WARPS * SMALL_UNROLL) {
+    for (int c0 = warp; c0 < chunks; c0 += WARPS * SMALL_UNROLL) {
         uint4 alo[SMALL_LOADS], ahi[SMALL_LOADS];
-        small_loads(alo, ahi, wlo, whi, w_lo, w_hi, c0, k, t);
+        small_loads<WARPS>(alo, ahi, wlo, whi, w_lo, w_hi, c0, k, t);
         wait_for_prerequisites();
 #pragma unroll
         for (int q = 0; q < SMALL_LOADS; q++) {
-            const int kk = small_col(c0, q, t);
+            const int kk = small_col<WARPS>(c0, q, t);
             const bool in_k = kk < k;
 #pragma unroll
             for (int tile = 0; tile < TILES; tile++) {
@@ -288,31 +292,57 @@ __device__ __forceinline__ void gemm_small(float* __restrict__ out, const u8* __
         if (wrow >= m || xrow >= n) continue;
         float s = 0.f;
 #pragma unroll
-        for (int w = 0; w < SMALL_WARPS; w++) s += part[w][tile][j][l];
+        for (int w = 0; w < WARPS; w++) s += part[w][tile][j][l];
         out[(size_t)xrow * m + wrow] = s * sx[xrow] * sw[wrow];
     }
 }
 
-// One entry point per number of 8-row tiles.
+// One entry point per number of 8-row tiles, in CTAs of SMALL_WARPS warps, and (`_wide`) of
+// SMALL_WIDE_WARPS for products of few weight rows (qkv, o and down of an 8B layer: 256-384 CTAs),
+// where the 8-warp grid keeps about 15 warps on an SM (ncu, H100, one row: o at 1.63 TB/s and down
+// at 2.31 with 23% achieved occupancy, gate/up's 1792 CTAs at 2.67 with 56%). Twice the warps
+// split k in twice the pieces; the partial sums are still added in warp order, so each form gives
+// the same bits at any row count (not each other's). It gained 0.7% at batch 1 (kernels/README.md).
+#define SMALL_WIDE_WARPS 16
 extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
 fp8_gemm_small_1(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
                   const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
-    gemm_small<1>(out, qx, sx, qw, sw, n, k, m);
+    gemm_small<1, SMALL_WARPS>(out, qx, sx, qw, sw, n, k, m);
 }
 extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
 fp8_gemm_small_2(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
                   const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
-    gemm_small<2>(out, qx, sx, qw, sw, n, k, m);
+    gemm_small<2, SMALL_WARPS>(out, qx, sx, qw, sw, n, k, m);
 }
 extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
 fp8_gemm_small_3(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
                   const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
-    gemm_small<3>(out, qx, sx, qw, sw, n, k, m);
+    gemm_small<3, SMALL_WARPS>(out, qx, sx, qw, sw, n, k, m);
 }
 extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
 fp8_gemm_small_4(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
                   const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
-    gemm_small<4>(out, qx, sx, qw, sw, n, k, m);
+    gemm_small<4, SMALL_WARPS>(out, qx, sx, qw, sw, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WIDE_WARPS)
+fp8_gemm_small_wide_1(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
+                  const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small<1, SMALL_WIDE_WARPS>(out, qx, sx, qw, sw, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WIDE_WARPS)
+fp8_gemm_small_wide_2(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
+                  const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small<2, SMALL_WIDE_WARPS>(out, qx, sx, qw, sw, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WIDE_WARPS)
+fp8_gemm_small_wide_3(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
+                  const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small<3, SMALL_WIDE_WARPS>(out, qx, sx, qw, sw, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * SMALL_WIDE_WARPS)
+fp8_gemm_small_wide_4(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
+                  const u8* __restrict__ qw, const float* __restrict__ sw, int n, int k, int m) {
+    gemm_small<4, SMALL_WIDE_WARPS>(out, qx, sx, qw, sw, n, k, m);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -322,7 +352,7 @@ fp8_gemm_small_4(float* __restrict__ out, const u8* __restrict__ qx, const float
 // its first weight loads and its wait, quantizes them with quantize_rows_vec's arithmetic (the
 // same absolute maximum, scale and rounding of each value) into shared memory, and multiplies as
 // gemm_small does (the same chunks per warp, mma steps and warp order of the partial
-// sums): its outputs equal quantize_rows_vec + fp8_gemm_small_1 bit for bit. The x bytes every
+// sums): its outputs equal quantize_rows_vec + fp8_gemm_small_1 (8 warps) bit for bit. The x bytes every
 // CTA re-reads come from L2 (k * n * 4 bytes a CTA at most, against 16 * k weight bytes).
 // fp8_swiglu_small_q_*: the same for w = [Wg; Wu] (2f rows): CTA b takes gate rows 8b .. 8b + 7 as
 // the mma's rows g and the matching up rows f + 8b .. as its rows g + 8, and writes

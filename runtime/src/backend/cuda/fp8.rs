@@ -290,12 +290,19 @@ impl CudaBackend {
         let (name, cfg) = match path {
             Fp8Path::Small => {
                 let tiles = n.div_ceil(8);
+                let ctas = m.div_ceil(SMALL_ROWS_PER_CTA);
+                // Few CTAs: the 16-warp form keeps more loads in flight (fp8.cu).
+                let (form, threads) = if ctas < self.tuning.fp8_small_wide_ctas {
+                    ("_wide", 512)
+                } else {
+                    ("", 256)
+                };
                 let cfg = LaunchConfig {
-                    grid_dim: (m.div_ceil(SMALL_ROWS_PER_CTA) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
+                    grid_dim: (ctas as u32, 1, 1),
+                    block_dim: (threads, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                (format!("fp8_gemm_small_{tiles}"), cfg)
+                (format!("fp8_gemm_small{form}_{tiles}"), cfg)
             }
             Fp8Path::CublasLt => {
                 let Some(lt) = self.fp8.as_ref() else {

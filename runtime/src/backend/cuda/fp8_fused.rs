@@ -5,8 +5,8 @@
 //! its products, each a launch the product after it waits on. These kernels read the producer's
 //! f32 or bf16 rows themselves (every CTA quantizes the same `n <= 8` rows into its shared memory
 //! with `quantize_rows_vec`'s arithmetic, after issuing its first weight loads) and then multiply
-//! exactly as `fp8_gemm_small_1` does, so their outputs are the bits of quantize + small-M product
-//! (+ `silu_mul`), checked in `fp8_tests.rs`. They apply where
+//! exactly as `fp8_gemm_small_1` does, so their outputs are the bits of quantize + the 8-warp
+//! small-M product (+ `silu_mul`), checked in `fp8_tests.rs`. They apply where
 //! [`super::CudaTuning::fp8_fused_max_rows`] allows and the quantized rows fit
 //! [`FUSED_MAX_BYTES`] of shared memory; other products keep [`super::fp8`]'s paths. That
 //! setting is 0 by default since the RMSNorm and SwiGLU write one-row inputs quantized too

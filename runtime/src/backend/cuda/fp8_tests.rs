@@ -135,11 +135,21 @@ fn encoder_matches_the_scan() {
 /// measure FP8 in all of them, and the fused small-M kernels taking every row count they can
 /// (the default takes one row; the outputs are the same bits either way).
 pub(super) fn fp8_device() -> Option<CudaBackend> {
+    fp8_device_with(|_| {})
+}
+
+/// [`fp8_device`] whose small-M products of fewer than `wide_ctas` CTAs take the 16-warp form.
+fn fp8_device_wide(wide_ctas: usize) -> Option<CudaBackend> {
+    fp8_device_with(|t| t.fp8_small_wide_ctas = wide_ctas)
+}
+
+fn fp8_device_with(change: impl FnOnce(&mut super::CudaTuning)) -> Option<CudaBackend> {
     device_with(|t| {
         t.quantization = Quantization::Fp8W8A8;
         t.deterministic = false;
         t.fp8_bf16_edge_layers = 0;
         t.fp8_fused_max_rows = super::tuning::FP8_FUSED_LIMIT;
+        change(t);
     })
 }
 
@@ -210,7 +220,17 @@ fn product(
 
 #[test]
 fn every_product_path_matches_the_reference_of_the_same_quantized_values() {
-    let Some(b) = fp8_device() else { return };
+    // The small-M kernel in both forms: 8 warps a CTA, and 16 (`_wide`).
+    for wide_ctas in [0, usize::MAX] {
+        let Some(b) = fp8_device_wide(wide_ctas) else {
+            return;
+        };
+        println!("small-M products of fewer than {wide_ctas} CTAs in the wide form");
+        products_match_the_reference(&b);
+    }
+}
+
+fn products_match_the_reference(b: &CudaBackend) {
     let mut rng = StdRng::seed_from_u64(5);
     let shapes = [
         (1, 4096, 96),
@@ -229,13 +249,13 @@ fn every_product_path_matches_the_reference_of_the_same_quantized_values() {
         let xv = values(&mut rng, n, k);
         let wv = bf16_round(&values(&mut rng, m, k));
         let w = b
-            .quantize_weight(&upload_bf16(&b, &wv, m, k), m, k)
+            .quantize_weight(&upload_bf16(b, &wv, m, k), m, k)
             .expect("quantize");
         let (qw, sw) = b.download_fp8(&w, m).expect("download");
         for bf16_input in [false, true] {
             let (x, xs) = if bf16_input {
                 let r = bf16_round(&xv);
-                (upload_bf16(&b, &r, n, k), r)
+                (upload_bf16(b, &r, n, k), r)
             } else {
                 (b.upload_f32(&xv).expect("upload"), xv.clone())
             };
@@ -249,7 +269,7 @@ fn every_product_path_matches_the_reference_of_the_same_quantized_values() {
                 Fp8Path::CublasLt,
                 Fp8Path::Scalar,
             ] {
-                let Some(out) = product(&b, &x, &w, (n, k, m), path) else {
+                let Some(out) = product(b, &x, &w, (n, k, m), path) else {
                     continue;
                 };
                 let lt = path == Fp8Path::CublasLt
@@ -291,7 +311,8 @@ fn every_product_path_matches_the_reference_of_the_same_quantized_values() {
 /// (rows not a multiple of 16, zero and outlier rows) and the largest input the kernels take.
 #[test]
 fn fused_products_give_the_bits_of_quantize_then_product() {
-    let Some(b) = fp8_device() else { return };
+    // The fused kernels add their partial sums as the 8-warp small-M form does.
+    let Some(b) = fp8_device_wide(0) else { return };
     let mut rng = StdRng::seed_from_u64(11);
     // (n, k, m): m is the product's rows; the SwiGLU product takes 2m rows and writes m columns.
     let shapes = [

@@ -132,10 +132,19 @@ pub struct CudaTuning {
     /// kernel beat cuBLASLt up to 16 rows on every Llama-3-8B product and lost from 32 on gate/up,
     /// o and down (`kernels/README.md`).
     pub fp8_small_max_rows: usize,
+    /// Small-M FP8 products of fewer than this many CTAs (16 weight rows each) run the kernel's
+    /// `_wide` form, 16 warps a CTA instead of 8 (`SOV_FP8_SMALL_WIDE_CTAS`, 0 = never): at
+    /// Llama-3-8B's qkv, o and down (256-384 CTAs) the 8-warp grid keeps 15 warps an SM; the
+    /// wide form made batch 1 0.7% faster on an H100 (`kernels/README.md`, FP8). The two forms
+    /// add their partial sums in different groups, so their bits differ (each is the same at
+    /// every row count); the fused kernels ([`Self::fp8_fused_max_rows`]) give the 8-warp
+    /// form's bits.
+    pub fp8_small_wide_ctas: usize,
     /// FP8 products of at most this many rows (and at most 32 KiB of quantized input) quantize
     /// their input inside the small-M kernel instead of in a `quantize_rows` launch before it,
     /// and the gate/up product applies SwiGLU there too (`fp8_small_q_*`, `fp8_fused.rs`;
-    /// `SOV_FP8_FUSED_ROWS`, 0..=8, 0 = off). The outputs are the same bits either way.
+    /// `SOV_FP8_FUSED_ROWS`, 0..=8, 0 = off). The outputs are the bits of the 8-warp small-M
+    /// form ([`Self::fp8_small_wide_ctas`] says where the products take the other).
     /// Default 0: every CTA of a fused product re-reads and quantizes the input, so at one row
     /// the producers' quantized rows ([`Self::fp8_quantized_inputs`]) and the plain small-M
     /// kernel run the step faster (`kernels/README.md`, FP8).
@@ -277,6 +286,7 @@ impl Default for CudaTuning {
             quantization: Quantization::None,
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 16,
+            fp8_small_wide_ctas: DEFAULT_FP8_SMALL_WIDE_CTAS,
             fp8_fused_max_rows: DEFAULT_FP8_FUSED_ROWS,
             fp8_quantized_inputs: Fp8QuantizedInputs::All,
             fp8_gate_up_bf16: true,
@@ -434,6 +444,11 @@ const FP8_SMALL_VAR: &str = "SOV_FP8_SMALL_ROWS";
 /// What [`CudaTuning::precision_name`] appends for an e4m3 KV cache.
 const KV_E4M3_SUFFIX: &str = "-kvfp8";
 const FP8_SMALL_EXPECTED: &str = "a whole number 0..=32";
+const FP8_WIDE_VAR: &str = "SOV_FP8_SMALL_WIDE_CTAS";
+const FP8_WIDE_EXPECTED: &str = "a whole number of CTAs (0 = never)";
+/// [`CudaTuning::fp8_small_wide_ctas`]'s default: Llama-3-8B's qkv, o and down products (384 and
+/// 256 CTAs) take the wide form, gate/up (1792) the 8-warp one.
+const DEFAULT_FP8_SMALL_WIDE_CTAS: usize = 512;
 const FP8_FUSED_VAR: &str = "SOV_FP8_FUSED_ROWS";
 const FP8_FUSED_EXPECTED: &str = "a whole number 0..=8";
 /// [`CudaTuning::fp8_fused_max_rows`]'s default.
@@ -455,7 +470,7 @@ const CARVEOUT_EXPECTED: &str =
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 22] = [
+    pub const VARS: [&str; 23] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -475,6 +490,7 @@ impl CudaTuning {
         DET_MARGIN_VAR,
         DET_K_SPLIT_VAR,
         FP8_SMALL_VAR,
+        FP8_WIDE_VAR,
         FP8_FUSED_VAR,
         FP8_INPUTS_VAR,
         FP8_GATE_UP_VAR,
@@ -547,6 +563,12 @@ impl CudaTuning {
             match v.parse::<usize>() {
                 Ok(r) if r <= FP8_SMALL_LIMIT => t.fp8_small_max_rows = r,
                 _ => return Err(invalid(FP8_SMALL_VAR, &v, FP8_SMALL_EXPECTED)),
+            }
+        }
+        if let Some(v) = lookup(&get, FP8_WIDE_VAR) {
+            match v.parse::<usize>() {
+                Ok(c) => t.fp8_small_wide_ctas = c,
+                _ => return Err(invalid(FP8_WIDE_VAR, &v, FP8_WIDE_EXPECTED)),
             }
         }
         if let Some(v) = lookup(&get, FP8_FUSED_VAR) {
@@ -835,6 +857,7 @@ mod tests {
             ("SOV_DETERMINISTIC_LEAD_US", "0"),
             ("SOV_DETERMINISTIC_K_SPLIT", "1"),
             ("SOV_FP8_SMALL_ROWS", "4"),
+            ("SOV_FP8_SMALL_WIDE_CTAS", "100"),
             ("SOV_FP8_FUSED_ROWS", "2"),
             ("SOV_FP8_QUANTIZED_INPUTS", "swiglu"),
             ("SOV_FP8_GATE_UP_BF16", "off"),
@@ -860,6 +883,7 @@ mod tests {
             // Not from the environment: the command line sets it.
             fp8_bf16_edge_layers: 1,
             fp8_small_max_rows: 4,
+            fp8_small_wide_ctas: 100,
             fp8_fused_max_rows: 2,
             fp8_quantized_inputs: Fp8QuantizedInputs::SwiGlu,
             fp8_gate_up_bf16: false,
