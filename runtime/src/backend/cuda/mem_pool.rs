@@ -5,30 +5,53 @@
 //! pool, whose release threshold is 0 by default: at each synchronisation the pool hands every
 //! freed byte back to the driver, and the next allocation of that size maps it again. A prefill
 //! pass allocates its activations (about 480 MB at 2048 tokens of Llama-3-8B) and frees them when
-//! it ends, so each pass paid the mapping (the GPU idled about 1.1 ms more before the pass's first
-//! kernel on an H100, `kernels/README.md`, FP8). The backend raises the threshold to "keep everything", as
-//! PyTorch's caching allocator does, and gives the pool's idle bytes back where memory must be
-//! free for something else: before a graph capture (the driver's own memory for the graph),
-//! before an allocation retried after running out, and in the free-memory count, which adds
-//! them. Nothing here changes which buffers exist or their contents.
+//! it ends, so each pass paid the mapping (the GPU idled about 1.1 ms more before the pass's
+//! first kernel on an H100, `kernels/README.md`, FP8). The backend raises the threshold to "keep
+//! everything", as PyTorch's caching allocator does. It hands the idle bytes back where memory
+//! must be free outside the pool: before a graph capture (the driver's own memory for the graph)
+//! and before retrying an allocation that ran out. The free-memory counts (the backend's and the
+//! KV staging's, `staging.rs`) add them. Nothing here changes which buffers exist or their
+//! contents.
 
-use cudarc::driver::{result, sys};
+use cudarc::driver::{CudaContext, result, sys};
 
 use super::device::CudaBackend;
 use super::driver_error::driver_err;
 use crate::backend::BackendError;
 
+/// The pool `cuMemAllocAsync` takes `ctx`'s buffers from, or `None` where the device has no
+/// stream-ordered allocator (cudarc then allocates synchronously).
+fn current_pool(ctx: &CudaContext) -> Result<Option<sys::CUmemoryPool>, BackendError> {
+    if !ctx.has_async_alloc() {
+        return Ok(None);
+    }
+    ctx.bind_to_thread().map_err(driver_err)?;
+    // SAFETY: cu_device is the device the context was created on.
+    let pool = unsafe { result::device::get_mem_pool(ctx.cu_device()) };
+    pool.map(Some).map_err(driver_err)
+}
+
+/// Bytes `ctx`'s pool holds that no buffer uses (memory freed and kept for reuse): free to the
+/// next allocation though the driver counts them as used.
+pub(super) fn idle_pool_bytes_of(ctx: &CudaContext) -> Result<usize, BackendError> {
+    let Some(pool) = current_pool(ctx)? else {
+        return Ok(0);
+    };
+    let read = |attr: sys::CUmemPool_attribute| -> Result<u64, BackendError> {
+        let mut v: u64 = 0;
+        // SAFETY: both attributes read here are cuuint64_t; `v` outlives the call.
+        unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }
+            .map_err(driver_err)?;
+        Ok(v)
+    };
+    let reserved = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+    let used = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+    Ok(usize::try_from(reserved.saturating_sub(used)).unwrap_or(usize::MAX))
+}
+
 impl CudaBackend {
-    /// The pool `cuMemAllocAsync` takes this device's buffers from, or `None` where the device
-    /// has no stream-ordered allocator (cudarc then allocates synchronously).
     fn current_pool(&self) -> Result<Option<sys::CUmemoryPool>, BackendError> {
-        if !self.ctx.has_async_alloc() {
-            return Ok(None);
-        }
-        self.ctx.bind_to_thread().map_err(driver_err)?;
-        // SAFETY: cu_device is the device this backend's context was created on.
-        let pool = unsafe { result::device::get_mem_pool(self.ctx.cu_device()) };
-        pool.map(Some).map_err(driver_err)
+        current_pool(&self.ctx)
     }
 
     /// Makes the pool keep freed memory instead of handing it back at each synchronisation.
@@ -51,19 +74,7 @@ impl CudaBackend {
 
     /// Bytes the pool holds that no buffer uses (memory freed and kept for reuse).
     pub(super) fn idle_pool_bytes(&self) -> Result<usize, BackendError> {
-        let Some(pool) = self.current_pool()? else {
-            return Ok(0);
-        };
-        let read = |attr: sys::CUmemPool_attribute| -> Result<u64, BackendError> {
-            let mut v: u64 = 0;
-            // SAFETY: both attributes read here are cuuint64_t; `v` outlives the call.
-            unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }
-                .map_err(driver_err)?;
-            Ok(v)
-        };
-        let reserved = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
-        let used = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
-        Ok(usize::try_from(reserved.saturating_sub(used)).unwrap_or(usize::MAX))
+        idle_pool_bytes_of(&self.ctx)
     }
 
     /// Hands the pool's idle memory back to the driver, after the stream's pending frees.

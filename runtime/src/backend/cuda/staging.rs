@@ -97,7 +97,9 @@ impl Pool {
                     slot: Some(slot),
                 });
             }
-            let room = self.ctx.mem_get_info().map_or(0, |(f, _)| f);
+            // The allocation pool's idle bytes are free to a new buffer too (mem_pool.rs).
+            let idle = super::mem_pool::idle_pool_bytes_of(&self.ctx).unwrap_or(0);
+            let room = self.ctx.mem_get_info().map_or(0, |(f, _)| f) + idle;
             if free.dev_made == 0 || room >= bytes + DEVICE_HEADROOM {
                 free.dev_made += 1;
                 return Ok(DevGuard {
