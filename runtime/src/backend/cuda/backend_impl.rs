@@ -161,7 +161,7 @@ impl Backend for CudaBackend {
 
     fn free_memory_bytes(&self) -> Option<usize> {
         // Memory the allocation pool keeps for reuse is free to this backend's buffers.
-        let idle = self.idle_pool_bytes().ok()?;
+        let idle = self.idle_pool_bytes().unwrap_or(0);
         self.free_device_bytes()
             .ok()
             .map(|f| f.saturating_add(idle))

@@ -291,7 +291,7 @@ impl CudaBackend {
             Fp8Path::Small => {
                 let tiles = n.div_ceil(8);
                 let ctas = m.div_ceil(SMALL_ROWS_PER_CTA);
-                // Few CTAs: the 16-warp form keeps more loads in flight (fp8.cu).
+                // Few CTAs: the 16-warp form puts twice the warps on an SM (fp8.cu).
                 let (form, threads) = if ctas < self.tuning.fp8_small_wide_ctas {
                     ("_wide", 512)
                 } else {
