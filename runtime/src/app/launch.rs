@@ -200,6 +200,7 @@ pub(crate) fn launch<M: Machine + 'static, F: ForwardModel + 'static>(
             max_prefill_tokens: opts.max_prefill_tokens,
             mixed_prefill: opts.mixed_prefill,
             overlap_host: opts.overlap_host,
+            decode_ahead: opts.decode_ahead,
             context_len,
             eos_ids: parts.eos_ids,
             trace: opts.trace,

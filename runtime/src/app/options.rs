@@ -66,6 +66,9 @@ pub struct EngineOptions {
     /// Overlap each decode step's host work with the next forward pass
     /// ([`crate::engine::handle::EngineConfig::overlap_host`]).
     pub overlap_host: bool,
+    /// Launch each overlapped decode step's successor before its tokens come back
+    /// ([`crate::engine::handle::EngineConfig::decode_ahead`]).
+    pub decode_ahead: bool,
     /// Context length cap (None: the model's `max_position_embeddings`).
     pub max_context: Option<usize>,
     /// On a GPU: f32-accurate matmul inputs and an f32 KV cache
@@ -143,6 +146,7 @@ impl Default for EngineOptions {
             max_prefill_tokens: 2048,
             mixed_prefill: true,
             overlap_host: false,
+            decode_ahead: false,
             max_context: None,
             precise: false,
             trace: false,

@@ -119,6 +119,12 @@ pub struct ModelArgs {
     /// the same either way). The CPU always runs it in turn.
     #[arg(long)]
     pub no_host_overlap: bool,
+    /// Wait for each decode step's tokens before launching the next one. By default a GPU's
+    /// decode step N + 1 is launched before step N's tokens come back (its input tokens taken
+    /// on the device), so the GPU does not wait for the host between steps; outputs are the
+    /// same either way. Off with `--no-host-overlap` too.
+    #[arg(long)]
+    pub no_decode_ahead: bool,
     /// Cap on the context length (default: the model's).
     #[arg(long)]
     pub max_context: Option<usize>,
@@ -269,6 +275,12 @@ impl ModelArgs {
         device != Device::Cpu && !self.no_host_overlap
     }
 
+    /// Whether overlapped decode steps launch their successor before their tokens come back on
+    /// `device`: wherever the host work overlaps, unless `--no-decode-ahead`.
+    pub fn decode_ahead(&self, device: Device) -> bool {
+        self.overlap_host(device) && !self.no_decode_ahead
+    }
+
     /// Whether prompts run in chunks inside decode steps on `device` (`--mixed-prefill`,
     /// `--no-mixed-prefill`, else on the CPU only).
     pub fn mixed_prefill(&self, device: Device) -> bool {
@@ -408,6 +420,7 @@ impl ModelArgs {
             max_prefill_tokens: self.max_prefill_tokens(device),
             mixed_prefill: self.mixed_prefill(device),
             overlap_host: self.overlap_host(device),
+            decode_ahead: self.decode_ahead(device),
             max_context: self.max_context,
             precise: self.precision == PrecisionChoice::F32,
             trace,
@@ -596,5 +609,21 @@ mod tests {
             .unwrap()
             .model;
         assert!(!a.overlap_host(Device::Cuda(0)));
+        assert!(
+            !a.decode_ahead(Device::Cuda(0)),
+            "no overlap, nothing ahead"
+        );
+    }
+
+    #[test]
+    fn decode_steps_go_ahead_on_a_gpu_unless_turned_off() {
+        let a = Cli::try_parse_from(["sov"]).unwrap().model;
+        assert!(!a.decode_ahead(Device::Cpu));
+        assert!(a.decode_ahead(Device::Cuda(0)));
+        let a = Cli::try_parse_from(["sov", "--no-decode-ahead"])
+            .unwrap()
+            .model;
+        assert!(!a.decode_ahead(Device::Cuda(0)));
+        assert!(a.overlap_host(Device::Cuda(0)));
     }
 }

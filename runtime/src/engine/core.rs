@@ -99,6 +99,11 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) overlap_host: bool,
     /// The text and events of the last overlapped decode step, not yet made.
     pub(crate) pending: Option<super::pending::PendingStep>,
+    /// Overlapped decode steps launch the next step before their tokens come back, where the
+    /// model can (see [`super::ahead`]).
+    pub(crate) decode_ahead: bool,
+    /// The decode step launched ahead and still in flight.
+    pub(crate) ahead: Option<super::ahead::AheadStep>,
 }
 
 /// Running totals the engine reports in its stats (and a server in its metrics).
@@ -148,6 +153,8 @@ impl<F: ForwardModel> EngineCore<F> {
             mix_prefill: true,
             overlap_host: false,
             pending: None,
+            decode_ahead: false,
+            ahead: None,
         }
     }
 
@@ -158,6 +165,16 @@ impl<F: ForwardModel> EngineCore<F> {
             self.flush_pending();
         }
         self.overlap_host = on;
+    }
+
+    /// Launches each overlapped decode step's successor before its tokens come back, where the
+    /// model can, from now on (or stops, after collecting the step in flight); see
+    /// [`super::ahead`]. Only overlapped steps ([`Self::set_overlap_host`]) launch ahead.
+    pub fn set_decode_ahead(&mut self, on: bool) {
+        if !on {
+            self.flush_pending();
+        }
+        self.decode_ahead = on;
     }
 
     /// Delivers output events on a thread of their own from now on, so that waking the clients

@@ -47,6 +47,33 @@ pub trait ForwardModel: Send {
     fn kv_io(&mut self) -> Option<&mut dyn KvBlockIo> {
         None
     }
+    /// Whether [`ForwardModel::launch_decode`] takes a decode step with these picks (the engine
+    /// asks before each launch). Default: no, the model answers every step in turn.
+    fn launches_decode(&self, picks: &[RowPick]) -> bool {
+        let _ = picks;
+        false
+    }
+    /// Enqueues a decode step (every chunk one new token, every pick a token the model chooses)
+    /// and returns without waiting for it; its picks come back from
+    /// [`ForwardModel::wait_decode`], oldest launch first. With `fed`, the row's input token is
+    /// not the chunk's (a placeholder) but the token the model picks for the same row of the step
+    /// launched just before, still in flight, which had the same number of rows: the engine
+    /// launches step N + 1 before step N's tokens reach the host (`super::ahead`). A launch that
+    /// fails leaves nothing in flight.
+    fn launch_decode(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        fed: bool,
+    ) -> Result<(), String> {
+        let _ = (chunks, picks, fed);
+        Err("this model does not launch decode steps ahead".into())
+    }
+    /// The picks of the oldest decode step [`ForwardModel::launch_decode`] enqueued, once it is
+    /// done (one token a row); an error when none is in flight.
+    fn wait_decode(&mut self) -> Result<PickedRows, String> {
+        Err("no decode step is in flight".into())
+    }
 }
 
 /// Host work handed to [`ForwardModel::forward_pick_overlapped`], run at most once: whoever
@@ -99,6 +126,20 @@ impl<T: ForwardModel + ?Sized> ForwardModel for Box<T> {
     }
     fn kv_io(&mut self) -> Option<&mut dyn KvBlockIo> {
         (**self).kv_io()
+    }
+    fn launches_decode(&self, picks: &[RowPick]) -> bool {
+        (**self).launches_decode(picks)
+    }
+    fn launch_decode(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        fed: bool,
+    ) -> Result<(), String> {
+        (**self).launch_decode(chunks, picks, fed)
+    }
+    fn wait_decode(&mut self) -> Result<PickedRows, String> {
+        (**self).wait_decode()
     }
 }
 

@@ -46,6 +46,10 @@ pub struct EngineConfig {
     /// computes ([`super::overlap`]): pays where the pass runs on an accelerator; on the host's
     /// own cores it only delays retirement by a step.
     pub overlap_host: bool,
+    /// With `overlap_host`, launch each decode step's successor before its tokens come back,
+    /// where the model can ([`super::ahead`]): the GPU no longer waits for the host between
+    /// decode steps.
+    pub decode_ahead: bool,
     /// The model's context length (`max_position_embeddings`).
     pub context_len: usize,
     /// End-of-sequence token ids.
@@ -85,6 +89,7 @@ impl Default for EngineConfig {
             max_prefill_tokens: 2048,
             mixed_prefill: true,
             overlap_host: false,
+            decode_ahead: false,
             context_len: 2048,
             eos_ids: Vec::new(),
             trace: false,
@@ -254,6 +259,7 @@ impl Engine {
         core.set_grammar(config.grammar.clone());
         core.set_mix_prefill(config.mixed_prefill);
         core.set_overlap_host(config.overlap_host);
+        core.set_decode_ahead(config.decode_ahead);
         core.deliver_on_own_thread();
         let mut machine = M::new();
         let mut journal = None;

@@ -11,6 +11,7 @@
 //! draft/verify). Outputs stream back per request over a channel.
 
 pub mod advance;
+pub mod ahead;
 pub mod bind;
 pub mod blocks;
 pub mod checkpointing;
@@ -54,6 +55,8 @@ pub use host_times::DecodeHostTimes;
 pub use kv_policy::{KvCounters, KvPolicy};
 pub use output::{FinishReason, Finished, Output};
 pub use request::{Prompt, Request, SamplingParams};
+#[cfg(test)]
+mod ahead_tests;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
+use super::ahead::AheadStep;
 use super::codec::TextCodec;
 use super::core::EngineCore;
 use super::error::EngineError;
@@ -38,6 +39,7 @@ impl<F: ForwardModel> EngineCore<F> {
     /// Runs the pending text and events of the last overlapped decode step now, and retires the
     /// sequences they end. A no-op when nothing is pending.
     pub(crate) fn flush_pending(&mut self) {
+        self.collect_ahead();
         let Some(pending) = self.pending.take() else {
             return;
         };
@@ -92,26 +94,58 @@ impl<F: ForwardModel> EngineCore<F> {
     }
 
     /// One decode step with its host work overlapped (see the module doc); falls back to the
-    /// in-turn step (after the pending work) when a row is sampled on the host.
+    /// in-turn step (after the pending work) when a row is sampled on the host. The step is the
+    /// one launched ahead by the call before when one is in flight ([`super::ahead`]), and it
+    /// launches its own successor ahead where it may.
     pub(crate) fn decode_overlapped(&mut self) -> Result<(), EngineError> {
+        self.overlapped_step(true)
+    }
+
+    /// Waits for the decode step launched ahead, commits its tokens and launches nothing more:
+    /// the step in flight collected before another action (part of [`Self::flush_pending`]).
+    fn collect_ahead(&mut self) {
+        if self.ahead.is_some()
+            && let Err(e) = self.overlapped_step(false)
+        {
+            tracing::error!("collecting the decode step in flight failed: {e}");
+        }
+    }
+
+    /// [`Self::decode_overlapped`]; `go_on` allows launching the next step ahead.
+    fn overlapped_step(&mut self, go_on: bool) -> Result<(), EngineError> {
         let t_start = Instant::now();
-        if self.kv_exhausted() {
-            // Preemption moves sequences out of the batch: their pending work goes first.
-            self.flush_pending();
-        }
-        let idx = self.preempt_until_growable("preempt(decode fallback)");
-        if idx.is_empty() {
-            self.flush_pending();
-            return Ok(());
-        }
-        let picks: Vec<RowPick> = idx.iter().map(|&i| self.row_pick(i)).collect();
-        if picks.iter().any(|p| !p.is_token()) {
-            self.flush_pending();
-            return self.decode_in_turn();
-        }
-        if !self.grow_prefilled(|s| s.tokens.len()) {
-            return Err(EngineError::KvExhausted);
-        }
+        let in_flight = self.ahead.take();
+        let launched_before = in_flight.is_some();
+        // `rows`: the step's rows, by running index (None: the sequence ended since the step
+        // was launched ahead; its token is dropped).
+        let (rows, picks): (Vec<Option<usize>>, Vec<RowPick>) = match in_flight {
+            Some(step) => (self.rows_of(&step.ids), step.picks),
+            None => {
+                if self.kv_exhausted() {
+                    // Preemption moves sequences out of the batch: their pending work goes first.
+                    self.flush_pending();
+                }
+                let idx = self.preempt_until_growable("preempt(decode fallback)");
+                if idx.is_empty() {
+                    self.flush_pending();
+                    return Ok(());
+                }
+                let picks: Vec<RowPick> = idx.iter().map(|&i| self.row_pick(i)).collect();
+                if picks.iter().any(|p| !p.is_token()) {
+                    self.flush_pending();
+                    return self.decode_in_turn();
+                }
+                if !self.grow_prefilled(|s| s.tokens.len()) {
+                    return Err(EngineError::KvExhausted);
+                }
+                (idx.into_iter().map(Some).collect(), picks)
+            }
+        };
+        // Running indices of the rows still running, in order.
+        let live: Vec<usize> = rows.iter().flatten().copied().collect();
+        let next = (go_on && live.len() == rows.len())
+            .then(|| self.ahead_picks(&live))
+            .flatten();
         let pending = self.pending.take();
         let t_batch = Instant::now();
         self.decode_steps += 1;
@@ -120,7 +154,7 @@ impl<F: ForwardModel> EngineCore<F> {
             pending.map_or((Vec::new(), t_batch), |p| (p.rows, p.now));
         let mut ended: Vec<(u64, FinishReason)> = Vec::new();
         let mut overlapped = Duration::ZERO;
-        let (result, t_pass) = {
+        let (result, t_pass, launched) = {
             let EngineCore {
                 model,
                 running,
@@ -131,12 +165,14 @@ impl<F: ForwardModel> EngineCore<F> {
                 ..
             } = self;
             let codec: &dyn TextCodec = codec.as_ref();
-            // One walk over the batch lends each row's tokens and block table to its chunk and
-            // each pending row's text stream and channel to the host work.
-            let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(idx.len()); // [rows]
+            // One walk over the batch lends each row's tokens and block table to its chunk (this
+            // step's unless it is in flight, the next step's when it goes ahead) and each pending
+            // row's text stream and channel to the host work.
+            let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(live.len()); // [rows]
+            let mut ahead: Vec<SeqChunk<'_>> = Vec::new(); // [rows] when launched ahead
             let mut texts: Vec<(&mut TextStream, &Sender<Output>, &PendingRow)> =
                 Vec::with_capacity(pending_rows.len()); // [pending rows]
-            let mut next_row = idx.iter().copied().peekable();
+            let mut next_row = live.iter().copied().peekable();
             let mut next_pending = pending_rows.iter().peekable();
             for (i, s) in running.iter_mut().enumerate() {
                 let Sequence {
@@ -151,11 +187,23 @@ impl<F: ForwardModel> EngineCore<F> {
                 if next_row.next_if_eq(&i).is_some() {
                     let at = *computed;
                     let tokens: &[u32] = tokens;
-                    chunks.push(SeqChunk {
-                        tokens: &tokens[at..at + 1],
-                        start_pos: at,
-                        block_table,
-                    });
+                    let block_table: &[u32] = block_table;
+                    if !launched_before {
+                        chunks.push(SeqChunk {
+                            tokens: &tokens[at..at + 1],
+                            start_pos: at,
+                            block_table,
+                        });
+                    }
+                    if next.is_some() {
+                        // Its token is a placeholder: the model feeds this row's pick of the
+                        // step before.
+                        ahead.push(SeqChunk {
+                            tokens: &tokens[tokens.len() - 1..],
+                            start_pos: tokens.len(),
+                            block_table,
+                        });
+                    }
                 }
                 if let Some(row) = next_pending.next_if(|r| r.id == *id) {
                     texts.push((text, tx, row));
@@ -188,12 +236,52 @@ impl<F: ForwardModel> EngineCore<F> {
             };
             let mut host = HostWork::new(&mut work);
             let t_pass = Instant::now();
-            let result = model.forward_pick_overlapped(&chunks, &picks, &mut host);
+            let launch_next = |model: &mut F| match &next {
+                Some(next_picks) => match model.launch_decode(&ahead, next_picks, true) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!("launching the next decode step ahead failed: {e}");
+                        false
+                    }
+                },
+                None => false,
+            };
+            let (result, launched) = if launched_before {
+                let launched = launch_next(model);
+                host.run();
+                (model.wait_decode(), launched)
+            } else if model.launches_decode(&picks) {
+                match model.launch_decode(&chunks, &picks, false) {
+                    Ok(()) => {
+                        let launched = launch_next(model);
+                        host.run();
+                        (model.wait_decode(), launched)
+                    }
+                    Err(e) => (Err(e), false),
+                }
+            } else {
+                let result = model.forward_pick_overlapped(&chunks, &picks, &mut host);
+                (result, false)
+            };
             // A model that did not run it (it must): after the pass, never lost.
             host.run();
+            if launched && result.is_err() {
+                // The step ahead follows a failed one: drained, its rows end with the error.
+                if let Err(e) = model.wait_decode() {
+                    tracing::warn!("the decode step launched ahead failed too: {e}");
+                }
+            }
             *forward_time += t_pass.elapsed().saturating_sub(overlapped);
-            (result, t_pass)
+            let ok = result.is_ok();
+            (result, t_pass, launched && ok)
         };
+        if launched && let Some(next_picks) = next {
+            let ids = live.iter().map(|&i| self.running[i].id).collect();
+            self.ahead = Some(AheadStep {
+                ids,
+                picks: next_picks,
+            });
+        }
         // Building the batch (its chunks and the pending rows' streams) is scheduling.
         self.decode_host.schedule += t_pass - t_start;
         self.decode_host.overlapped += overlapped;
@@ -204,12 +292,12 @@ impl<F: ForwardModel> EngineCore<F> {
         let picked = match self.check_picked(result, &picks) {
             Ok(picked) => picked,
             Err(e) => {
-                tracing::error!("forward pass failed for {} sequences: {e}", idx.len());
+                tracing::error!("forward pass failed for {} sequences: {e}", live.len());
                 let error = FinishReason::Error(format!("model forward failed: {e}"));
                 let finished = (0..self.running.len())
                     .filter_map(|i| match ended.get(&self.running[i].id) {
                         Some(reason) => Some((i, reason.clone())),
-                        None => idx.binary_search(&i).is_ok().then(|| (i, error.clone())),
+                        None => live.binary_search(&i).is_ok().then(|| (i, error.clone())),
                     })
                     .collect();
                 self.retire(finished);
@@ -217,11 +305,15 @@ impl<F: ForwardModel> EngineCore<F> {
             }
         };
         let now = Instant::now();
-        let mut rows = Vec::with_capacity(idx.len()); // [rows committed, continuing]
+        let mut committed = Vec::with_capacity(live.len()); // [rows committed, continuing]
         // Rows this token ends (EOS, length, context), by running index: their text and event are
         // made now and they leave in this step, as in turn, so they hold no blocks into the next.
         let mut ending: Vec<(usize, PendingRow)> = Vec::new();
-        for (&i, token) in idx.iter().zip(&picked.tokens) {
+        for (row, token) in rows.iter().zip(&picked.tokens) {
+            // A row of a sequence that ended after the step was launched ahead: dropped.
+            let Some(i) = *row else {
+                continue;
+            };
             let s = &mut self.running[i];
             // A row of a sequence whose previous token ended it (a stop string): dropped.
             let (false, Some(token)) = (ended.contains_key(&s.id), *token) else {
@@ -242,12 +334,15 @@ impl<F: ForwardModel> EngineCore<F> {
             if row.ends() {
                 ending.push((i, row));
             } else {
-                rows.push(row);
+                committed.push(row);
             }
         }
         self.offer_full_blocks();
-        if !rows.is_empty() {
-            self.pending = Some(PendingStep { rows, now });
+        if !committed.is_empty() {
+            self.pending = Some(PendingStep {
+                rows: committed,
+                now,
+            });
         }
         let t_retire = Instant::now();
         self.decode_host.tokens += t_retire - t_tokens;

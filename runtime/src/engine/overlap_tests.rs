@@ -18,9 +18,25 @@ use crate::model::batch::SeqChunk;
 use crate::scheduler::Machine;
 use crate::scheduler::seed::Scheduler;
 
-const VOCAB: usize = 300;
-const BS: usize = 16;
-const EOS: u32 = 299;
+pub(super) const VOCAB: usize = 300;
+pub(super) const BS: usize = 16;
+pub(super) const EOS: u32 = 299;
+
+/// How a run's decode steps go: in turn, with their host work overlapped, or overlapped with
+/// each step's successor launched ahead ([`super::ahead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    InTurn,
+    Overlap,
+    Ahead,
+}
+
+impl From<bool> for Mode {
+    /// `overlap`: [`Mode::Overlap`], else [`Mode::InTurn`].
+    fn from(overlap: bool) -> Self {
+        if overlap { Mode::Overlap } else { Mode::InTurn }
+    }
+}
 
 /// [`FakeModel`] that runs the overlapped host work before its pass, the order a GPU gives it
 /// (the work runs while the launched pass computes), rather than the default's after.
@@ -45,13 +61,13 @@ impl ForwardModel for HostFirst {
 }
 
 /// What one request received: (token ids, streamed text, events, finish reason).
-type Received = (Vec<u32>, String, usize, FinishReason);
+pub(super) type Received = (Vec<u32>, String, usize, FinishReason);
 
 /// The requests of a run: greedy rows with and without stop strings and EOS, short and long
 /// limits, and with `sampled` every fifth request sampled (seeded): drawn by the model
 /// ([`RowPick::Draw`]), and every tenth sampled on the host (a repetition penalty; a step with such a
 /// row runs in turn).
-fn requests(sampled: bool) -> Vec<Request> {
+pub(super) fn requests(sampled: bool) -> Vec<Request> {
     (0..24usize)
         .map(|i| {
             let prompt: Vec<u32> = (0..5 + (i * 7) % 40)
@@ -81,9 +97,9 @@ fn requests(sampled: bool) -> Vec<Request> {
 /// Runs [`requests`] on `model` with `overlap` and the given cache size, prompt mixing and
 /// host-sampled rows (a context of 2048);
 /// returns what each request received, in submission order, and the preemptions.
-fn run<M: ForwardModel + 'static>(
+pub(super) fn run<M: ForwardModel + 'static>(
     model: M,
-    overlap: bool,
+    overlap: impl Into<Mode>,
     num_blocks: usize,
     mixed: bool,
     sampled: bool,
@@ -92,14 +108,15 @@ fn run<M: ForwardModel + 'static>(
 }
 
 /// [`run`] with the requests and the context length given.
-fn run_with<M: ForwardModel + 'static>(
+pub(super) fn run_with<M: ForwardModel + 'static>(
     model: M,
-    overlap: bool,
+    overlap: impl Into<Mode>,
     num_blocks: usize,
     mixed: bool,
     requests: Vec<Request>,
     context_len: usize,
 ) -> (Vec<Received>, u64, std::time::Duration) {
+    let mode = overlap.into();
     let engine = Engine::start::<Scheduler, _>(
         model,
         Arc::new(ByteCodec),
@@ -111,7 +128,8 @@ fn run_with<M: ForwardModel + 'static>(
             max_batch: 32,
             max_prefill_tokens: 64,
             mixed_prefill: mixed,
-            overlap_host: overlap,
+            overlap_host: mode != Mode::InTurn,
+            decode_ahead: mode == Mode::Ahead,
             eos_ids: vec![EOS],
             ..EngineConfig::default()
         },
@@ -149,7 +167,7 @@ fn run_with<M: ForwardModel + 'static>(
 }
 
 /// A fake model that ends sequences with EOS once they hold 60 tokens.
-fn fake(num_blocks: usize) -> FakeModel {
+pub(super) fn fake(num_blocks: usize) -> FakeModel {
     let mut m = FakeModel::new(VOCAB, num_blocks, BS);
     m.eos = Some((EOS, 60));
     m

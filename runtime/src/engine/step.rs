@@ -189,14 +189,25 @@ impl<F: ForwardModel> EngineCore<F> {
     /// draw with the bits the sequence's RNG gives next), else by the host sampler from the
     /// downloaded row.
     pub(crate) fn row_pick(&self, i: usize) -> RowPick {
+        self.row_pick_after(i, 0)
+    }
+
+    /// [`Self::row_pick`] of running sequence `i` once `later` more tokens are committed (each
+    /// takes one draw of its RNG): the pick of a step launched before those tokens reach the
+    /// host ([`super::ahead`]).
+    pub(crate) fn row_pick_after(&self, i: usize, later: usize) -> RowPick {
         let s = &self.running[i];
-        let generated = s.output().len();
+        let generated = s.output().len() + later;
         if s.constraint.is_some() {
             RowPick::Logits
         } else if s.sampling.is_plain_argmax(generated) {
             RowPick::Argmax
         } else if s.sampling.is_plain_draw(generated) {
-            RowPick::Draw(s.sampling.draw_spec(s.rng.peek_bits()))
+            let mut rng = s.rng;
+            for _ in 0..later {
+                rng.next_uniform();
+            }
+            RowPick::Draw(s.sampling.draw_spec(rng.peek_bits()))
         } else {
             RowPick::Logits
         }

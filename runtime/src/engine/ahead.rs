@@ -1,0 +1,86 @@
+//! Decode steps launched ahead: step N + 1 is enqueued on the model's device before step N's
+//! tokens reach the host, so the GPU never waits for the host between two decode steps
+//! (`EngineConfig::decode_ahead`, on top of [`super::overlap`]).
+//!
+//! Design: SGLang's overlap scheduler with its "future" token ids. The host knows everything a
+//! decode step needs but the tokens: a row's next position is its current length, its block
+//! table can be grown one token further, and its sampling bits are its RNG's next but one. The
+//! model is told to take each row's input token from its own pick of the same row one step
+//! earlier ([`ForwardModel::launch_decode`] with `fed`), so the token never travels to the host
+//! and back before the step can start. An overlapped decode call then:
+//! 1. has step N in flight: launched ahead by the call before, or launched now;
+//! 2. launches step N + 1 fed from N when [`EngineCore::ahead_picks`] allows it: the same rows
+//!    (nothing admitted, retired, preempted or waiting since N was launched), none of which N's
+//!    token can end by length or context, every row's pick a token the model chooses, and room
+//!    in the cache for one more token each;
+//! 3. runs the text and events of step N - 1 ([`super::overlap`]), waits for N's tokens and
+//!    commits them, while N + 1 computes.
+//!
+//! A row that N's token ends (EOS, or a stop string the text of N finds one call later) has run
+//! one discarded step: its token is dropped, and the KV it wrote lies in the sequence's own last
+//! block, past its committed length (never in a full block the prefix cache holds), written
+//! before any later pass can reuse the block on the model's one stream. Every action but
+//! `admit` and `decode`, and the loop's idle and exit paths, first collect the step in flight
+//! ([`EngineCore::flush_pending`]), so they see the sequences as the in-turn path leaves them.
+//! Tokens, texts, events and finish reasons are those of the in-turn path (`ahead_tests`).
+
+use std::collections::HashMap;
+
+use super::core::EngineCore;
+use super::forward::{ForwardModel, RowPick};
+
+/// The decode step launched ahead and still in flight: the rows it runs, by sequence id in
+/// running order, and what it picks for each.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AheadStep {
+    /// `[rows]` the sequence of each row.
+    pub(crate) ids: Vec<u64>,
+    /// `[rows]` the pick of each row.
+    pub(crate) picks: Vec<RowPick>,
+}
+
+impl<F: ForwardModel> EngineCore<F> {
+    /// The running index of each of `ids` (sequence ids in running order), None for those no
+    /// longer running (ended since the step was launched).
+    pub(crate) fn rows_of(&self, ids: &[u64]) -> Vec<Option<usize>> {
+        let at: HashMap<u64, usize> = self
+            .running
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id, i))
+            .collect();
+        ids.iter().map(|id| at.get(id).copied()).collect()
+    }
+
+    /// The picks of a decode step launched now, one token after the step `rows` (running
+    /// indices, every prefilled sequence) has in flight, or None when that step may not go
+    /// ahead (module doc, step 2); when it may, every row's block table is grown to hold the
+    /// step's token first.
+    pub(crate) fn ahead_picks(&mut self, rows: &[usize]) -> Option<Vec<RowPick>> {
+        if !self.decode_ahead
+            || rows.is_empty()
+            || !self.waiting.is_empty()
+            || self.running.iter().filter(|s| s.prefilled).count() != rows.len()
+        {
+            return None;
+        }
+        let context_len = self.cfg.context_len;
+        let picks: Vec<RowPick> = rows
+            .iter()
+            .map(|&i| {
+                let s = &self.running[i];
+                let ends =
+                    s.output().len() + 1 >= s.max_tokens || s.tokens.len() + 1 >= context_len;
+                if ends {
+                    RowPick::Logits
+                } else {
+                    self.row_pick_after(i, 1)
+                }
+            })
+            .collect();
+        if !picks.iter().all(RowPick::is_token) || !self.model.launches_decode(&picks) {
+            return None;
+        }
+        self.grow_prefilled(|s| s.tokens.len() + 1).then_some(picks)
+    }
+}

@@ -1,0 +1,266 @@
+//! Decode steps launched ahead ([`super::ahead`]) against the in-turn path on the deterministic
+//! [`FakeModel`], run the way a GPU runs them: a launched step computes at once (its KV written
+//! before the host commits the step before, as the device's one stream orders it) and its picks
+//! wait until asked for; a fed row's input token is the model's own pick of the same row one
+//! launch earlier. Every request's tokens, text, events and finish reason are the in-turn ones,
+//! with stop strings, EOS, length and context limits, drawn and host-sampled rows, preemption,
+//! mixed prefill and a failed pass, and steps really went ahead.
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::core::EngineCore;
+use super::error::EngineError;
+use super::fake::FakeModel;
+use super::forward::{ForwardModel, PickedRows, RowPick};
+use super::hook::CheckpointHook;
+use super::overlap_tests::{BS, Mode, Received, VOCAB, fake, requests, run, run_with};
+use crate::model::batch::SeqChunk;
+
+/// [`FakeModel`] with [`ForwardModel::launch_decode`]: launched steps queue their picks; fed
+/// steps take the last launch's picks as their tokens; waiting for launch number `fail_at`
+/// fails, as a device reports a failed step when the host waits for it. Any call made out of order (an unfed launch
+/// or an in-turn pass while a step is in flight, a fed launch with none, rows that do not line
+/// up, a third step in flight) is an error, which ends the run's requests and fails the test.
+struct Ahead {
+    model: FakeModel,
+    /// Launch number and picks of the launched steps not yet waited for, oldest first.
+    queue: VecDeque<(usize, PickedRows)>,
+    /// Decode steps launched so far.
+    launches: usize,
+    /// `[rows]` the tokens the last launched step picked.
+    last: Vec<u32>,
+    /// Fed launches so far.
+    fed: Arc<AtomicUsize>,
+    /// The launch (counting from 1) whose wait fails, if any.
+    fail_at: Option<usize>,
+}
+
+impl Ahead {
+    fn new(model: FakeModel) -> Self {
+        Self {
+            model,
+            queue: VecDeque::new(),
+            launches: 0,
+            last: Vec::new(),
+            fed: Arc::default(),
+            fail_at: None,
+        }
+    }
+
+    fn idle(&self) -> Result<(), String> {
+        match self.queue.len() {
+            0 => Ok(()),
+            n => Err(format!("an in-turn pass with {n} decode steps in flight")),
+        }
+    }
+}
+
+impl ForwardModel for Ahead {
+    fn vocab_size(&self) -> usize {
+        self.model.vocab_size()
+    }
+    fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<f32>, String> {
+        self.idle()?;
+        self.model.forward(chunks)
+    }
+    fn launches_decode(&self, picks: &[RowPick]) -> bool {
+        picks.iter().all(RowPick::is_token)
+    }
+    fn launch_decode(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        fed: bool,
+    ) -> Result<(), String> {
+        if chunks.len() != picks.len() || !chunks.iter().all(|c| c.tokens.len() == 1) {
+            return Err("not a decode step".into());
+        }
+        let tokens: Vec<u32> = if fed {
+            if self.queue.len() != 1 || self.last.len() != chunks.len() {
+                return Err(format!(
+                    "fed launch of {} rows with {} steps in flight, {} rows before",
+                    chunks.len(),
+                    self.queue.len(),
+                    self.last.len()
+                ));
+            }
+            self.fed.fetch_add(1, Ordering::Relaxed);
+            self.last.clone()
+        } else {
+            self.idle()?;
+            chunks.iter().map(|c| c.tokens[0]).collect()
+        };
+        let fed_chunks: Vec<SeqChunk<'_>> = chunks
+            .iter()
+            .zip(&tokens)
+            .map(|(c, t)| SeqChunk {
+                tokens: std::slice::from_ref(t),
+                start_pos: c.start_pos,
+                block_table: c.block_table,
+            })
+            .collect();
+        let picked = self.model.forward_pick(&fed_chunks, picks)?;
+        self.launches += 1;
+        self.last = picked
+            .tokens
+            .iter()
+            .map(|t| t.ok_or("a row without a token"))
+            .collect::<Result<_, _>>()?;
+        self.queue.push_back((self.launches, picked));
+        Ok(())
+    }
+    fn wait_decode(&mut self) -> Result<PickedRows, String> {
+        match self.queue.pop_front() {
+            Some((n, _)) if Some(n) == self.fail_at => Err("the device fell over".into()),
+            Some((_, picked)) => Ok(picked),
+            None => Err("no decode step in flight".into()),
+        }
+    }
+}
+
+/// An [`Ahead`] over [`fake`] and its count of fed launches.
+fn ahead(num_blocks: usize) -> (Ahead, Arc<AtomicUsize>) {
+    let m = Ahead::new(fake(num_blocks));
+    let fed = m.fed.clone();
+    (m, fed)
+}
+
+#[test]
+fn decode_ahead_gives_the_in_turn_outputs() {
+    for (mixed, sampled) in [(false, false), (true, false), (false, true), (true, true)] {
+        let case = format!("mixed {mixed}, sampled rows {sampled}");
+        let (want, _, _) = run(fake(256), Mode::InTurn, 256, mixed, sampled);
+        let (model, fed) = ahead(256);
+        let (got, _, overlapped) = run(model, Mode::Ahead, 256, mixed, sampled);
+        assert_eq!(got, want, "{case}");
+        assert!(overlapped > std::time::Duration::ZERO, "{case}");
+        let fed = fed.load(Ordering::Relaxed);
+        eprintln!("{case}: {fed} steps ahead");
+        assert!(fed > 0, "steps went ahead ({case})");
+        // Overlapped without going ahead, the model's launches still give the same outputs.
+        let (model, fed) = ahead(256);
+        assert_eq!(
+            run(model, Mode::Overlap, 256, mixed, sampled).0,
+            want,
+            "{case}"
+        );
+        assert_eq!(fed.load(Ordering::Relaxed), 0, "{case}");
+    }
+}
+
+#[test]
+fn decode_ahead_survives_preemption() {
+    for sampled in [false, true] {
+        let (want, _, _) = run(fake(256), Mode::InTurn, 256, false, sampled);
+        for blocks in [10, 12, 14] {
+            let case = format!("{blocks} blocks, sampled rows {sampled}");
+            let (model, fed) = ahead(blocks);
+            let (got, _, _) = run(model, Mode::Ahead, blocks, false, sampled);
+            assert_eq!(got, want, "{case}");
+            assert!(fed.load(Ordering::Relaxed) > 0, "{case}");
+        }
+    }
+}
+
+#[test]
+fn decode_ahead_ends_at_the_context_as_in_turn() {
+    let want = run_with(fake(256), Mode::InTurn, 256, false, requests(false), 48).0;
+    assert!(
+        want.iter()
+            .any(|r| r.3 == super::output::FinishReason::ContextLength)
+    );
+    let (model, fed) = ahead(256);
+    assert_eq!(
+        run_with(model, Mode::Ahead, 256, false, requests(false), 48).0,
+        want
+    );
+    assert!(fed.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn a_failed_step_ends_the_same_requests_ahead_or_not() {
+    // The decode step whose wait fails: the first, and two in the middle of the run.
+    for fail_at in [1, 20, 21] {
+        let mut model = Ahead::new(fake(256));
+        model.fail_at = Some(fail_at);
+        let want: Vec<Received> =
+            run_with(model, Mode::Overlap, 256, false, requests(false), 2048).0;
+        let errors = want
+            .iter()
+            .filter(|r| matches!(r.3, super::output::FinishReason::Error(_)))
+            .count();
+        assert!(
+            errors > 0,
+            "the failed pass ended requests (call {fail_at})"
+        );
+        let mut model = Ahead::new(fake(256));
+        model.fail_at = Some(fail_at);
+        let got = run_with(model, Mode::Ahead, 256, false, requests(false), 2048).0;
+        // The step launched ahead of the failed one ran for the same rows and is dropped.
+        assert_eq!(got, want, "failure at launch {fail_at}");
+    }
+}
+
+/// Records, at each checkpoint, whether a step was in flight or its work pending.
+struct InFlightAtCheckpoint(Arc<std::sync::Mutex<Vec<bool>>>);
+
+impl CheckpointHook<EngineCore<Ahead>> for InFlightAtCheckpoint {
+    fn checkpoint(&mut self, core: &mut EngineCore<Ahead>) -> Result<(), EngineError> {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(core.ahead.is_some() || core.pending.is_some() || !core.model.queue.is_empty());
+        }
+        Ok(())
+    }
+    fn restore(&mut self, _core: &mut EngineCore<Ahead>) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn checkpoints_see_no_step_in_flight() {
+    use super::codec::ByteCodec;
+    use super::handle::{Engine, EngineConfig};
+    use super::output::FinishReason;
+    use super::request::{Prompt, Request, SamplingParams};
+    use crate::scheduler::Machine;
+    use crate::scheduler::seed::Scheduler;
+
+    let every = Scheduler::constant("checkpoint_every").unwrap_or(64) as usize;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let model = Ahead::new(FakeModel::new(VOCAB, 256, BS));
+    let fed = model.fed.clone();
+    let engine = Engine::start_with_hook::<Scheduler, _>(
+        model,
+        Arc::new(ByteCodec),
+        EngineConfig {
+            num_blocks: 256,
+            mixed_prefill: false,
+            overlap_host: true,
+            decode_ahead: true,
+            ..EngineConfig::default()
+        },
+        Some(Box::new(InFlightAtCheckpoint(seen.clone()))),
+    )
+    .unwrap();
+    let requests: Vec<Request> = (0..4u32)
+        .map(|i| {
+            let mut r = Request::new(Prompt::Tokens(vec![10 + i; 8]), 3 * every);
+            r.sampling = SamplingParams::greedy();
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    for s in engine.submit_many(requests).unwrap() {
+        let last = s.rx.iter().last().and_then(|o| o.finished);
+        assert_eq!(last.map(|f| f.reason), Some(FinishReason::Length));
+    }
+    engine.shutdown().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() >= 2, "{} checkpoints", seen.len());
+    assert!(
+        seen.iter().all(|p| !p),
+        "a step in flight at a checkpoint: {seen:?}"
+    );
+    assert!(fed.load(Ordering::Relaxed) > every, "steps went ahead");
+}
