@@ -14,8 +14,9 @@ mkdir -p .gpu
 json=$(cd "$SRC" && build cargo test --release -p sov --lib --no-run --message-format=json)
 bin=$(echo "$json" | grep -o '"executable":"[^"]*"' | grep '/sov-' | tail -1 | cut -d'"' -f4)
 cp "$bin" .gpu/sov-lib-tests
-# The model-level GPU test targets: parity with the CPU, and the decode benchmark.
-for t in gpu_parity gpu_bench; do
+# The model-level GPU test targets: parity with the CPU, the engine's decode steps launched
+# ahead, and the decode benchmark.
+for t in gpu_parity gpu_decode_ahead gpu_bench; do
   json=$(cd "$SRC" && build cargo test --release -p sov --test $t --no-run --message-format=json)
   bin=$(echo "$json" | grep -o '"executable":"[^"]*"' | grep "/$t-" | tail -1 | cut -d'"' -f4)
   cp "$bin" .gpu/sov-${t//_/-}
@@ -25,5 +26,5 @@ bin=$(echo "$json" | grep -o '"executable":"[^"]*"' | grep nvrtc_compile | tail 
 cp "$bin" .gpu/nvrtc-compile
 (cd "$SRC" && build cargo build --release -p sov --bin sov)
 cp "$SRC/target/release/sov" .gpu/sov
-strip .gpu/sov-lib-tests .gpu/sov-gpu-parity .gpu/sov-gpu-bench .gpu/nvrtc-compile .gpu/sov
+strip .gpu/sov-lib-tests .gpu/sov-gpu-parity .gpu/sov-gpu-decode-ahead .gpu/sov-gpu-bench .gpu/nvrtc-compile .gpu/sov
 ls -la .gpu

@@ -6,7 +6,8 @@
 #   tests:     CUDA op tests against CPU references (GEMV, argmax, every kernel), the deterministic
 #              mode's kernel and model tests (bit-identical rows in any batch), NVRTC compile of
 #              every unit, greedy parity of the tiny-random fixtures (the gpu_parity target:
-#              LlamaModel on CUDA vs CPU, and the runner's decode graphs vs CPU)
+#              LlamaModel on CUDA vs CPU, and the runner's decode graphs vs CPU), and the
+#              engine's decode steps launched ahead against steps run one at a time
 #   gemv:      tests + the batch-1 products in each GEMV variant + the batch-1 model decode with each
 #              GEMV tuning (SOV_GEMV_SPLIT) varied + the engine
 #              at batch 1
@@ -30,6 +31,7 @@ export SOV_FIXTURE_DIR=$PWD/runtime/tests/fixtures
 run .gpu/sov-lib-tests backend::cuda --test-threads=1 --nocapture
 run .gpu/sov-lib-tests runner::deterministic_tests --test-threads=1 --nocapture
 run .gpu/sov-gpu-parity --test-threads=1 --nocapture
+run .gpu/sov-gpu-decode-ahead --test-threads=1 --nocapture
 run .gpu/nvrtc-compile --test-threads=1
 [ "$MODE" = tests ] && exit 0
 BENCH="--model random:llama3-8b --device cuda --kv-memory-mb 24000 --input-len 128 --output-len 256 --ignore-eos"

@@ -327,6 +327,153 @@ fn greedy_graphs(model: &LlamaModel<CudaBackend>, prompts: &[Vec<u32>]) -> Vec<V
         .collect()
 }
 
+/// Launches a decode step of the sequences `rows` (indices into `seqs`, each prefilled up to its
+/// last token): with `fed`, one token later, each row's token taken on the device from row
+/// `fed[i]` of the step in flight.
+fn launch_rows(
+    graphs: &mut DecodeGraphs,
+    model: &LlamaModel<CudaBackend>,
+    kv: &mut KvCache<CudaBackend>,
+    (seqs, tables): (&[Vec<u32>], &[Vec<u32>]),
+    rows: &[usize],
+    fed: Option<&[u32]>,
+) {
+    let ahead = usize::from(fed.is_some());
+    let chunks: Vec<SeqChunk<'_>> = rows
+        .iter()
+        .map(|&r| SeqChunk {
+            tokens: &seqs[r][seqs[r].len() - 1..],
+            start_pos: seqs[r].len() - 1 + ahead,
+            block_table: &tables[r],
+        })
+        .collect();
+    graphs
+        .launch(model, kv, &chunks, &[], fed)
+        .expect("decode step launched");
+}
+
+/// [`greedy_graphs`] with every decode step but the first launched before the step before it
+/// came back, its token ids fed on the device from that step's picks
+/// ([`DecodeGraphs::launch`] with a row map), as the engine's decode-ahead runs them; with
+/// `leave: Some((s, step))`, sequence `s` leaves the batch after decode step `step` (its row
+/// left out of the map from then on), so its tokens stop there.
+fn greedy_fed(
+    model: &LlamaModel<CudaBackend>,
+    prompts: &[Vec<u32>],
+    leave: Option<(usize, usize)>,
+) -> Vec<Vec<u32>> {
+    let vocab = model.config().vocab_size;
+    let (mut kv, tables) = cache_and_tables(model, prompts);
+    let chunks: Vec<SeqChunk<'_>> = prompts
+        .iter()
+        .zip(&tables)
+        .map(|(p, t)| SeqChunk {
+            tokens: p,
+            start_pos: 0,
+            block_table: t,
+        })
+        .collect();
+    let logits = model.forward(&mut kv, &chunks).expect("prefill");
+    let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
+    for (i, s) in seqs.iter_mut().enumerate() {
+        s.push(argmax(&logits[i * vocab..(i + 1) * vocab]));
+    }
+    let mut graphs = DecodeGraphs::new();
+    let mut in_flight: Vec<usize> = (0..seqs.len()).collect(); // [rows] sequence of each row
+    launch_rows(
+        &mut graphs,
+        model,
+        &mut kv,
+        (&seqs, &tables),
+        &in_flight,
+        None,
+    );
+    for step in 1..NEW {
+        let next: Vec<usize> = in_flight
+            .iter()
+            .copied()
+            .filter(|&s| leave.is_none_or(|(gone, after)| s != gone || step < after))
+            .collect();
+        if step + 1 < NEW {
+            let map: Vec<u32> = next
+                .iter()
+                .map(|s| in_flight.iter().position(|r| r == s).expect("a row") as u32)
+                .collect();
+            launch_rows(
+                &mut graphs,
+                model,
+                &mut kv,
+                (&seqs, &tables),
+                &next,
+                Some(&map),
+            );
+            assert_eq!(graphs.in_flight(), 2);
+        }
+        let ids = graphs.wait(model.backend()).expect("decode step");
+        for (&s, id) in in_flight.iter().zip(ids) {
+            seqs[s].push(id);
+        }
+        in_flight = next;
+    }
+    assert_eq!(graphs.in_flight(), 0);
+    // A fed step needs a step in flight with the rows its map names.
+    assert!(graphs.wait(model.backend()).is_err());
+    let one = [0usize];
+    let chunks: Vec<SeqChunk<'_>> = one
+        .iter()
+        .map(|&r| SeqChunk {
+            tokens: &seqs[r][seqs[r].len() - 1..],
+            start_pos: seqs[r].len() - 1,
+            block_table: &tables[r],
+        })
+        .collect();
+    assert!(
+        graphs
+            .launch(model, &mut kv, &chunks, &[], Some(&[0]))
+            .is_err()
+    );
+    seqs.iter()
+        .zip(prompts)
+        .map(|(s, p)| s[p.len()..].to_vec())
+        .collect()
+}
+
+#[test]
+fn fed_decode_steps_give_the_cpu_greedy_tokens() {
+    if device().is_none() {
+        return;
+    }
+    for name in ["tiny_llama3", "tiny_untied"] {
+        let Some((config, weights)) = load(name) else {
+            return;
+        };
+        let prompts = fixture_prompts(config.vocab_size as u32);
+        let (cpu_model, gpu_model) = cpu_and_precise_gpu(&config, &weights);
+        let (cpu_tokens, _) = greedy(&cpu_model, &prompts);
+        assert_eq!(
+            greedy_fed(&gpu_model, &prompts, None),
+            cpu_tokens,
+            "{name}: decode steps launched ahead differ from CPU"
+        );
+        // Sequence 1 leaves after decode step 9: the others keep their tokens (rows are
+        // independent), it keeps its first 10.
+        let mut want = cpu_tokens.clone();
+        want[1].truncate(10);
+        assert_eq!(
+            greedy_fed(&gpu_model, &prompts, Some((1, 9))),
+            want,
+            "{name}: a row leaving the fed steps changes the others' tokens"
+        );
+        let (cpu_one, _) = greedy(&cpu_model, &prompts[4..]);
+        assert_eq!(
+            greedy_fed(&gpu_model, &prompts[4..], None),
+            cpu_one,
+            "{name}: one sequence's steps launched ahead differ from CPU"
+        );
+        println!("{name}: decode steps fed on the device give the CPU's greedy tokens");
+    }
+}
+
 #[test]
 fn decode_graphs_greedy_tokens_match_cpu() {
     if device().is_none() {

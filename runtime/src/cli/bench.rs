@@ -79,6 +79,9 @@ pub struct BenchResult {
     /// Per decode step: host work run while the next forward pass computed (text and events of
     /// overlapped steps, `--no-host-overlap` to turn off), µs; not part of the others.
     pub host_overlapped_us: f64,
+    /// Decode steps launched before the tokens of the step before them came back
+    /// (`--no-decode-ahead` to turn off).
+    pub decode_steps_ahead: u64,
     /// Tokens every prompt shares at its start (`--shared-prefix-tokens`).
     pub shared_prefix_tokens: usize,
     /// KV memory during the benchmark: preemptions, swaps, recomputations, prefix-cache hits.
@@ -365,6 +368,7 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
             .max(0.0),
         )),
         host_overlapped_us: host.per_step_us(host.overlapped),
+        decode_steps_ahead: host.ahead,
         shared_prefix_tokens: args.shared_prefix_tokens,
         kv: KvReport {
             prefix_cache: !args.model.no_prefix_cache,
@@ -462,6 +466,10 @@ fn print_report(r: &BenchResult) {
     line(
         "Overlapped with the next forward:",
         format!("{:.1}", r.host_overlapped_us),
+    );
+    line(
+        "Decode steps launched ahead:",
+        format!("{} of {}", r.decode_steps_ahead, r.decode_steps),
     );
     let kv = &r.kv;
     println!("{:-^52}", "KV memory");

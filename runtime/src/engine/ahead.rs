@@ -9,10 +9,11 @@
 //! earlier ([`ForwardModel::launch_decode`] with `fed`), so the token never travels to the host
 //! and back before the step can start. An overlapped decode call then:
 //! 1. has step N in flight: launched ahead by the call before, or launched now;
-//! 2. launches step N + 1 fed from N when [`EngineCore::ahead_picks`] allows it: the same rows
-//!    (nothing admitted, retired, preempted or waiting since N was launched), none of which N's
-//!    token can end by length or context, every row's pick a token the model chooses, and room
-//!    in the cache for one more token each;
+//! 2. launches step N + 1 fed from N when [`EngineCore::ahead_picks`] allows it: nothing waiting
+//!    to be admitted, every prefilled sequence in N, every row's pick a token the model chooses,
+//!    and room in the cache for one more token each. Its rows are N's less those that ended since
+//!    N was launched and those N's token ends by length or context; the model takes each row's
+//!    token from N's pick of the same sequence (a row map, `fed`);
 //! 3. runs the text and events of step N - 1 ([`super::overlap`]), waits for N's tokens and
 //!    commits them, while N + 1 computes.
 //!
@@ -28,6 +29,7 @@ use std::collections::HashMap;
 
 use super::core::EngineCore;
 use super::forward::{ForwardModel, RowPick};
+use super::sequence::Sequence;
 
 /// The decode step launched ahead and still in flight: the rows it runs, by sequence id in
 /// running order, and what it picks for each.
@@ -52,35 +54,40 @@ impl<F: ForwardModel> EngineCore<F> {
         ids.iter().map(|id| at.get(id).copied()).collect()
     }
 
-    /// The picks of a decode step launched now, one token after the step `rows` (running
-    /// indices, every prefilled sequence) has in flight, or None when that step may not go
-    /// ahead (module doc, step 2); when it may, every row's block table is grown to hold the
-    /// step's token first.
-    pub(crate) fn ahead_picks(&mut self, rows: &[usize]) -> Option<Vec<RowPick>> {
+    /// The decode step to launch now, one token after the step in flight whose rows still
+    /// running are `live` (running indices, in order): the rows of `live` it runs (indices into
+    /// `live`: all but those the step in flight ends by length or context) and its pick for each;
+    /// None when no step may go ahead (module doc, step 2). When one may, the block tables of
+    /// its rows are grown to hold its token first.
+    pub(crate) fn ahead_picks(&mut self, live: &[usize]) -> Option<(Vec<usize>, Vec<RowPick>)> {
         if !self.decode_ahead
-            || rows.is_empty()
+            || live.is_empty()
             || !self.waiting.is_empty()
-            || self.running.iter().filter(|s| s.prefilled).count() != rows.len()
+            || self.running.iter().filter(|s| s.prefilled).count() != live.len()
         {
             return None;
         }
         let context_len = self.cfg.context_len;
-        let picks: Vec<RowPick> = rows
-            .iter()
-            .map(|&i| {
-                let s = &self.running[i];
-                let ends =
-                    s.output().len() + 1 >= s.max_tokens || s.tokens.len() + 1 >= context_len;
-                if ends {
-                    RowPick::Logits
-                } else {
-                    self.row_pick_after(i, 1)
-                }
-            })
-            .collect();
-        if !picks.iter().all(RowPick::is_token) || !self.model.launches_decode(&picks) {
+        let ends = move |s: &Sequence| {
+            s.output().len() + 1 >= s.max_tokens || s.tokens.len() + 1 >= context_len
+        };
+        let mut included = Vec::with_capacity(live.len()); // [rows ahead]
+        let mut picks = Vec::with_capacity(live.len()); // [rows ahead]
+        for (j, &i) in live.iter().enumerate() {
+            if ends(&self.running[i]) {
+                continue;
+            }
+            let pick = self.row_pick_after(i, 1);
+            if !pick.is_token() {
+                return None;
+            }
+            included.push(j);
+            picks.push(pick);
+        }
+        if picks.is_empty() || !self.model.launches_decode(&picks) {
             return None;
         }
-        self.grow_prefilled(|s| s.tokens.len() + 1).then_some(picks)
+        self.grow_prefilled(|s| s.tokens.len() + usize::from(!ends(s)))
+            .then_some((included, picks))
     }
 }

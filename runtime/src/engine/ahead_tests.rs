@@ -18,7 +18,7 @@ use super::overlap_tests::{BS, Mode, Received, VOCAB, fake, requests, run, run_w
 use crate::model::batch::SeqChunk;
 
 /// [`FakeModel`] with [`ForwardModel::launch_decode`]: launched steps queue their picks; fed
-/// steps take the last launch's picks as their tokens; waiting for launch number `fail_at`
+/// steps take the last launch's picks as their tokens, through the row map; waiting for launch number `fail_at`
 /// fails, as a device reports a failed step when the host waits for it. Any call made out of order (an unfed launch
 /// or an in-turn pass while a step is in flight, a fed launch with none, rows that do not line
 /// up, a third step in flight) is an error, which ends the run's requests and fails the test.
@@ -71,22 +71,26 @@ impl ForwardModel for Ahead {
         &mut self,
         chunks: &[SeqChunk<'_>],
         picks: &[RowPick],
-        fed: bool,
+        fed: Option<&[u32]>,
     ) -> Result<(), String> {
         if chunks.len() != picks.len() || !chunks.iter().all(|c| c.tokens.len() == 1) {
             return Err("not a decode step".into());
         }
-        let tokens: Vec<u32> = if fed {
-            if self.queue.len() != 1 || self.last.len() != chunks.len() {
+        let tokens: Vec<u32> = if let Some(map) = fed {
+            let rows = self.last.len();
+            if self.queue.len() != 1
+                || map.len() != chunks.len()
+                || map.iter().any(|&r| r as usize >= rows)
+                || !map.is_sorted()
+            {
                 return Err(format!(
-                    "fed launch of {} rows with {} steps in flight, {} rows before",
+                    "fed launch of {} rows (map {map:?}) with {} steps in flight, {rows} rows before",
                     chunks.len(),
                     self.queue.len(),
-                    self.last.len()
                 ));
             }
             self.fed.fetch_add(1, Ordering::Relaxed);
-            self.last.clone()
+            map.iter().map(|&r| self.last[r as usize]).collect()
         } else {
             self.idle()?;
             chunks.iter().map(|c| c.tokens[0]).collect()

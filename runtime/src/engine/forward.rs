@@ -55,16 +55,16 @@ pub trait ForwardModel: Send {
     }
     /// Enqueues a decode step (every chunk one new token, every pick a token the model chooses)
     /// and returns without waiting for it; its picks come back from
-    /// [`ForwardModel::wait_decode`], oldest launch first. With `fed`, the row's input token is
-    /// not the chunk's (a placeholder) but the token the model picks for the same row of the step
-    /// launched just before, still in flight, which had the same number of rows: the engine
-    /// launches step N + 1 before step N's tokens reach the host (`super::ahead`). A launch that
-    /// fails leaves nothing in flight.
+    /// [`ForwardModel::wait_decode`], oldest launch first. With `fed` (`[rows]`), row `i`'s input
+    /// token is not its chunk's (a placeholder) but the token the model picks for row `fed[i]` of
+    /// the step launched just before, still in flight: the engine launches step N + 1 before
+    /// step N's tokens reach the host (`super::ahead`). A launch that fails leaves nothing in
+    /// flight.
     fn launch_decode(
         &mut self,
         chunks: &[SeqChunk<'_>],
         picks: &[RowPick],
-        fed: bool,
+        fed: Option<&[u32]>,
     ) -> Result<(), String> {
         let _ = (chunks, picks, fed);
         Err("this model does not launch decode steps ahead".into())
@@ -134,7 +134,7 @@ impl<T: ForwardModel + ?Sized> ForwardModel for Box<T> {
         &mut self,
         chunks: &[SeqChunk<'_>],
         picks: &[RowPick],
-        fed: bool,
+        fed: Option<&[u32]>,
     ) -> Result<(), String> {
         (**self).launch_decode(chunks, picks, fed)
     }

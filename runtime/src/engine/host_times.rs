@@ -23,6 +23,9 @@ pub struct DecodeHostTimes {
     /// (the trait's default, e.g. the tensor-parallel runner) runs it after the pass, where it
     /// does not overlap but is still counted here.
     pub overlapped: Duration,
+    /// Decode steps launched before the tokens of the step before them came back
+    /// (`EngineConfig::decode_ahead`): for those, the three phases ran while a step computed.
+    pub ahead: u64,
 }
 
 impl DecodeHostTimes {
@@ -39,6 +42,7 @@ impl DecodeHostTimes {
             tokens: self.tokens.saturating_sub(earlier.tokens),
             retire: self.retire.saturating_sub(earlier.retire),
             overlapped: self.overlapped.saturating_sub(earlier.overlapped),
+            ahead: self.ahead.saturating_sub(earlier.ahead),
         }
     }
 
@@ -65,6 +69,7 @@ mod tests {
             tokens: ms(2),
             retire: ms(3),
             overlapped: ms(1),
+            ahead: 1,
         };
         let b = DecodeHostTimes {
             steps: 6,
@@ -72,11 +77,13 @@ mod tests {
             tokens: ms(10),
             retire: ms(3),
             overlapped: ms(4),
+            ahead: 3,
         };
         let d = b.since(&a);
         assert_eq!(d.steps, 4);
         assert_eq!(d.total(), ms(12));
         assert_eq!(d.overlapped, ms(3));
+        assert_eq!(d.ahead, 2);
         assert_eq!(d.per_step_us(d.tokens), 2000.0);
         assert_eq!(DecodeHostTimes::default().per_step_us(ms(1)), 0.0);
     }

@@ -143,9 +143,18 @@ impl<F: ForwardModel> EngineCore<F> {
         };
         // Running indices of the rows still running, in order.
         let live: Vec<usize> = rows.iter().flatten().copied().collect();
-        let next = (go_on && live.len() == rows.len())
-            .then(|| self.ahead_picks(&live))
-            .flatten();
+        // The step going ahead: the rows of `live` it runs (indices into `live`), their picks,
+        // and for each the row of this step whose token it takes.
+        let next = go_on.then(|| self.ahead_picks(&live)).flatten();
+        let (ahead_rows, fed): (Vec<usize>, Vec<u32>) = match &next {
+            Some((included, _)) => {
+                let launch_row: Vec<u32> = (0..rows.len() as u32)
+                    .filter(|&k| rows[k as usize].is_some())
+                    .collect(); // [live rows]
+                included.iter().map(|&j| (live[j], launch_row[j])).unzip()
+            }
+            None => (Vec::new(), Vec::new()),
+        };
         let pending = self.pending.take();
         let t_batch = Instant::now();
         self.decode_steps += 1;
@@ -173,6 +182,7 @@ impl<F: ForwardModel> EngineCore<F> {
             let mut texts: Vec<(&mut TextStream, &Sender<Output>, &PendingRow)> =
                 Vec::with_capacity(pending_rows.len()); // [pending rows]
             let mut next_row = live.iter().copied().peekable();
+            let mut next_ahead = ahead_rows.iter().copied().peekable();
             let mut next_pending = pending_rows.iter().peekable();
             for (i, s) in running.iter_mut().enumerate() {
                 let Sequence {
@@ -195,7 +205,7 @@ impl<F: ForwardModel> EngineCore<F> {
                             block_table,
                         });
                     }
-                    if next.is_some() {
+                    if next_ahead.next_if_eq(&i).is_some() {
                         // Its token is a placeholder: the model feeds this row's pick of the
                         // step before.
                         ahead.push(SeqChunk {
@@ -237,13 +247,15 @@ impl<F: ForwardModel> EngineCore<F> {
             let mut host = HostWork::new(&mut work);
             let t_pass = Instant::now();
             let launch_next = |model: &mut F| match &next {
-                Some(next_picks) => match model.launch_decode(&ahead, next_picks, true) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!("launching the next decode step ahead failed: {e}");
-                        false
+                Some((_, next_picks)) => {
+                    match model.launch_decode(&ahead, next_picks, Some(&fed)) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tracing::warn!("launching the next decode step ahead failed: {e}");
+                            false
+                        }
                     }
-                },
+                }
                 None => false,
             };
             let (result, launched) = if launched_before {
@@ -251,7 +263,7 @@ impl<F: ForwardModel> EngineCore<F> {
                 host.run();
                 (model.wait_decode(), launched)
             } else if model.launches_decode(&picks) {
-                match model.launch_decode(&chunks, &picks, false) {
+                match model.launch_decode(&chunks, &picks, None) {
                     Ok(()) => {
                         let launched = launch_next(model);
                         host.run();
@@ -275,8 +287,9 @@ impl<F: ForwardModel> EngineCore<F> {
             let ok = result.is_ok();
             (result, t_pass, launched && ok)
         };
-        if launched && let Some(next_picks) = next {
-            let ids = live.iter().map(|&i| self.running[i].id).collect();
+        if launched && let Some((_, next_picks)) = next {
+            self.decode_host.ahead += 1;
+            let ids = ahead_rows.iter().map(|&i| self.running[i].id).collect();
             self.ahead = Some(AheadStep {
                 ids,
                 picks: next_picks,

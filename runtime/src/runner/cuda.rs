@@ -70,6 +70,46 @@ impl RunnerBackend for CudaBackend {
         Some(run())
     }
 
+    /// Argmax rows, and drawn rows where the device draws them: rows whose ids alone come back.
+    fn decode_launches(graphs: &DecodeGraphs, vocab: usize, picks: &[RowPick]) -> bool {
+        let draws_on_device = graphs.device_draw() && vocab <= MAX_DRAW_VOCAB;
+        !picks.is_empty()
+            && picks.iter().all(|p| match p {
+                RowPick::Argmax => true,
+                RowPick::Draw(_) => draws_on_device,
+                RowPick::Skip | RowPick::Logits => false,
+            })
+    }
+
+    fn decode_launch(
+        graphs: &mut DecodeGraphs,
+        model: &LlamaModel<Self>,
+        kv: &mut KvCache<Self>,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        fed: Option<&[u32]>,
+    ) -> Result<(), ModelError> {
+        let vocab = model.config().vocab_size;
+        if picks.len() != chunks.len() || !Self::decode_launches(graphs, vocab, picks) {
+            return Err(ModelError::InvalidBatch(
+                "a launched decode step's rows must all be picked on the device".into(),
+            ));
+        }
+        let draws = device_draws(picks, vocab, graphs.device_draw());
+        graphs.launch(model, kv, chunks, &draws, fed)
+    }
+
+    fn decode_wait(
+        graphs: &mut DecodeGraphs,
+        model: &LlamaModel<Self>,
+    ) -> Result<PickedRows, ModelError> {
+        let ids = graphs.wait(model.backend())?;
+        Ok(PickedRows {
+            tokens: ids.into_iter().map(Some).collect(),
+            logits: Vec::new(),
+        })
+    }
+
     fn step_pick(
         graphs: &DecodeGraphs,
         model: &LlamaModel<Self>,

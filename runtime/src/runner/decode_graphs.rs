@@ -25,13 +25,18 @@
 //! 1024); the graphs' memory is measured at capture ([`StepGraph::bytes`]) and bounded: past
 //! [`MAX_GRAPHS`] graphs or [`MAX_GRAPH_BYTES`] bytes, the least recently replayed graph is
 //! dropped (it is captured again if its key comes back).
+//! Steps are launched and waited for apart ([`DecodeGraphs::launch`], [`DecodeGraphs::wait`]):
+//! the inputs go up and the picked ids come down through page-locked rows (`PinnedRows`, two
+//! sets used in turn) with no stream wait, so step N + 1 can be enqueued while step N runs. A
+//! step launched `fed` takes its token ids from the picks of the step launched before it, copied
+//! on the device by a row map (the engine's decode-ahead, `engine::ahead`).
 //! Only pure decode steps come here ([`DecodeGraphs::accepts`]: every chunk one token); a step
 //! with a longer chunk (a prefill, a mixed step, a speculative verification) never replays a
 //! graph: the runner sends it to [`LlamaModel::forward`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
-use crate::backend::cuda::{CudaBackend, CudaBuffer, DrawRow, StepGraph};
+use crate::backend::cuda::{CudaBackend, CudaBuffer, DrawRow, PinnedRows, StepGraph};
 use crate::backend::{Backend, BackendError, BatchMeta, DType};
 use crate::engine::forward::HostWork;
 use crate::model::batch::SeqChunk;
@@ -100,6 +105,29 @@ pub struct DecodeGraphs {
     /// Rows of the last step (its logits rows are valid).
     last_rows: usize,
     vocab: usize,
+    /// Page-locked rows for the steps' inputs and picked ids, two sets used in turn.
+    io: Option<[StepIo; 2]>,
+    /// Steps launched and not yet waited for, oldest first.
+    in_flight: VecDeque<InFlight>,
+    /// Steps launched so far (picks the set of `io`).
+    launches: u64,
+}
+
+/// Page-locked rows of one step's transfers.
+struct StepIo {
+    /// The inputs, back to back (token ids, positions, slots, context lengths, block tables).
+    up: PinnedRows,
+    /// The picked ids.
+    down: PinnedRows,
+}
+
+/// A step launched and not yet waited for.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    /// Its real rows (the picks that come back).
+    rows: usize,
+    /// Its set of `DecodeGraphs::io`.
+    set: usize,
 }
 
 impl Default for DecodeGraphs {
@@ -128,6 +156,9 @@ impl DecodeGraphs {
             device_draw: false,
             last_rows: 0,
             vocab: 0,
+            io: None,
+            in_flight: VecDeque::new(),
+            launches: 0,
         }
     }
 
@@ -184,9 +215,9 @@ impl DecodeGraphs {
 
     /// [`Self::step`], with the token of each `(row, draw)` of `draws` drawn on the device from
     /// its logits row (`draw_tokens`, after the step, in the same stream) in place of that row's
-    /// greedy id, and `host` run once the step is enqueued and before the ids are downloaded (one
-    /// download, which waits for the GPU), so the host work overlaps the step. `host` does not
-    /// run when the step fails before it is enqueued (the caller runs it then).
+    /// greedy id, and `host` run once the step is enqueued and before its ids are waited for, so
+    /// the host work overlaps the step. `host` does not run when the step fails before it is
+    /// enqueued (the caller runs it then).
     pub fn step_overlapped(
         &mut self,
         model: &LlamaModel<CudaBackend>,
@@ -195,6 +226,51 @@ impl DecodeGraphs {
         draws: &[(usize, DrawRow)],
         host: &mut HostWork<'_>,
     ) -> Result<Vec<u32>, ModelError> {
+        self.launch(model, kv, chunks, draws, None)?;
+        host.run();
+        self.wait(model.backend())
+    }
+
+    /// Steps launched and not yet waited for.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The picked ids of the oldest step launched and not yet waited for (`[its rows]`), once
+    /// the device has them.
+    pub fn wait(&mut self, backend: &CudaBackend) -> Result<Vec<u32>, ModelError> {
+        let Some(step) = self.in_flight.pop_front() else {
+            return Err(BackendError::Device("no decode step in flight".into()).into());
+        };
+        let Some(io) = self.io.as_ref() else {
+            return Err(BackendError::Device("decode transfer rows missing".into()).into());
+        };
+        let picked = backend.staged_u32(&io[step.set].down)?;
+        if picked.len() != step.rows {
+            return Err(BackendError::Device(format!(
+                "{} picked ids came back for a step of {} rows",
+                picked.len(),
+                step.rows
+            ))
+            .into());
+        }
+        Ok(picked.to_vec())
+    }
+
+    /// Enqueues one decode step of `chunks` (each one token; see [`Self::accepts`]) with the
+    /// device draws `draws` (as [`Self::step_overlapped`]) and the download of its picked ids,
+    /// without waiting for the device; [`Self::wait`] returns the ids. With `fed` (`[rows]`), row
+    /// `i`'s token id is not its chunk's but the id the step launched just before (still in
+    /// flight) picked for its row `fed[i]`, copied on the device (one copy per run of
+    /// consecutive rows). A launch that fails leaves nothing in flight.
+    pub fn launch(
+        &mut self,
+        model: &LlamaModel<CudaBackend>,
+        kv: &mut KvCache<CudaBackend>,
+        chunks: &[SeqChunk<'_>],
+        draws: &[(usize, DrawRow)],
+        fed: Option<&[u32]>,
+    ) -> Result<(), ModelError> {
         if !Self::accepts(chunks) {
             return Err(ModelError::InvalidBatch(
                 "the decode graph runner takes one new token per sequence".into(),
@@ -218,8 +294,37 @@ impl DecodeGraphs {
         // captured graph); at Llama-3's 131072 positions and 16-token blocks that is 32 KiB a row.
         let longest = c.max_position_embeddings.min(kv.num_blocks() * block_size);
         let max_stride = ctx_bucket(longest).div_ceil(block_size).max(stride);
+        if let Some(map) = fed {
+            // The ids come from the step before: it must be in flight with the rows the map
+            // names, and the buffers holding its picks must not be reallocated.
+            let before = self.in_flight.back().map_or(0, |s| s.rows);
+            let fits = self
+                .bufs
+                .as_ref()
+                .is_some_and(|b| b.rows >= bucket && b.table_capacity >= bucket * max_stride);
+            if map.len() != n || map.iter().any(|&r| r as usize >= before) || !fits {
+                return Err(ModelError::InvalidBatch(format!(
+                    "a fed decode step of {n} rows (map of {}) follows {before} rows in flight \
+                     (buffers fit: {fits})",
+                    map.len()
+                )));
+            }
+        }
         self.ensure_buffers(model, bucket, bucket * max_stride)?;
         let set = self.ensure_acts(model, bucket)?;
+        if self.io.is_none() {
+            let io = |b: &CudaBackend| -> Result<StepIo, BackendError> {
+                Ok(StepIo {
+                    up: b.pinned_rows(4 * bucket + bucket * stride, true)?,
+                    down: b.pinned_rows(bucket, false)?,
+                })
+            };
+            self.io = Some([io(b)?, io(b)?]);
+        }
+        let io_set = (self.launches % 2) as usize;
+        let Some(io) = self.io.as_mut().map(|io| &mut io[io_set]) else {
+            return Err(BackendError::Device("decode transfer rows missing".into()).into());
+        };
         let Some(bufs) = self.bufs.as_mut() else {
             return Err(BackendError::Device("decode buffers missing".into()).into());
         };
@@ -239,13 +344,32 @@ impl DecodeGraphs {
             tables[s * stride..s * stride + used]
                 .copy_from_slice(&step.block_tables[s * src_stride..s * src_stride + used]);
         }
-        b.upload_u32_many(&mut [
-            (&mut bufs.ids, &ids),
-            (&mut bufs.meta.positions, &positions),
-            (&mut bufs.meta.slot_mapping, &slots),
-            (&mut bufs.meta.ctx_lens, &ctx_lens),
-            (&mut bufs.meta.block_tables, &tables),
-        ])?;
+        let meta = &mut bufs.meta;
+        if let Some(map) = fed {
+            b.upload_u32_staged(
+                &mut io.up,
+                &mut [
+                    (&mut meta.positions, &positions),
+                    (&mut meta.slot_mapping, &slots),
+                    (&mut meta.ctx_lens, &ctx_lens),
+                    (&mut meta.block_tables, &tables),
+                ],
+            )?;
+            for (dst, src, len) in runs(map) {
+                b.copy_u32_at(&bufs.picked, src, &mut bufs.ids, dst, len)?;
+            }
+        } else {
+            b.upload_u32_staged(
+                &mut io.up,
+                &mut [
+                    (&mut bufs.ids, &ids),
+                    (&mut meta.positions, &positions),
+                    (&mut meta.slot_mapping, &slots),
+                    (&mut meta.ctx_lens, &ctx_lens),
+                    (&mut meta.block_tables, &tables),
+                ],
+            )?;
+        }
         bufs.meta.n_tokens = bucket;
         bufs.meta.n_seqs = bucket;
         bufs.meta.max_q_len = 1;
@@ -285,12 +409,18 @@ impl DecodeGraphs {
             }
         }
         b.enqueue_draws_at_rows(&bufs.logits, c.vocab_size, draws, &mut bufs.picked)?;
-        host.run();
-        let mut picked = vec![0u32; n]; // [n]
-        b.download_u32(&bufs.picked, &mut picked)?;
+        let Some(io) = self.io.as_mut().map(|io| &mut io[io_set]) else {
+            return Err(BackendError::Device("decode transfer rows missing".into()).into());
+        };
+        b.download_u32_staged(&bufs.picked, n, &mut io.down)?;
+        self.in_flight.push_back(InFlight {
+            rows: n,
+            set: io_set,
+        });
+        self.launches += 1;
         self.last_rows = n;
         self.vocab = c.vocab_size;
-        Ok(picked)
+        Ok(())
     }
 
     /// Copies row `row` of the last step's logits (`[vocab]` f32) into `out`.
@@ -439,6 +569,19 @@ fn keep(
     graphs.insert(key, (g, now));
 }
 
+/// The runs of consecutive rows of `map` (row `i` takes row `map[i]`): `(first row, first source
+/// row, rows)`, in order.
+fn runs(map: &[u32]) -> Vec<(usize, usize, usize)> {
+    let mut out: Vec<(usize, usize, usize)> = Vec::new();
+    for (i, &src) in map.iter().enumerate() {
+        match out.last_mut() {
+            Some((dst, from, len)) if *dst + *len == i && *from + *len == src as usize => *len += 1,
+            _ => out.push((i, src as usize, 1)),
+        }
+    }
+    out
+}
+
 /// Enqueues one decode step of `n` rows (the bucket) on the fixed buffers and activation set
 /// `set`: the model's forward pass into every row's logits ([`LlamaModel::forward_into`]), then
 /// the argmax of every logits row. Nothing is downloaded or allocated, so it can be captured.
@@ -474,5 +617,14 @@ mod tests {
         }
         assert_eq!([1, 2, 3, 5, 17, 33].map(batch_bucket), [1, 2, 4, 8, 32, 48]);
         assert_eq!([1, 256, 257, 5000].map(ctx_bucket), [256, 256, 512, 8192]);
+    }
+
+    #[test]
+    fn fed_rows_copy_in_runs() {
+        assert_eq!(runs(&[0, 1, 2, 3]), [(0, 0, 4)]);
+        // Rows 1 and 4 of the step before ended.
+        assert_eq!(runs(&[0, 2, 3, 5]), [(0, 0, 1), (1, 2, 2), (3, 5, 1)]);
+        assert_eq!(runs(&[3, 2]), [(0, 3, 1), (1, 2, 1)]);
+        assert!(runs(&[]).is_empty());
     }
 }

@@ -117,6 +117,34 @@ impl<B: RunnerBackend> ForwardModel for LlamaRunner<B> {
     fn kv_io(&mut self) -> Option<&mut dyn KvBlockIo> {
         Some(self)
     }
+
+    fn launches_decode(&self, picks: &[RowPick]) -> bool {
+        B::decode_launches(&self.decode, self.vocab_size(), picks)
+    }
+
+    fn launch_decode(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        fed: Option<&[u32]>,
+    ) -> Result<(), String> {
+        if !is_decode_step(chunks, picks) {
+            return Err("a launched step must be a decode step with a pick a row".into());
+        }
+        B::decode_launch(
+            &mut self.decode,
+            &self.model,
+            &mut self.kv,
+            chunks,
+            picks,
+            fed,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    fn wait_decode(&mut self) -> Result<PickedRows, String> {
+        B::decode_wait(&mut self.decode, &self.model).map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(test)]

@@ -105,6 +105,41 @@ pub trait RunnerBackend: Backend + crate::backend::kv_stage::KvStager {
         Self::decode_pick(decode, model, kv, chunks, picks)
     }
 
+    /// Whether [`RunnerBackend::decode_launch`] takes a decode step with these picks on a model
+    /// of `vocab` tokens. Default: no, the backend answers each step before the next.
+    fn decode_launches(decode: &Self::Decode, vocab: usize, picks: &[RowPick]) -> bool {
+        let _ = (decode, vocab, picks);
+        false
+    }
+
+    /// Enqueues a decode step through the fast path without waiting for it
+    /// ([`ForwardModel::launch_decode`]'s contract, `fed` included); its picks come back from
+    /// [`RunnerBackend::decode_wait`]. The default has no such path.
+    fn decode_launch(
+        decode: &mut Self::Decode,
+        model: &LlamaModel<Self>,
+        kv: &mut KvCache<Self>,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+        fed: Option<&[u32]>,
+    ) -> Result<(), ModelError> {
+        let _ = (decode, model, kv, chunks, picks, fed);
+        Err(ModelError::InvalidBatch(
+            "this backend does not launch decode steps ahead".into(),
+        ))
+    }
+
+    /// The picks of the oldest step [`RunnerBackend::decode_launch`] enqueued, once it is done.
+    fn decode_wait(
+        decode: &mut Self::Decode,
+        model: &LlamaModel<Self>,
+    ) -> Result<PickedRows, ModelError> {
+        let _ = (decode, model);
+        Err(ModelError::InvalidBatch(
+            "no decode step is in flight".into(),
+        ))
+    }
+
     /// Runs any other step (a prefill, a mixed step; one pick per chunk) through
     /// [`LlamaModel::forward`]'s pass and returns what `picks` asks of each row, choosing the
     /// greedy ids where the logits are so only the ids and the sampled rows travel; None when

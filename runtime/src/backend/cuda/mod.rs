@@ -53,6 +53,7 @@ mod pdl;
 mod product_dims;
 mod sampling;
 mod staging;
+mod step_io;
 mod tuning;
 
 #[cfg(test)]
@@ -80,6 +81,7 @@ pub use fp8::Fp8Path;
 pub use gemm_fp8::ScaleMode;
 pub use graph::StepGraph;
 pub use sampling::{DrawRow, MAX_DRAW_VOCAB};
+pub use step_io::PinnedRows;
 pub use tuning::{
     CudaTuning, DecodeCarveout, Fp8QuantizedInputs, KernelBuild, Quantization, RETIRED_VARS,
     TuningError, retired_vars_set,
