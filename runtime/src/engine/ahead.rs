@@ -9,7 +9,7 @@
 //! earlier ([`ForwardModel::launch_decode`] with `fed`), so the token never travels to the host
 //! and back before the step can start. An overlapped decode call then:
 //! 1. has step N in flight: launched ahead by the call before, or launched now;
-//! 2. launches step N + 1 fed from N when [`EngineCore::ahead_picks`] allows it: nothing waiting
+//! 2. launches step N + 1 fed from N when `EngineCore::ahead_picks` allows it: nothing waiting
 //!    to be admitted, every prefilled sequence in N, every row's pick a token the model chooses,
 //!    and room in the cache for one more token each. Its rows are N's less those that ended since
 //!    N was launched and those N's token ends by length or context; the model takes each row's
@@ -22,7 +22,7 @@
 //! block, past its committed length (never in a full block the prefix cache holds), written
 //! before any later pass can reuse the block on the model's one stream. Every action but
 //! `admit` and `decode`, and the loop's idle and exit paths, first collect the step in flight
-//! ([`EngineCore::flush_pending`]), so they see the sequences as the in-turn path leaves them.
+//! (`EngineCore::flush_pending`), so they see the sequences as the in-turn path leaves them.
 //! Tokens, texts, events and finish reasons are those of the in-turn path (`ahead_tests`).
 
 use std::collections::HashMap;
@@ -30,16 +30,6 @@ use std::collections::HashMap;
 use super::core::EngineCore;
 use super::forward::{ForwardModel, RowPick};
 use super::sequence::Sequence;
-
-/// The decode step launched ahead and still in flight: the rows it runs, by sequence id in
-/// running order, and what it picks for each.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct AheadStep {
-    /// `[rows]` the sequence of each row.
-    pub(crate) ids: Vec<u64>,
-    /// `[rows]` the pick of each row.
-    pub(crate) picks: Vec<RowPick>,
-}
 
 impl<F: ForwardModel> EngineCore<F> {
     /// The running index of each of `ids` (sequence ids in running order), None for those no

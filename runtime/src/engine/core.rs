@@ -103,7 +103,7 @@ pub struct EngineCore<F: ForwardModel> {
     /// model can (see [`super::ahead`]).
     pub(crate) decode_ahead: bool,
     /// The decode step launched ahead and still in flight.
-    pub(crate) ahead: Option<super::ahead::AheadStep>,
+    pub(crate) ahead: Option<super::pending::AheadStep>,
 }
 
 /// Running totals the engine reports in its stats (and a server in its metrics).

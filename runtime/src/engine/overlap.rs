@@ -19,18 +19,19 @@
 //! loop's idle and exit paths first run the pending work (`EngineCore::flush_pending`), so
 //! checkpoints, restores, preemption, aborts and the scheduler's other steps see every sequence
 //! as [`super::step`]'s in-turn decode leaves it. Tokens, texts, events and finish reasons are
-//! those of the in-turn path (`overlap_tests`).
+//! those of the in-turn path (`overlap_tests`). Where the model can, the step after this one is
+//! launched before this one's tokens come back ([`super::ahead`]); the step in flight is then
+//! collected by the next decode step or by `flush_pending`.
 use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
-use super::ahead::AheadStep;
 use super::codec::TextCodec;
 use super::core::EngineCore;
 use super::error::EngineError;
 use super::forward::{ForwardModel, HostWork, RowPick};
 use super::output::{FinishReason, Output};
-use super::pending::{PendingRow, PendingStep, match_rows, text_and_event};
+use super::pending::{AheadStep, PendingRow, PendingStep, match_rows, text_and_event};
 use super::sequence::Sequence;
 use super::text::TextStream;
 use crate::model::batch::SeqChunk;

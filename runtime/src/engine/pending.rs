@@ -1,6 +1,7 @@
 //! The host work an overlapped decode step leaves for later ([`super::overlap`]): its committed
 //! tokens (`PendingStep`) and the text and event of each (`text_and_event`), the second half of
-//! [`super::advance::append`] for a row whose token the model chose.
+//! [`super::advance::append`] for a row whose token the model chose; and the step it launched
+//! ahead, still in flight (`AheadStep`, [`super::ahead`]).
 //!
 //! Design: plain data and free functions over one sequence's text stream and channel, so the
 //! engine can run them while the next forward pass borrows the batch's tokens and block tables.
@@ -9,6 +10,7 @@ use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 use super::codec::TextCodec;
+use super::forward::RowPick;
 use super::outbox::Outbox;
 use super::output::{FinishReason, Output};
 use super::sequence::Sequence;
@@ -43,6 +45,16 @@ pub(crate) struct PendingStep {
     pub(crate) rows: Vec<PendingRow>,
     /// When the step's tokens arrived (their events' time).
     pub(crate) now: Instant,
+}
+
+/// The decode step launched ahead ([`super::ahead`]) and still in flight: the rows it runs, by sequence id in
+/// running order, and what it picks for each.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AheadStep {
+    /// `[rows]` the sequence of each row.
+    pub(crate) ids: Vec<u64>,
+    /// `[rows]` the pick of each row.
+    pub(crate) picks: Vec<RowPick>,
 }
 
 /// The text and event of one committed token: detokenizes it (unless EOS), queues its event and

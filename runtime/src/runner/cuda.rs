@@ -1,5 +1,7 @@
 //! The CUDA backend's fast paths: a decode step through [`DecodeGraphs`] (graph replay, greedy
-//! ids chosen on the device), then the logits rows of the sequences the host samples; any other
+//! ids chosen on the device), then the logits rows of the sequences the host samples; a decode
+//! step whose every row is picked on the device may also be launched without waiting for it
+//! (`decode_launch`, its ids fed from the step before it, and `decode_wait`); any other
 //! step (a prefill pass, a mixed step) eagerly through the model's forward pass with the same
 //! device-side choice ([`step_pick`]), so a mixed step of a thousand decode rows downloads a
 //! thousand ids, not a thousand vocabulary-wide rows (128256 x 4 bytes each at Llama-3's size).

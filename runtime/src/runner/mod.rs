@@ -12,7 +12,10 @@
 //! is picked by the backend type at compile time ([`RunnerBackend`]), not by a run-time downcast,
 //! and the backends know nothing of the model: the runner drives the CUDA backend through its
 //! public graph and buffer interface (`capture`, `replay`, `scratch_generation`,
-//! `upload_u32_many`, `download_f32_at`, `argmax_rows`).
+//! `upload_u32_staged`, `download_u32_staged`, `download_f32_at`, `argmax_rows`). A decode step
+//! can also be launched and waited for apart ([`RunnerBackend::decode_launch`],
+//! [`RunnerBackend::decode_wait`]), so the engine can enqueue step N + 1 before step N's tokens
+//! come back (`engine::ahead`).
 //!
 //! Dependencies point one way: `runner` -> `model`, `backend`, and the engine's
 //! [`ForwardModel`] contract.
