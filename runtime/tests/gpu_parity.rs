@@ -278,10 +278,12 @@ fn bf16_product_inputs_give_the_same_bits() {
     }
 }
 
-/// Greedy continuation as the engine runs it on CUDA: the prompts through `LlamaModel::forward`,
-/// every decode step through [`DecodeGraphs`] (graphs replayed from the third step on).
-/// Also checks each step's device argmax against the host argmax of the rows it left on the device.
-fn greedy_graphs(model: &LlamaModel<CudaBackend>, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+/// The prompts through one `LlamaModel::forward` pass on a fresh cache: the cache, each
+/// sequence's block table, and each prompt with its first greedy token.
+fn prefilled(
+    model: &LlamaModel<CudaBackend>,
+    prompts: &[Vec<u32>],
+) -> (KvCache<CudaBackend>, Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let vocab = model.config().vocab_size;
     let (mut kv, tables) = cache_and_tables(model, prompts);
     let chunks: Vec<SeqChunk<'_>> = prompts
@@ -298,6 +300,15 @@ fn greedy_graphs(model: &LlamaModel<CudaBackend>, prompts: &[Vec<u32>]) -> Vec<V
     for (i, s) in seqs.iter_mut().enumerate() {
         s.push(argmax(&logits[i * vocab..(i + 1) * vocab]));
     }
+    (kv, tables, seqs)
+}
+
+/// Greedy continuation as the engine runs it on CUDA: the prompts through `LlamaModel::forward`,
+/// every decode step through [`DecodeGraphs`] (graphs replayed from the third step on).
+/// Also checks each step's device argmax against the host argmax of the rows it left on the device.
+fn greedy_graphs(model: &LlamaModel<CudaBackend>, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let vocab = model.config().vocab_size;
+    let (mut kv, tables, mut seqs) = prefilled(model, prompts);
     let mut graphs = DecodeGraphs::new();
     let mut row = vec![0f32; vocab];
     for _ in 1..NEW {
@@ -362,22 +373,7 @@ fn greedy_fed(
     prompts: &[Vec<u32>],
     leave: Option<(usize, usize)>,
 ) -> Vec<Vec<u32>> {
-    let vocab = model.config().vocab_size;
-    let (mut kv, tables) = cache_and_tables(model, prompts);
-    let chunks: Vec<SeqChunk<'_>> = prompts
-        .iter()
-        .zip(&tables)
-        .map(|(p, t)| SeqChunk {
-            tokens: p,
-            start_pos: 0,
-            block_table: t,
-        })
-        .collect();
-    let logits = model.forward(&mut kv, &chunks).expect("prefill");
-    let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
-    for (i, s) in seqs.iter_mut().enumerate() {
-        s.push(argmax(&logits[i * vocab..(i + 1) * vocab]));
-    }
+    let (mut kv, tables, mut seqs) = prefilled(model, prompts);
     let mut graphs = DecodeGraphs::new();
     let mut in_flight: Vec<usize> = (0..seqs.len()).collect(); // [rows] sequence of each row
     launch_rows(

@@ -14,7 +14,9 @@ use super::error::EngineError;
 use super::fake::FakeModel;
 use super::forward::{ForwardModel, PickedRows, RowPick};
 use super::hook::CheckpointHook;
-use super::overlap_tests::{BS, Mode, Received, VOCAB, fake, requests, run, run_with};
+use super::overlap_tests::{
+    BS, Mode, Received, VOCAB, fake, requests, run, run_checkpointed, run_with,
+};
 use crate::model::batch::SeqChunk;
 
 /// [`FakeModel`] with [`ForwardModel::launch_decode`]: launched steps queue their picks; fed
@@ -223,43 +225,11 @@ impl CheckpointHook<EngineCore<Ahead>> for InFlightAtCheckpoint {
 
 #[test]
 fn checkpoints_see_no_step_in_flight() {
-    use super::codec::ByteCodec;
-    use super::handle::{Engine, EngineConfig};
-    use super::output::FinishReason;
-    use super::request::{Prompt, Request, SamplingParams};
-    use crate::scheduler::Machine;
-    use crate::scheduler::seed::Scheduler;
-
-    let every = Scheduler::constant("checkpoint_every").unwrap_or(64) as usize;
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let model = Ahead::new(FakeModel::new(VOCAB, 256, BS));
     let fed = model.fed.clone();
-    let engine = Engine::start_with_hook::<Scheduler, _>(
-        model,
-        Arc::new(ByteCodec),
-        EngineConfig {
-            num_blocks: 256,
-            mixed_prefill: false,
-            overlap_host: true,
-            decode_ahead: true,
-            ..EngineConfig::default()
-        },
-        Some(Box::new(InFlightAtCheckpoint(seen.clone()))),
-    )
-    .unwrap();
-    let requests: Vec<Request> = (0..4u32)
-        .map(|i| {
-            let mut r = Request::new(Prompt::Tokens(vec![10 + i; 8]), 3 * every);
-            r.sampling = SamplingParams::greedy();
-            r.ignore_eos = true;
-            r
-        })
-        .collect();
-    for s in engine.submit_many(requests).unwrap() {
-        let last = s.rx.iter().last().and_then(|o| o.finished);
-        assert_eq!(last.map(|f| f.reason), Some(FinishReason::Length));
-    }
-    engine.shutdown().unwrap();
+    let hook = Box::new(InFlightAtCheckpoint(seen.clone()));
+    let (_, every) = run_checkpointed(model, hook, true);
     let seen = seen.lock().unwrap().clone();
     assert!(seen.len() >= 2, "{} checkpoints", seen.len());
     assert!(

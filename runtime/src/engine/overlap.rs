@@ -84,10 +84,11 @@ impl<F: ForwardModel> EngineCore<F> {
         ended
     }
 
-    /// Runs the pending work (if any) and says whether it made the cache hold the next decode
-    /// step's blocks: a sequence a late stop string ended held blocks the in-turn path had freed.
+    /// Runs the pending work (if any; the step in flight collected first) and says whether it
+    /// made the cache hold the next decode step's blocks: a sequence a late stop string ended held
+    /// blocks the in-turn path had freed.
     pub(crate) fn flush_freed_enough(&mut self) -> bool {
-        if self.pending.is_none() {
+        if self.pending.is_none() && self.ahead.is_none() {
             return false;
         }
         self.flush_pending();

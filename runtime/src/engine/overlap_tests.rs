@@ -300,20 +300,26 @@ impl CheckpointHook<EngineCore<FakeModel>> for PendingAtCheckpoint {
     }
 }
 
-#[test]
-fn checkpoints_see_no_pending_work() {
+/// Runs 4 greedy requests of three checkpoint intervals each on `model` with the host work
+/// overlapped (and steps launched ahead when `ahead`), checkpoints going through `hook`; every
+/// request ends by its length. Returns the engine's stats and the interval in decode steps.
+pub(super) fn run_checkpointed<M: ForwardModel + 'static>(
+    model: M,
+    hook: Box<dyn CheckpointHook<EngineCore<M>>>,
+    ahead: bool,
+) -> (super::handle::EngineStats, usize) {
     let every = Scheduler::constant("checkpoint_every").unwrap_or(64) as usize;
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let engine = Engine::start_with_hook::<Scheduler, _>(
-        FakeModel::new(VOCAB, 256, BS),
+        model,
         Arc::new(ByteCodec),
         EngineConfig {
             num_blocks: 256,
             mixed_prefill: false,
             overlap_host: true,
+            decode_ahead: ahead,
             ..EngineConfig::default()
         },
-        Some(Box::new(PendingAtCheckpoint(seen.clone()))),
+        Some(hook),
     )
     .unwrap();
     let requests: Vec<Request> = (0..4u32)
@@ -328,7 +334,14 @@ fn checkpoints_see_no_pending_work() {
         let last = s.rx.iter().last().and_then(|o| o.finished);
         assert_eq!(last.map(|f| f.reason), Some(FinishReason::Length));
     }
-    let stats = engine.shutdown().unwrap();
+    (engine.shutdown().unwrap(), every)
+}
+
+#[test]
+fn checkpoints_see_no_pending_work() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hook = Box::new(PendingAtCheckpoint(seen.clone()));
+    let (stats, _) = run_checkpointed(FakeModel::new(VOCAB, 256, BS), hook, false);
     assert!(stats.decode_host.overlapped > std::time::Duration::ZERO);
     let seen = seen.lock().unwrap().clone();
     assert!(seen.len() >= 2, "{} checkpoints", seen.len());
