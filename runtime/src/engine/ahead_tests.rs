@@ -36,6 +36,8 @@ struct Ahead {
     fed: Arc<AtomicUsize>,
     /// The launch (counting from 1) whose wait fails, if any.
     fail_at: Option<usize>,
+    /// Every this many fed launches, one fails before it enqueues anything.
+    fail_fed_every: Option<usize>,
 }
 
 impl Ahead {
@@ -47,6 +49,7 @@ impl Ahead {
             last: Vec::new(),
             fed: Arc::default(),
             fail_at: None,
+            fail_fed_every: None,
         }
     }
 
@@ -91,7 +94,10 @@ impl ForwardModel for Ahead {
                     self.queue.len(),
                 ));
             }
-            self.fed.fetch_add(1, Ordering::Relaxed);
+            let fed = self.fed.fetch_add(1, Ordering::Relaxed) + 1;
+            if self.fail_fed_every.is_some_and(|k| fed.is_multiple_of(k)) {
+                return Err("the launch failed".into());
+            }
             map.iter().map(|&r| self.last[r as usize]).collect()
         } else {
             self.idle()?;
@@ -157,16 +163,38 @@ fn decode_ahead_gives_the_in_turn_outputs() {
 
 #[test]
 fn decode_ahead_survives_preemption() {
+    let mut preempted = 0;
     for sampled in [false, true] {
         let (want, _, _) = run(fake(256), Mode::InTurn, 256, false, sampled);
         for blocks in [10, 12, 14] {
             let case = format!("{blocks} blocks, sampled rows {sampled}");
             let (model, fed) = ahead(blocks);
-            let (got, _, _) = run(model, Mode::Ahead, blocks, false, sampled);
+            let (got, preemptions, _) = run(model, Mode::Ahead, blocks, false, sampled);
             assert_eq!(got, want, "{case}");
             assert!(fed.load(Ordering::Relaxed) > 0, "{case}");
+            preempted += preemptions;
         }
     }
+    assert!(
+        preempted > 0,
+        "the small caches preempt with steps going ahead"
+    );
+}
+
+#[test]
+fn a_failed_launch_ahead_loses_nothing() {
+    // Every third fed launch fails before it enqueues anything: the step in flight is waited
+    // for as usual and the next step launched in turn.
+    let (want, _, _) = run(fake(256), Mode::InTurn, 256, false, false);
+    let mut model = Ahead::new(fake(256));
+    model.fail_fed_every = Some(3);
+    let fed = model.fed.clone();
+    let (got, _, _) = run(model, Mode::Ahead, 256, false, false);
+    assert_eq!(got, want);
+    assert!(
+        fed.load(Ordering::Relaxed) >= 6,
+        "launches failed and others went ahead"
+    );
 }
 
 #[test]

@@ -276,6 +276,12 @@ impl DecodeGraphs {
                 "the decode graph runner takes one new token per sequence".into(),
             ));
         }
+        if self.in_flight.len() >= 2 {
+            // The two transfer sets would be reused under a step not yet waited for.
+            return Err(ModelError::InvalidBatch(
+                "two decode steps are in flight already: wait for one first".into(),
+            ));
+        }
         let c = model.config();
         let b = model.backend();
         let step = model.plan_step(kv, chunks)?;
