@@ -215,12 +215,13 @@ impl<F: ForwardModel> EngineCore<F> {
         self.kv_counts
     }
 
-    /// Nothing waiting, running or swapped out.
+    /// Nothing waiting, running or swapped out, no work pending and no decode step in flight.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty()
             && self.running.is_empty()
             && self.swap.is_empty()
             && self.pending.is_none()
+            && self.ahead.is_none()
     }
 
     /// The current values of the slot counters.
