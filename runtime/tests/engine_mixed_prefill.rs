@@ -5,25 +5,17 @@
 //! on a tiny random-weight Llama (always) and on the default model SmolLM2-135M (its quantized
 //! kernels) when it is in sov's cache (otherwise the test says why it skipped).
 
+mod common;
+
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
+use common::engine_stream::wait;
 use sov::app::start::{EngineOptions, KvBudget, ModelParts, Started, start_engine};
-use sov::engine::{FinishReason, Finished, Output, Prompt, Request, SamplingParams};
+use sov::engine::{FinishReason, Output, Prompt, Request, SamplingParams};
 use sov::loader::{cached_default_model, load_model};
 use sov::model::random::{WeightDtype, tiny_config};
 use sov::scheduler::seed::Scheduler;
-
-fn wait(rx: &Receiver<Output>) -> Finished {
-    loop {
-        let out = rx
-            .recv_timeout(Duration::from_secs(300))
-            .expect("the request did not finish");
-        if let Some(f) = out.finished {
-            return f;
-        }
-    }
-}
 
 /// Waits for the stream's first token (the request is decoding from then on).
 fn first_token(rx: &Receiver<Output>) -> Vec<u32> {

@@ -4,25 +4,14 @@
 //! Llama (always) and on the default model SmolLM2-135M when it is in sov's cache (otherwise the
 //! test says why it skipped).
 
-use std::sync::mpsc::Receiver;
-use std::time::Duration;
+mod common;
 
+use common::engine_stream::wait;
 use sov::app::start::{EngineOptions, KvBudget, ModelParts, Started, start_engine};
-use sov::engine::{FinishReason, Finished, Output, Prompt, Request, SamplingParams};
+use sov::engine::{FinishReason, Finished, Prompt, Request, SamplingParams};
 use sov::loader::{cached_default_model, load_model};
 use sov::model::random::{WeightDtype, tiny_config};
 use sov::scheduler::seed::Scheduler;
-
-fn wait(rx: &Receiver<Output>) -> Finished {
-    loop {
-        let out = rx
-            .recv_timeout(Duration::from_secs(300))
-            .expect("the request did not finish");
-        if let Some(f) = out.finished {
-            return f;
-        }
-    }
-}
 
 fn tiny() -> ModelParts {
     ModelParts::random(tiny_config(), 7, WeightDtype::F32, "tiny")

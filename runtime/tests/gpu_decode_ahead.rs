@@ -4,26 +4,15 @@
 //! different lengths leaving the batch at different steps, more requests than the batch holds.
 //! Skips, saying why, without a CUDA device.
 
-use std::sync::mpsc::Receiver;
-use std::time::Duration;
+mod common;
 
+use common::engine_stream::wait;
 use sov::app::Device;
 use sov::app::start::{EngineOptions, KvBudget, ModelParts, start_engine};
 use sov::backend::cuda::CudaBackend;
-use sov::engine::{Finished, Output, Prompt, Request, SamplingParams};
+use sov::engine::{Prompt, Request, SamplingParams};
 use sov::model::random::{WeightDtype, tiny_config};
 use sov::scheduler::seed::Scheduler;
-
-fn wait(rx: &Receiver<Output>) -> Finished {
-    loop {
-        let out = rx
-            .recv_timeout(Duration::from_secs(300))
-            .expect("the request did not finish");
-        if let Some(f) = out.finished {
-            return f;
-        }
-    }
-}
 
 /// 24 prompts; every third request sampled with its own seed; lengths 9..=40.
 fn requests() -> Vec<Request> {
