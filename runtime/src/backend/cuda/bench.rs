@@ -16,6 +16,11 @@
 //!
 //! - `bench_fp8_matmuls`: Llama-3-8B's layer products at 1..1024 rows in bf16 and FP8 (the input
 //!   quantization alone, the small-M kernel, cuBLASLt; FP8 times include the quantization).
+//! - `bench_fp8_lt_candidates`: every cuBLASLt FP8 candidate the heuristic offers (up to 16) for
+//!   Llama-3-8B's layer products at 64..4096 rows, in the heuristic's order, and the one
+//!   `gemm_tune.rs` would keep: what timing the candidates gains over the heuristic's first pick.
+//!   Then the same for bf16 products (f32 output, the lm head too) through cuBLASLt, next to
+//!   cuBLAS's own choice (`cublasGemmEx`, what sov runs in bf16).
 //! - `bench_row_kernels`: the row kernels between the products of a 1024- and 2048-row step at the
 //!   Llama-3-8B widths (residual add + RMSNorm into f32, bf16 and e4m3 rows; SwiGLU of bf16 gate/up
 //!   rows into e4m3 rows); bytes moved over the median time, next to a device-to-device copy.
@@ -469,6 +474,154 @@ fn bench_fp8_matmuls() -> R<()> {
         }
     }
     println!("BENCH fp8 cuBLASLt scale mode {:?}", b.fp8_scale_mode());
+    Ok(())
+}
+
+#[test]
+#[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
+fn bench_fp8_lt_candidates() -> R<()> {
+    use super::gemm_fp8::{Fp8Operands, Fp8Out};
+    use super::gemm_tune::pick;
+    use super::{Fp8Path, Quantization};
+    let Some(b) = super::tests::device_with(|t| {
+        t.quantization = Quantization::Fp8W8A8;
+        t.deterministic = false;
+        t.gemm_candidates = 1;
+    }) else {
+        return Ok(());
+    };
+    let Some((fp8, lt)) = b.fp8_lt() else {
+        println!("BENCH fp8-lt: no cuBLASLt FP8 on this device");
+        return Ok(());
+    };
+    let rows: Vec<usize> = std::env::var("SOV_BENCH_FP8_ROWS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![64, 128, 256, 512, 600, 1000, 1008, 1024, 2048, 4096]);
+    // (name, k, m, output): x [n, k] @ w [m, k]^T, Llama-3-8B's layer products as sov runs them.
+    let shapes = [
+        ("qkv", 4096usize, 6144usize, Fp8Out::F32),
+        ("o", 4096, 4096, Fp8Out::F32),
+        ("gate_up", 4096, 28672, Fp8Out::Bf16),
+        ("down", 14336, 4096, Fp8Out::F32),
+    ];
+    for (name, k, m, out_type) in shapes {
+        let w = random_weight(&b, m * k, 70, k)?;
+        let q = b.quantize_weight(&w, m, k)?;
+        drop(w);
+        let (qw, sw) = (q.ptr(), q.ptr() + super::fp8::scales_offset(m * k) as u64);
+        for &n in &rows {
+            let x = b.upload_f32(&super::reference::random(n * k, 1.0, 5))?; // [n, k]
+            let out = b.alloc(DType::F32, n * m)?; // [n, m]
+            // Settle the scratch, then quantize into it.
+            let mut f32_out = b.alloc(DType::F32, n * m)?; // [n, m]
+            b.matmul_fp8(&x, &q, &mut f32_out, (n, k, m), Fp8Path::CublasLt)?;
+            let (qx, sx) = b.quantize_input(&x, n, k)?;
+            let ops = Fp8Operands {
+                qx,
+                sx,
+                qw,
+                sw,
+                out: out.ptr(),
+            };
+            let stream = b.stream.cu_stream() as _;
+            // SAFETY: qx/sx are the scratch's n*k codes and n scales, qw/sw the weight's m*k codes
+            // and m scales, out n*m f32 (room for bf16 too); all live across the call, which
+            // waits for the stream; k % 16 == 0 and m % 4 == 0.
+            let dims = (n, k, m);
+            let times = unsafe { fp8.candidate_times(lt, stream, ops, out_type, dims, &b)? };
+            let tflops = |us: f64| 2.0 * (n * k * m) as f64 / (us * 1e-6) / 1e12;
+            let first = times.first().copied().flatten().unwrap_or(f64::NAN);
+            let kept = pick(&times).unwrap_or(0);
+            let kept_us = times[kept].unwrap_or(f64::NAN);
+            let list: Vec<String> = times
+                .iter()
+                .map(|t| t.map_or("-".into(), |t| format!("{t:.1}")))
+                .collect();
+            println!(
+                "BENCH fp8-lt {name} n={n} k={k} m={m} first_us={first:.1} kept={kept} \
+                 kept_us={kept_us:.1} gain={:.3} first_tflops={:.0} kept_tflops={:.0} all_us=[{}]",
+                first / kept_us,
+                tflops(first),
+                tflops(kept_us),
+                list.join(" ")
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "GPU benchmark; run by kernels/gpu-check.sh"]
+fn bench_bf16_lt_candidates() -> R<()> {
+    use super::Quantization;
+    use super::gemm_lt::{LtKind, LtOperands, MAX_CANDIDATES};
+    use super::gemm_tune::pick;
+    use super::lt_problem::LtProblem;
+    use cudarc::cublaslt::sys::cudaDataType_t;
+    // Candidates 0: `matmul` takes cuBLAS's `cublasGemmEx`, the anchor; FP8 keeps a cuBLASLt
+    // handle for the candidates.
+    let Some(b) = super::tests::device_with(|t| {
+        t.quantization = Quantization::Fp8W8A8;
+        t.deterministic = false;
+        t.gemm_candidates = 0;
+    }) else {
+        return Ok(());
+    };
+    let Some(lt) = b.lt.as_ref() else {
+        println!("BENCH bf16-lt: no cuBLASLt handle on this device");
+        return Ok(());
+    };
+    let rows: Vec<usize> = std::env::var("SOV_BENCH_BF16_ROWS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![64, 256, 1008, 2048]);
+    let shapes = [
+        ("qkv", 4096usize, 6144usize),
+        ("o", 4096, 4096),
+        ("gate_up", 4096, 28672),
+        ("down", 14336, 4096),
+        ("lm_head", 4096, 128256),
+    ];
+    for (name, k, m) in shapes {
+        let w = random_weight(&b, m * k, 71, k)?; // [m, k] bf16
+        for &n in &rows {
+            let x32 = b.upload_f32(&super::reference::random(n * k, 1.0, 6))?; // [n, k]
+            let x = b.alloc(DType::BF16, n * k)?; // [n, k]
+            b.cast_f32_bf16(x32.ptr(), x.ptr(), n * k)?;
+            let mut out = b.alloc(DType::F32, n * m)?; // [n, m]
+            let cublas_us = time_ms(&b, 2, 7, || Ok(b.matmul(&x, &w, &mut out, n, k, m)?))? * 1e3;
+            let bf16 = cudaDataType_t::CUDA_R_16BF;
+            let p = LtProblem::tn_into((m, n, k), bf16, cudaDataType_t::CUDA_R_32F, "bench")?;
+            let ops = LtOperands {
+                w: w.ptr(),
+                x: x.ptr(),
+                out: out.ptr(),
+            };
+            let stream = b.stream.cu_stream() as _;
+            let key = (m, n, k, LtKind::Bf16);
+            // SAFETY: `p` describes x [n, k] bf16, w [m, k] bf16 and out [n, m] f32, all live
+            // across the call, which waits for the stream.
+            let times = unsafe { lt.candidate_times(stream, &p, key, ops, MAX_CANDIDATES, &b)? };
+            let first = times.first().copied().flatten().unwrap_or(f64::NAN);
+            let kept = pick(&times).unwrap_or(0);
+            let kept_us = times.get(kept).copied().flatten().unwrap_or(f64::NAN);
+            let tflops = |us: f64| 2.0 * (n * k * m) as f64 / (us * 1e-6) / 1e12;
+            let list: Vec<String> = times
+                .iter()
+                .map(|t| t.map_or("-".into(), |t| format!("{t:.1}")))
+                .collect();
+            println!(
+                "BENCH bf16-lt {name} n={n} k={k} m={m} cublas_us={cublas_us:.1} \
+                 lt_first_us={first:.1} kept={kept} kept_us={kept_us:.1} gain_over_cublas={:.3} \
+                 cublas_tflops={:.0} kept_tflops={:.0} all_us=[{}]",
+                cublas_us / kept_us,
+                tflops(cublas_us),
+                tflops(kept_us),
+                list.join(" ")
+            );
+        }
+    }
     Ok(())
 }
 
