@@ -11,8 +11,7 @@ use cudarc::driver::{CudaContext, CudaStream, result, sys};
 use super::buffer::CudaBuffer;
 use super::det_picks::SmallPicks;
 use super::driver_error::driver_err;
-use super::gemm_fp8::Fp8Gemm;
-use super::gemm_lt::{LT_WORKSPACE_BYTES, LtGemm};
+use super::gemm_fp8::{FP8_WORKSPACE_BYTES, Fp8Gemm};
 use super::gemm_pinned::{PinnedGemm, WORKSPACE_BYTES};
 use super::modules::ModuleCache;
 use super::tuning::CudaTuning;
@@ -60,10 +59,6 @@ pub struct CudaBackend {
     /// FP8 products through cuBLASLt ([`super::gemm_fp8`]); `None` unless
     /// [`CudaTuning::quantization`] is FP8.
     pub(super) fp8: Option<Fp8Gemm>,
-    /// cuBLASLt products with an algorithm chosen per shape ([`super::gemm_lt`]): the FP8 ones
-    /// and, unless [`CudaTuning::gemm_candidates`] is 0, the bf16 ones of fast mode; `None` in
-    /// deterministic mode (whose products are pinned) and where neither uses it.
-    pub(super) lt: Option<LtGemm>,
 }
 
 /// Growable device scratch buffers, reused across ops (stream order makes reuse safe).
@@ -183,7 +178,6 @@ impl CudaBackend {
             pinned: None,
             det_picks: SmallPicks::default(),
             fp8: None,
-            lt: None,
         };
         backend.keep_freed_memory()?;
         if backend.tuning.deterministic {
@@ -202,15 +196,8 @@ impl CudaBackend {
                     "FP8 (--quantization fp8) on compute capability {major}.{minor} (needs 8.9)"
                 )));
             }
-            backend.fp8 = Some(Fp8Gemm::new());
-        }
-        let fp8 = backend.fp8.is_some();
-        if !backend.tuning.deterministic && (fp8 || backend.tuning.gemm_candidates > 0) {
-            let workspace = backend.alloc_zeroed(DType::U32, LT_WORKSPACE_BYTES / 4)?;
-            let candidates = backend.tuning.gemm_candidates;
-            backend.lt = Some(LtGemm::new(workspace, ordinal, candidates)?);
-        }
-        if fp8 {
+            let workspace = backend.alloc_zeroed(DType::U32, FP8_WORKSPACE_BYTES / 4)?;
+            backend.fp8 = Some(Fp8Gemm::new(workspace)?);
             backend.probe_fp8()?;
         }
         Ok(backend)

@@ -23,8 +23,7 @@ use sov_kernels::KernelId;
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, grid_for};
 use super::driver_error::driver_err;
-use super::gemm_fp8::{Fp8Gemm, Fp8Operands, Fp8Out, ScaleMode};
-use super::gemm_lt::LtGemm;
+use super::gemm_fp8::{Fp8Gemm, Fp8Out, ScaleMode};
 use super::ops::{GateUpRows, to_i32};
 use super::pdl::arg;
 use super::tuning::Quantization;
@@ -276,7 +275,7 @@ impl CudaBackend {
         };
         let (qw, sw) = (w.ptr(), w.ptr() + scales_offset(m * k) as u64);
         let small_ok = k.is_multiple_of(16) && n <= super::tuning::FP8_SMALL_LIMIT;
-        let lt_ok = k.is_multiple_of(16) && m.is_multiple_of(4) && self.fp8_lt().is_some();
+        let lt_ok = k.is_multiple_of(16) && m.is_multiple_of(4) && self.fp8.is_some();
         let path = match path {
             Fp8Path::Auto if small_ok && n <= self.tuning.fp8_small_max_rows => Fp8Path::Small,
             Fp8Path::Auto if lt_ok => Fp8Path::CublasLt,
@@ -306,22 +305,15 @@ impl CudaBackend {
                 (format!("fp8_gemm_small{form}_{tiles}"), cfg)
             }
             Fp8Path::CublasLt => {
-                let Some((fp8, lt)) = self.fp8_lt() else {
+                let Some(lt) = self.fp8.as_ref() else {
                     return Err(unsupported("cuBLASLt", n, k, m));
                 };
                 let stream = self.stream.cu_stream() as _;
                 // SAFETY: qx/sx hold n*k bytes and n f32 (the scratch, or the caller's quantized
                 // rows checked by `quantized_rows`), qw/sw m*k bytes and m f32
                 // (checked above), out n*m f32; k % 16 == 0 and m % 4 == 0 (lt_ok).
-                let ops = Fp8Operands {
-                    qx,
-                    sx,
-                    qw,
-                    sw,
-                    out: o,
-                };
                 let mode =
-                    unsafe { fp8.matmul(lt, stream, ops, Fp8Out::F32, (n, k, m), Some(self))? };
+                    unsafe { lt.matmul(stream, (qx, sx), (qw, sw), (o, Fp8Out::F32), (n, k, m))? };
                 if mode == ScaleMode::OuterVector {
                     return Ok(());
                 }
@@ -374,13 +366,13 @@ impl CudaBackend {
     /// Settles the cuBLASLt FP8 scale mode and whether bf16 outputs run ([`Fp8Gemm::probe`]) with
     /// one product on zeros, before any of the model's.
     pub(super) fn probe_fp8(&self) -> Result<(), BackendError> {
-        let Some((fp8, lt)) = self.fp8_lt() else {
+        let Some(lt) = self.fp8.as_ref() else {
             return Ok(());
         };
         let zeros = self.alloc_zeroed(DType::U32, Fp8Gemm::PROBE_BYTES / 4)?; // [PROBE_BYTES] bytes
         let stream = self.stream.cu_stream() as _;
         // SAFETY: `zeros` holds PROBE_BYTES zeroed bytes and outlives the synchronize below.
-        unsafe { fp8.probe(lt, stream, zeros.ptr())? };
+        unsafe { lt.probe(stream, zeros.ptr())? };
         self.stream.synchronize().map_err(driver_err)
     }
 
@@ -396,12 +388,12 @@ impl CudaBackend {
         (n, k, m): (usize, usize, usize),
     ) -> Result<Option<GateUpRows>, BackendError> {
         const OP: &str = "matmul_silu_mul (fp8, bf16 gate/up)";
-        let Some((fp8, lt)) = self.fp8_lt() else {
+        let Some(lt) = self.fp8.as_ref() else {
             return Ok(None);
         };
         let quantized = x.dtype == DType::F8E4M3;
         let applies = self.tuning.fp8_gate_up_bf16
-            && fp8.bf16_out()
+            && lt.bf16_out()
             && w.dtype == DType::F8E4M3
             && n > self.tuning.fp8_small_max_rows
             && n > 0
@@ -422,14 +414,7 @@ impl CudaBackend {
         // SAFETY: qx/sx hold n*k bytes and n f32 (the scratch, or the caller's quantized rows
         // checked by `quantized_rows`), qw/sw m*k bytes and m f32 (checked above); gate_up holds
         // n*m f32, twice the n*m bf16 written; k % 16 == 0 and m % 4 == 0.
-        let ops = Fp8Operands {
-            qx,
-            sx,
-            qw,
-            sw,
-            out,
-        };
-        unsafe { fp8.matmul(lt, stream, ops, Fp8Out::Bf16, (n, k, m), Some(self))? };
+        unsafe { lt.matmul(stream, (qx, sx), (qw, sw), (out, Fp8Out::Bf16), (n, k, m))? };
         Ok(Some(GateUpRows {
             ptr: out,
             bf16: true,
@@ -454,11 +439,6 @@ impl CudaBackend {
         let mut s = vec![0f32; m];
         self.download_raw(w, scales_offset(w.len), bytemuck::cast_slice_mut(&mut s))?;
         Ok((q, s))
-    }
-
-    /// The FP8 state and the cuBLASLt handle its products run through (`None` without FP8).
-    pub(super) fn fp8_lt(&self) -> Option<(&Fp8Gemm, &LtGemm)> {
-        Some((self.fp8.as_ref()?, self.lt.as_ref()?))
     }
 
     /// How cuBLASLt FP8 products apply their scales, once one has run (`None` before, or without

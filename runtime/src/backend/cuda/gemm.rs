@@ -1,4 +1,4 @@
-//! Matrix products through cuBLASLt: bf16 operands, f32 accumulation, f32 output.
+//! Matrix products through cuBLAS: bf16 operands, f32 accumulation, f32 output.
 //!
 //! `out[n, m] = x[n, k] @ w[m, k]^T` with row-major buffers is, in cuBLAS's column-major terms,
 //! `C[m, n] = op(W)[m, k] · X[k, n]` with `W` transposed (`lda = k`), `X` as stored (`ldb = k`),
@@ -25,26 +25,19 @@
 //! rows may instead run on sov's own kernels of the same bits where they are faster
 //! ([`super::det_gemv`]). Weights with `k >= 2m` (the down projection) are reduced in two fixed
 //! halves of K, each such a chain, added in one order ([`super::det_split`]).
-//! Above the GEMV's rows a product runs through cuBLASLt with the algorithm chosen for its shape
-//! by timing the heuristic's candidates ([`super::gemm_lt`]; on an H100 1.05-1.7x cuBLAS's own
-//! `cublasGemmEx` at Llama-3-8B's shapes, `bench_bf16_lt_candidates`), or through `cublasGemmEx`
-//! with [`super::CudaTuning::gemm_candidates`] 0.
 //! A weight stored in FP8 (`--quantization fp8`, [`crate::backend::DType::F8E4M3`]) goes to the
 //! FP8 W8A8 path instead ([`super::fp8`]), at any row count.
 
 use std::ffi::c_void;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::cublaslt::sys::cudaDataType_t::{CUDA_R_16BF, CUDA_R_32F};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::KernelId;
 
 use super::buffer::CudaBuffer;
 use super::device::{CudaBackend, grid_for};
 use super::driver_error::driver_err;
-use super::gemm_lt::{LtKind, LtOperands};
 use super::gemm_pinned::{CANDIDATE_LAUNCH_ROWS, PinnedGemm};
-use super::lt_problem::LtProblem;
 use super::ops::to_i32;
 use super::pdl::arg;
 use super::product_dims::{ProductDims, WeightSlice};
@@ -551,23 +544,6 @@ impl CudaBackend {
             // SAFETY: as below (the caller's buffers, this backend's stream).
             return unsafe { self.det_product(pinned, (x, w, out), dims, beta) };
         }
-        if self.tuning.gemm_candidates > 0
-            && let Some(lt) = &self.lt
-        {
-            let (bf16, f32) = (CUDA_R_16BF, CUDA_R_32F);
-            let p = LtProblem::tn_into((m, n, k), bf16, f32, "cuBLASLt")?;
-            let ops = LtOperands { w, x, out };
-            let stream = self.stream.cu_stream() as _;
-            // SAFETY: `p` describes w [m, k] and x [n, k] bf16 and out [n, m] f32 at live
-            // buffers of those sizes (checked by the caller), used on this backend's stream.
-            let key = (m, n, k, LtKind::Bf16);
-            match unsafe { lt.matmul(stream, &p, key, ops, beta, Some(self)) } {
-                Ok(()) => return Ok(()),
-                // No cuBLASLt algorithm for this shape (rows not 16-byte aligned, say): cuBLAS's
-                // own product below takes it, or says why not.
-                Err(e) => tracing::debug!("bf16 product through cublasGemmEx: {e}"),
-            }
-        }
         let alpha = 1.0f32;
         // SAFETY: the three addresses point at live buffers of at least m*k, n*k (bf16) and n*m
         // (f32) elements (checked by the caller); the handle is bound to this backend's stream.
@@ -595,30 +571,6 @@ impl CudaBackend {
             )
         }
         .map_err(|e| BackendError::Device(format!("cuBLAS gemm ({n}x{k} @ {m}x{k}^T): {e:?}")))
-    }
-}
-
-impl super::gemm_tune::KernelTimer for CudaBackend {
-    fn can_time(&self) -> bool {
-        matches!(self.stream_capturing(), Ok(false))
-    }
-
-    fn time_us(
-        &self,
-        run: &mut dyn FnMut() -> Result<(), BackendError>,
-    ) -> Result<f64, BackendError> {
-        run()?;
-        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self.ctx.new_event(flags).map_err(driver_err)?;
-        let end = self.ctx.new_event(flags).map_err(driver_err)?;
-        start.record(&self.stream).map_err(driver_err)?;
-        for _ in 0..super::gemm_tune::TIMED_RUNS {
-            run()?;
-        }
-        end.record(&self.stream).map_err(driver_err)?;
-        end.synchronize().map_err(driver_err)?;
-        let ms = start.elapsed_ms(&end).map_err(driver_err)?;
-        Ok(f64::from(ms) * 1e3 / super::gemm_tune::TIMED_RUNS as f64)
     }
 }
 

@@ -8,21 +8,25 @@
 //! scaled. Where this cuBLASLt refuses that mode (no algorithm from its heuristic), the product
 //! runs with unit scales ([`ScaleMode::Unit`]) and the caller rescales it (`fp8_rescale`): one
 //! more pass over the output. The backend runs one small product when it opens
-//! ([`Fp8Gemm::probe`]), so every product of a run takes the same mode. The handle, workspace and
-//! choice of algorithm per shape are [`super::gemm_lt`]'s. A bf16 output ([`Fp8Out::Bf16`], the
-//! gate/up product's, `fp8.rs`) is the scaled f32 result rounded once, so it exists only in
+//! ([`Fp8Gemm::probe`]), so every product of a run takes the same mode; the algorithm of each
+//! `(m, n, k, output)` is the heuristic's first pick, cached. A bf16 output ([`Fp8Out::Bf16`],
+//! the gate/up product's, `fp8.rs`) is the scaled f32 result rounded once, so it exists only in
 //! outer-vector mode.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::mem::size_of;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cudarc::cublaslt::sys;
+use cudarc::cublaslt::{result as lt, sys};
 
-use super::gemm_lt::{LtGemm, LtKind, LtOperands};
-use super::gemm_tune::KernelTimer;
+use super::buffer::CudaBuffer;
 use super::lt_problem::LtProblem;
 use crate::backend::BackendError;
+
+/// Workspace bytes an algorithm may use (NVIDIA's recommendation for Hopper).
+pub(super) const FP8_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// The element type an FP8 product writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,34 +53,37 @@ pub enum ScaleMode {
     Unit,
 }
 
-/// What the FP8 products of a backend found out about its cuBLASLt: the scale mode and whether
-/// bf16 outputs run.
+/// A cuBLASLt handle, its workspace and the algorithms found so far.
 pub(super) struct Fp8Gemm {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaBuffer,
     /// `None` until the first product found which mode this cuBLASLt supports.
     mode: Mutex<Option<ScaleMode>>,
+    algos: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
     /// Whether [`Self::probe`] ran a bf16-output product.
     bf16_out: AtomicBool,
 }
 
-/// An FP8 product's device addresses: input codes and scales, weight codes and scales, output.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Fp8Operands {
-    pub(super) qx: u64,
-    pub(super) sx: u64,
-    pub(super) qw: u64,
-    pub(super) sw: u64,
-    pub(super) out: u64,
-}
+// SAFETY: the handle is used only under the backend's stream order (one op at a time through
+// `&CudaBackend`), and cuBLASLt handles may be used from any thread; the caches are behind
+// mutexes.
+unsafe impl Send for Fp8Gemm {}
+// SAFETY: as for Send.
+unsafe impl Sync for Fp8Gemm {}
 
-impl Fp8Operands {
-    fn lt(self) -> LtOperands {
-        LtOperands {
-            w: self.qw,
-            x: self.qx,
-            out: self.out,
-        }
+impl Drop for Fp8Gemm {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `new` and is destroyed once, here.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
     }
 }
+
+fn lt_err(what: &str, e: lt::CublasError) -> BackendError {
+    BackendError::Device(format!("cuBLASLt FP8 {what}: {e:?}"))
+}
+
+/// What an algorithm is cached by: `(m, n, k)`, the scale mode and the output type.
+type AlgoKey = (usize, usize, usize, ScaleMode, Fp8Out);
 
 /// The descriptors of an FP8 product: `C[m, n] (f32 or bf16) = W^T · X` with `W: [k, m]` e4m3
 /// (ld k), `X: [k, n]` e4m3 (ld k); with `scales = Some((sw, sx))` in outer-vector mode, `sw` `[m]`
@@ -106,12 +113,16 @@ fn fp8_problem(
 }
 
 impl Fp8Gemm {
-    /// A backend's FP8 state before its first product.
-    pub(super) fn new() -> Self {
-        Self {
+    /// A handle with `workspace` (at least [`FP8_WORKSPACE_BYTES`] bytes of device memory).
+    pub(super) fn new(workspace: CudaBuffer) -> Result<Self, BackendError> {
+        let handle = lt::create_handle().map_err(|e| lt_err("init", e))?;
+        Ok(Self {
+            handle,
+            workspace,
             mode: Mutex::new(None),
+            algos: Mutex::new(HashMap::new()),
             bf16_out: AtomicBool::new(false),
-        }
+        })
     }
 
     /// Bytes of device memory [`Self::probe`] needs.
@@ -126,24 +137,18 @@ impl Fp8Gemm {
     /// has run the products.
     pub(super) unsafe fn probe(
         &self,
-        lt: &LtGemm,
         stream: sys::cudaStream_t,
         zeros: u64,
     ) -> Result<(), BackendError> {
         // [16, 16] e4m3 input and weight, [16] f32 scales each, [16, 16] f32 (or bf16) output.
-        let ops = Fp8Operands {
-            qx: zeros,
-            sx: zeros + 256,
-            qw: zeros + 512,
-            sw: zeros + 768,
-            out: zeros + 1024,
-        };
+        let (qx, sx, qw, sw, out) = (zeros, zeros + 256, zeros + 512, zeros + 768, zeros + 1024);
         let dims = (16, 16, 16);
         // SAFETY: the caller's contract on `zeros`; each piece is as large as the product needs.
-        let mode = unsafe { self.matmul(lt, stream, ops, Fp8Out::F32, dims, None)? };
+        let mode = unsafe { self.matmul(stream, (qx, sx), (qw, sw), (out, Fp8Out::F32), dims)? };
         if mode == ScaleMode::OuterVector {
             // SAFETY: as above (the bf16 output takes half the f32 one's bytes).
-            let bf16 = unsafe { self.matmul(lt, stream, ops, Fp8Out::Bf16, dims, None) };
+            let bf16 =
+                unsafe { self.matmul(stream, (qx, sx), (qw, sw), (out, Fp8Out::Bf16), dims) };
             if let Err(e) = &bf16 {
                 tracing::info!("cuBLASLt FP8 products: no bf16 output ({e})");
             }
@@ -163,41 +168,60 @@ impl Fp8Gemm {
         self.mode.lock().ok().and_then(|m| *m)
     }
 
-    /// The problem and algorithm key of an FP8 product in `mode`.
-    fn problem(
-        ops: Fp8Operands,
-        mode: ScaleMode,
-        out_type: Fp8Out,
-        (n, k, m): (usize, usize, usize),
-    ) -> Result<(LtProblem, super::gemm_lt::LtKey), BackendError> {
-        let outer_vector = mode == ScaleMode::OuterVector;
-        let scales = outer_vector.then_some((ops.sw, ops.sx));
-        let p = fp8_problem((m, n, k), scales, out_type)?;
-        let kind = LtKind::Fp8 {
-            outer_vector,
-            bf16_out: out_type == Fp8Out::Bf16,
-        };
-        Ok((p, (m, n, k, kind)))
+    /// The heuristic's algorithm for `p` of shape `key`, cached.
+    fn algo(&self, p: &LtProblem, key: AlgoKey) -> Result<sys::cublasLtMatmulAlgo_t, BackendError> {
+        let mut algos = self
+            .algos
+            .lock()
+            .map_err(|_| BackendError::Device("cuBLASLt FP8 algorithm cache poisoned".into()))?;
+        if let Some(a) = algos.get(&key) {
+            return Ok(*a);
+        }
+        let pref = lt::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
+        let ws = FP8_WORKSPACE_BYTES;
+        // SAFETY: `pref` was just created; the value is a usize of the size given. The heuristic
+        // reads descriptors alive for the call.
+        let found = unsafe {
+            let set = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws) as *const usize as *const c_void,
+                size_of::<usize>(),
+            );
+            let found = set.and_then(|_| {
+                lt::get_matmul_algo_heuristic(self.handle, p.desc, p.a, p.b, p.c, p.c, pref)
+            });
+            let _ = lt::destroy_matmul_pref(pref);
+            found
+        }
+        .map_err(|e| {
+            let (m, n, k, mode, out) = key;
+            lt_err(
+                &format!("no algorithm for {n}x{k} @ {m}x{k}^T ({mode:?}, {out:?} out)"),
+                e,
+            )
+        })?;
+        algos.insert(key, found.algo);
+        Ok(found.algo)
     }
 
-    /// `out[n, m] = qx[n, k] @ qw[m, k]^T` (e4m3) on `stream` through `lt`, in f32 or (`out_type`
+    /// `out[n, m] = qx[n, k] @ qw[m, k]^T` (e4m3) on `stream`, in f32 or (`out_type`
     /// [`Fp8Out::Bf16`], outer-vector mode only) bf16, scaled by `sw` `[m]` and `sx` `[n]` where
     /// the returned mode is [`ScaleMode::OuterVector`]; unscaled (the caller rescales) where it is
-    /// [`ScaleMode::Unit`]. With a `timer`, a shape not seen before may be tuned first
-    /// ([`LtGemm::matmul`]).
+    /// [`ScaleMode::Unit`].
     ///
     /// # Safety
     /// The addresses must be device buffers of at least `n*k` (`qx`), `m*k` (`qw`) bytes, `n`
     /// (`sx`), `m` (`sw`) f32 and `n*m` (`out`) elements of `out_type`, live until the product
     /// has run on `stream`; `k % 16 == 0` and `m % 4 == 0` (cuBLASLt's FP8 alignment).
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn matmul(
         &self,
-        lt: &LtGemm,
         stream: sys::cudaStream_t,
-        ops: Fp8Operands,
-        out_type: Fp8Out,
-        dims: (usize, usize, usize),
-        timer: Option<&dyn KernelTimer>,
+        (qx, sx): (u64, u64),
+        (qw, sw): (u64, u64),
+        (out, out_type): (u64, Fp8Out),
+        (n, k, m): (usize, usize, usize),
     ) -> Result<ScaleMode, BackendError> {
         let known = self.mode();
         let modes: &[ScaleMode] = match known {
@@ -213,9 +237,39 @@ impl Fp8Gemm {
                 ));
                 continue;
             }
-            let (p, key) = Self::problem(ops, mode, out_type, dims)?;
-            // SAFETY: the caller's contract on the operands; `p` is made for them.
-            match unsafe { lt.matmul(stream, &p, key, ops.lt(), 0.0, timer) } {
+            let scales = (mode == ScaleMode::OuterVector).then_some((sw, sx));
+            let p = fp8_problem((m, n, k), scales, out_type)?;
+            let algo = match self.algo(&p, (m, n, k, mode, out_type)) {
+                Ok(a) => a,
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            // SAFETY: descriptors and algorithm are live; the buffers are the caller's contract;
+            // the workspace holds FP8_WORKSPACE_BYTES, the most the heuristic was allowed.
+            let run = unsafe {
+                lt::matmul(
+                    self.handle,
+                    p.desc,
+                    (&alpha) as *const f32 as *const c_void,
+                    (&beta) as *const f32 as *const c_void,
+                    qw as *const c_void,
+                    p.a,
+                    qx as *const c_void,
+                    p.b,
+                    out as *const c_void,
+                    p.c,
+                    out as *mut c_void,
+                    p.c,
+                    &algo,
+                    self.workspace.ptr() as *mut c_void,
+                    FP8_WORKSPACE_BYTES,
+                    stream,
+                )
+            };
+            match run {
                 Ok(()) => {
                     if known.is_none()
                         && let Ok(mut slot) = self.mode.lock()
@@ -225,34 +279,9 @@ impl Fp8Gemm {
                     }
                     return Ok(mode);
                 }
-                Err(e) => last_err = Some(e),
+                Err(e) => last_err = Some(lt_err(&format!("matmul ({n}x{k} @ {m}x{k}^T)"), e)),
             }
         }
         Err(last_err.unwrap_or_else(|| BackendError::Device("cuBLASLt FP8: no mode".into())))
-    }
-
-    #[cfg(test)]
-    /// Microseconds of each of the heuristic's candidates (up to
-    /// [`super::gemm_lt::MAX_CANDIDATES`]) for this product, in the heuristic's order
-    /// ([`LtGemm::candidate_times`]).
-    ///
-    /// # Safety
-    /// As for [`Self::matmul`]; the scale mode must be settled ([`Self::probe`] ran).
-    pub(super) unsafe fn candidate_times(
-        &self,
-        lt: &LtGemm,
-        stream: sys::cudaStream_t,
-        ops: Fp8Operands,
-        out_type: Fp8Out,
-        dims: (usize, usize, usize),
-        timer: &dyn KernelTimer,
-    ) -> Result<Vec<Option<f64>>, BackendError> {
-        let mode = self
-            .mode()
-            .ok_or_else(|| BackendError::Device("cuBLASLt FP8: scale mode not probed".into()))?;
-        let (p, key) = Self::problem(ops, mode, out_type, dims)?;
-        // SAFETY: the caller's contract; `p` is made for these operands.
-        let count = super::gemm_lt::MAX_CANDIDATES;
-        unsafe { lt.candidate_times(stream, &p, key, ops.lt(), count, timer) }
     }
 }

@@ -164,13 +164,6 @@ pub struct CudaTuning {
     /// read again, at the cost of rounding gate and up to bf16 before the SwiGLU, as a bf16
     /// model does. Needs cuBLASLt's outer-vector scales (else f32 stays).
     pub fp8_gate_up_bf16: bool,
-    /// How many of cuBLASLt's heuristic candidates a product shape times on its first run,
-    /// keeping the fastest (`SOV_GEMM_CANDIDATES`, 0..=16; `gemm_lt.rs`, `gemm_tune.rs`): the
-    /// bf16 products of fast mode that cuBLAS ran before, and the FP8 ones. 1 = the heuristic's
-    /// first pick, untimed (the same algorithm in every run); 0 = that for FP8, and the bf16
-    /// products through cuBLAS's `cublasGemmEx` as before. Row counts are tuned by power-of-two
-    /// class. Deterministic mode's products are pinned instead.
-    pub gemm_candidates: usize,
     /// The KV cache in e4m3 with one f32 scale per token and head (`sov --kv-dtype fp8`; not an
     /// environment variable of this struct, the command line sets it), half the bytes of bf16
     /// per token (`kv_e4m3.rs`). Default off: a bf16 cache (f32 in precise mode, which this
@@ -297,7 +290,6 @@ impl Default for CudaTuning {
             fp8_fused_max_rows: DEFAULT_FP8_FUSED_ROWS,
             fp8_quantized_inputs: Fp8QuantizedInputs::All,
             fp8_gate_up_bf16: true,
-            gemm_candidates: DEFAULT_GEMM_CANDIDATES,
             kv_e4m3: false,
             kernels: KernelBuild::default(),
         }
@@ -464,10 +456,6 @@ const DEFAULT_FP8_FUSED_ROWS: usize = 0;
 const FP8_INPUTS_VAR: &str = "SOV_FP8_QUANTIZED_INPUTS";
 const FP8_INPUTS_EXPECTED: &str = "off, swiglu or all";
 const FP8_GATE_UP_VAR: &str = "SOV_FP8_GATE_UP_BF16";
-const GEMM_CANDIDATES_VAR: &str = "SOV_GEMM_CANDIDATES";
-const GEMM_CANDIDATES_EXPECTED: &str = "a whole number 0..=16";
-/// [`CudaTuning::gemm_candidates`]'s default.
-const DEFAULT_GEMM_CANDIDATES: usize = 8;
 /// Most rows the `fp8_small_q_*` kernels take (one tile of 8).
 pub(super) const FP8_FUSED_LIMIT: usize = 8;
 
@@ -482,7 +470,7 @@ const CARVEOUT_EXPECTED: &str =
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 24] = [
+    pub const VARS: [&str; 23] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -506,7 +494,6 @@ impl CudaTuning {
         FP8_FUSED_VAR,
         FP8_INPUTS_VAR,
         FP8_GATE_UP_VAR,
-        GEMM_CANDIDATES_VAR,
     ];
 
     /// The default tuning with every variable that `get` returns applied (a program's edge calls
@@ -600,12 +587,6 @@ impl CudaTuning {
         }
         if let Some(v) = lookup(&get, FP8_GATE_UP_VAR) {
             t.fp8_gate_up_bf16 = parse_switch(FP8_GATE_UP_VAR, &v)?;
-        }
-        if let Some(v) = lookup(&get, GEMM_CANDIDATES_VAR) {
-            match v.parse::<usize>() {
-                Ok(c @ 0..=16) => t.gemm_candidates = c,
-                _ => return Err(invalid(GEMM_CANDIDATES_VAR, &v, GEMM_CANDIDATES_EXPECTED)),
-            }
         }
         let k = &mut t.kernels;
         if let Some(v) = lookup(&get, STAGES_VAR) {
@@ -762,10 +743,6 @@ impl CudaTuning {
             let r = self.fp8_fused_max_rows.to_string();
             return Err(invalid(FP8_FUSED_VAR, &r, FP8_FUSED_EXPECTED));
         }
-        if self.gemm_candidates > 16 {
-            let c = self.gemm_candidates.to_string();
-            return Err(invalid(GEMM_CANDIDATES_VAR, &c, GEMM_CANDIDATES_EXPECTED));
-        }
         if self.kv_e4m3 && !(self.decode_tensor_cores && self.prefill_tensor_cores) {
             // Only the tensor-core attention kernels read an e4m3 cache.
             return Err(TuningError {
@@ -884,7 +861,6 @@ mod tests {
             ("SOV_FP8_FUSED_ROWS", "2"),
             ("SOV_FP8_QUANTIZED_INPUTS", "swiglu"),
             ("SOV_FP8_GATE_UP_BF16", "off"),
-            ("SOV_GEMM_CANDIDATES", "0"),
         ]))
         .unwrap();
         let expect = CudaTuning {
@@ -911,7 +887,6 @@ mod tests {
             fp8_fused_max_rows: 2,
             fp8_quantized_inputs: Fp8QuantizedInputs::SwiGlu,
             fp8_gate_up_bf16: false,
-            gemm_candidates: 0,
             kv_e4m3: false,
             kernels: KernelBuild {
                 decode_stages: 3,
