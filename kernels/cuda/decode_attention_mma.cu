@@ -43,11 +43,14 @@
 //
 // Warp items (the third entry point, paged_decode_attention_mma_warps): at wide grids -- many
 // sequences, one split each -- each warp takes a whole (kv head, sequence) on its own instead of
-// sharing it with its CTA's other warps: a CTA is NWARPS kv heads of one sequence. A warp then
-// streams 4x the chunks for one start-up (Q loads, the first chunk's latency) and one end, and
-// needs no merge of warp states: it normalises its accumulators and stores the rows itself. The
-// chunks are visited in order by one warp, so the sums round differently from the CTA form; the
-// host uses this form only outside deterministic mode, with one split and no fused RoPE.
+// sharing it with its CTA's other warps: a CTA is NWARPS kv heads of seqs_per_cta consecutive
+// sequences, taken in turn. A warp then streams 4x the chunks for one start-up (Q loads, the first
+// chunk's latency) and one end, and needs no merge of warp states: it normalises its accumulators
+// and stores the rows itself. Its ring runs on across its sequences, so with seqs_per_cta > 1 the
+// next sequence's first copies are in flight while this one ends, and a CTA's start-up is paid
+// once for all of them. The chunks are visited in order by one warp, so the sums round
+// differently from the CTA form (and do not depend on seqs_per_cta); the host uses this form only
+// outside deterministic mode, with one split and no fused RoPE.
 //
 // Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), a bf16 or (KV_FP8) e4m3 cache; STAGES
 // (ring depth, default 2) and MIN_BLOCKS (occupancy hint). Dynamic shared memory: NWARPS *
@@ -308,20 +311,197 @@ __device__ __forceinline__ void place_fresh8(u32 st, int tok, int lane, const un
 
 #endif
 
+// The newest token `fresh` of a sequence (block table bt), which a chunk issued before the wait
+// left out, copied from the cache (written by the kernel before) into row `tok` of the ring slot
+// at st. Arguments after block_size as issue_chunk's.
+#ifdef KV_FP8
+__device__ __forceinline__ void place_fresh_from_cache(u32 st, int tok, int fresh, int lane, const u32* __restrict__ bt,
+                                                       int block_size, size_t row_bytes, int kvh, int n_kv_heads,
+                                                       const kv_t* __restrict__ k_cache,
+                                                       const kv_t* __restrict__ v_cache) {
+    const size_t slot = (size_t)bt[fresh / block_size] * block_size + fresh % block_size;
+    const size_t codes_at = kv8_codes_at(slot, kvh, D, row_bytes);
+    for (int i = lane; i < 2 * (D / 16); i += 32) {
+        const int piece = i % (D / 16);
+        const kv_t* src = (i < D / 16 ? k_cache : v_cache) + codes_at;
+        const u32 so = i < D / 16 ? k8_offset(tok, piece) : CODE_BYTES + v8_offset(tok, piece);
+        st_shared16(st + so, __ldcg((const uint4*)src + piece));
+    }
+    if (lane < 2) {
+        const float sc = __ldcg(
+            (const float*)((lane == 0 ? k_cache : v_cache) + kv8_scale_at(slot, kvh, n_kv_heads, D, row_bytes)));
+        const u32 so = st + 2 * CODE_BYTES + (u32)(lane * CHUNK * 4 + tok * 4);
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(so), "f"(sc) : "memory");
+    }
+}
+#else
+__device__ __forceinline__ void place_fresh_from_cache(u32 ks, int tok, int fresh, int lane, const u32* __restrict__ bt,
+                                                       int block_size, size_t row_elems, size_t head_off,
+                                                       const bf16_t* __restrict__ k_cache,
+                                                       const bf16_t* __restrict__ v_cache) {
+    const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems + head_off;
+    for (int piece = lane; piece < PIECES; piece += 32) {
+        st_shared16(ks + slot_offset(tok, piece), __ldcg((const uint4*)(k_cache + at) + piece));
+        st_shared16(ks + SLOT_BYTES + slot_offset(tok, piece), __ldcg((const uint4*)(v_cache + at) + piece));
+    }
+}
+#endif
+
+// A lane's fixed coordinates: its row group and place in the group in the mma fragments, and (bf16
+// cache) its ldmatrix row addresses. The lane names row (lane & 7) of matrix (lane >> 3). K matrices
+// are tokens 0-7 / 8-15 (mat >> 1) x pieces 2k / 2k + 1 (mat & 1); V matrices are tokens 0-7 / 8-15
+// (mat & 1) x pieces 2n / 2n + 1 (mat >> 1). Piece 2k + b lands at (2k + b) ^ (tok & 7), which is
+// 2k ^ (b ^ (tok & 7)) since 2k has no low bit: one XOR per step with a per-lane constant.
+struct LaneFrag {
+    int gid, tig;
+#ifndef KV_FP8
+    u32 k_row, v_row;  // byte offsets of the lane's K and V rows in a slot
+    int k_swz, v_swz;
+#endif
+};
+__device__ __forceinline__ LaneFrag lane_frag(int lane) {
+    LaneFrag f;
+    f.gid = lane >> 2;
+    f.tig = lane & 3;
+#ifndef KV_FP8
+    const int mat = lane >> 3, mrow = lane & 7;
+    const int k_tok = (mat >> 1) * 8 + mrow, v_tok = (mat & 1) * 8 + mrow;
+    f.k_row = (u32)(k_tok * D * 2);
+    f.v_row = (u32)(v_tok * D * 2);
+    f.k_swz = (mat & 1) ^ (k_tok & 7);
+    f.v_swz = (mat >> 1) ^ (v_tok & 7);
+#endif
+    return f;
+}
+
+// One warp chunk: S = Q . K^T over the 16 tokens from t0 staged at ring slot `slot` (shared address;
+// `stp` is the same slot as a generic pointer), tokens at or past t_end masked; the online softmax;
+// O += P . V. qa: Q as the A operand; acc, m, l: this lane's running state (see the caller).
+__device__ __forceinline__ void attend_chunk(const LaneFrag& f, u32 slot, const unsigned char* stp, int t0, int t_end,
+                                             const u32 (&qa)[D / 16][2], float (&acc)[D / 8][2], float& m, float& l) {
+    const int gid = f.gid, tig = f.tig;
+#ifdef KV_FP8
+    (void)slot;
+    // The scales of this lane's tokens n * 8 + tig * 2 + j: k_sc for the scores, v_sc for P.
+    float k_sc[2][2], v_sc[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const float* sc = (const float*)(stp + 2 * CODE_BYTES) + n * 8 + tig * 2 + j;
+            k_sc[n][j] = sc[0];
+            v_sc[n][j] = sc[CHUNK];
+        }
+#else
+    (void)stp;
+    const u32 ks = slot, vs = slot + SLOT_BYTES;
+#endif
+
+    // S = Q . K^T: s[n][j] is row gid, token n * 8 + tig * 2 + j of the chunk.
+    float s[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int kstep = 0; kstep < D / 16; kstep++) {
+#ifdef KV_FP8
+        // Codes of tokens gid and gid + 8, dims kstep * 16 + tig * 4 .. + 3, widened.
+        const u32 w0 = *(const u32*)(stp + k8_offset(gid, kstep) + tig * 4);
+        const u32 w1 = *(const u32*)(stp + k8_offset(gid + 8, kstep) + tig * 4);
+        const u32 b[4] = {e4m3x2_to_f16x2((unsigned short)(w0 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w0 >> 16)),
+                          e4m3x2_to_f16x2((unsigned short)(w1 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w1 >> 16))};
+#else
+        // Matrices: tokens 0-7 / 8-15 (mat >> 1) x dims kstep*16 + 0-7 / 8-15 (mat & 1).
+        u32 b[4];
+        ldsm_x4(b, ks + f.k_row + (((kstep * 2) ^ f.k_swz) << 4));
+#endif
+        mma_top_rows(s[0], qa[kstep][0], qa[kstep][1], b[0], b[1]);
+        mma_top_rows(s[1], qa[kstep][0], qa[kstep][1], b[2], b[3]);
+    }
+#ifdef KV_FP8
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) s[n][j] *= k_sc[n][j];
+#endif
+    // Online softmax along row gid (its 16 tokens live in the 4 lanes of this quad).
+    float mx = -SOV_INF;
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            if (t0 + n * 8 + tig * 2 + j >= t_end) s[n][j] = -SOV_INF;
+            mx = fmaxf(mx, s[n][j]);
+        }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);  // finite: the chunk's first token is valid
+    const float alpha = __expf(m - m_new);
+    float ps = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            s[n][j] = __expf(s[n][j] - m_new);
+            ps += s[n][j];
+        }
+    l = l * alpha + ps;
+    m = m_new;
+    if (__any_sync(0xffffffffu, alpha != 1.f)) {  // after the first chunks the max rarely moves
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            acc[nt][0] *= alpha;
+            acc[nt][1] *= alpha;
+        }
+    }
+    // O += P . V: P (tokens 0-7 | 8-15 of row gid) as the A operand.
+#ifdef KV_FP8
+    const u32 p_lo = pack_ab(s[0][0] * v_sc[0][0], s[0][1] * v_sc[0][1]);
+    const u32 p_hi = pack_ab(s[1][0] * v_sc[1][0], s[1][1] * v_sc[1][1]);
+    const unsigned char* vc = stp + CODE_BYTES;  // the chunk's V codes
+#pragma unroll
+    for (int gr = 0; gr < D / 32; gr++) {
+        // Dims gr * 32 + 4 gid .. + 3 of tokens 2 tig, 2 tig + 1 (P's columns in p_lo) and
+        // 2 tig + 8, 2 tig + 9 (p_hi), a u32 of codes each; transposed by byte permutes into
+        // token pairs of one dim: n-tile 4 gr + j holds dim gr * 32 + 4 gid + j (acc_dim).
+        const int piece = 2 * gr + (gid >> 2);
+        const u32 col = (u32)((gid & 3) * 4);
+        const u32 w0 = *(const u32*)(vc + v8_offset(2 * tig, piece) + col);
+        const u32 w1 = *(const u32*)(vc + v8_offset(2 * tig + 1, piece) + col);
+        const u32 w2 = *(const u32*)(vc + v8_offset(2 * tig + 8, piece) + col);
+        const u32 w3 = *(const u32*)(vc + v8_offset(2 * tig + 9, piece) + col);
+        const u32 lo01 = __byte_perm(w0, w1, 0x5140), lo23 = __byte_perm(w0, w1, 0x7362);  // dims 0, 1 | 2, 3
+        const u32 hi01 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+        mma_top_rows(acc[4 * gr], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 & 0xffffu)),
+                     e4m3x2_to_f16x2((unsigned short)(hi01 & 0xffffu)));
+        mma_top_rows(acc[4 * gr + 1], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 >> 16)),
+                     e4m3x2_to_f16x2((unsigned short)(hi01 >> 16)));
+        mma_top_rows(acc[4 * gr + 2], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 & 0xffffu)),
+                     e4m3x2_to_f16x2((unsigned short)(hi23 & 0xffffu)));
+        mma_top_rows(acc[4 * gr + 3], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 >> 16)),
+                     e4m3x2_to_f16x2((unsigned short)(hi23 >> 16)));
+    }
+#else
+    const u32 p_lo = pack_ab(s[0][0], s[0][1]), p_hi = pack_ab(s[1][0], s[1][1]);
+#pragma unroll
+    for (int np = 0; np < D / 16; np++) {
+        // Matrices: tokens 0-7 / 8-15 (mat & 1) x dims (2 np + (mat >> 1)) * 8 + 0-7, transposed.
+        u32 b[4];
+        ldsm_x4_trans(b, vs + f.v_row + (((np * 2) ^ f.v_swz) << 4));
+        mma_top_rows(acc[2 * np], p_lo, p_hi, b[0], b[1]);
+        mma_top_rows(acc[2 * np + 1], p_lo, p_hi, b[2], b[3]);
+    }
+#endif
+}
+
 // The end of a warp item: this warp's accumulators (rows gid < G: query head kvh * G + gid, dims
-// acc_dim) divided by the row sums l, staged in the warp's own ring (stage: WARP_BYTES of shared
-// memory, no copy of the warp's in flight) as [G][D] f32, then stored as whole rows: out [batch,
-// out_stride] f32, or bf16 rounded as store_act rounds (query head h at h * D).
-static_assert(G * D * 4 <= WARP_BYTES, "a warp item stages its [G][D] f32 output in its ring");
-__device__ __forceinline__ void warp_item_finish(const float (&acc)[D / 8][2], float l, unsigned char* stage,
-                                                 int lane, void* __restrict__ out, int out_stride, int out_bf16,
-                                                 int seq, int kvh) {
+// acc_dim) divided by the row sums l, staged as [G][D] f32 in `stage` -- the ring slot of the chunk
+// just consumed, which no copy refills before the warp's next issue -- then stored as whole rows:
+// out [batch, out_stride] f32, or bf16 rounded as store_act rounds (query head h at h * D).
+static_assert(G * D * 4 <= STAGE_BYTES, "a warp item stages its [G][D] f32 output in one ring slot");
+__device__ __forceinline__ void warp_item_store(const float (&acc)[D / 8][2], float l, unsigned char* stage, int lane,
+                                                void* __restrict__ out, int out_stride, int out_bf16, int seq, int kvh) {
     const int gid = lane >> 2, tig = lane & 3;
     float* o = (float*)stage;  // [G][D] f32
-    cp_async_wait_all();
-    __syncwarp();  // every lane is past its last read of the ring
     if (gid < G) {
-        const float inv = 1.f / l;  // l >= 1: the split's first token has weight e^0
+        const float inv = 1.f / l;  // l >= 1: the first token has weight e^0
 #pragma unroll
         for (int nt = 0; nt < D / 8; nt++) {
             o[gid * D + acc_dim(nt, tig, 0)] = acc[nt][0] * inv;
@@ -338,6 +518,138 @@ __device__ __forceinline__ void warp_item_finish(const float (&acc)[D / 8][2], f
         else
             ((float4*)((float*)out + out_base))[c] = r;
     }
+    __syncwarp();  // every lane has read the slot before the next copy into it
+}
+
+// Q of query heads kvh * G + gid (rows gid >= G zero) of sequence seq as the A operand, pre-scaled;
+// a lane holds dims ks * 16 + tig * 2 + {0, 1, 8, 9} of every k-step ks (e4m3 cache: tig * 4 .. + 3,
+// the order its K codes come in).
+__device__ __forceinline__ void load_q_operand(const float* __restrict__ q, int q_stride, int seq, int kvh, int gid,
+                                               int tig, float scale, u32 (&qa)[D / 16][2]) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + min(gid, G - 1)) * D + ks * 16 + tig * 2;
+#ifdef KV_FP8
+        const float a = qp[tig * 2], b = qp[tig * 2 + 1], c = qp[tig * 2 + 2], d = qp[tig * 2 + 3];
+#else
+        const float a = qp[0], b = qp[1], c = qp[8], d = qp[9];
+#endif
+        qa[ks][0] = gid < G ? pack_ab(a * scale, b * scale) : 0u;
+        qa[ks][1] = gid < G ? pack_ab(c * scale, d * scale) : 0u;
+    }
+}
+
+// Where a warp's next copy comes from: chunk t0 of sequence seq (context ctx; seq == end: none left).
+struct IssueCursor {
+    int seq, end, ctx, t0;
+};
+// Moves c to the next sequence of [c.seq + 1, c.end) with a context (or to c.end).
+__device__ __forceinline__ void next_item(IssueCursor& c, const u32* __restrict__ context_lens) {
+    do {
+        c.seq++;
+    } while (c.seq < c.end && context_lens[c.seq] == 0);
+    c.ctx = c.seq < c.end ? (int)context_lens[c.seq] : 0;
+    c.t0 = 0;
+}
+
+// The warp-item entry point's body (see the top): grid (ceil(n_kv_heads / NWARPS), 1,
+// ceil(batch / seqs_per_cta)); CTA (x, z) takes sequences z * seqs_per_cta .. + seqs_per_cta - 1
+// (those below batch) in turn, its warp w kv head x * NWARPS + w of each (idle past the last head),
+// a whole context as one split. A warp's chunks form one stream over its sequences: the ring keeps
+// STAGES - 1 chunks in flight across the end of a sequence, so the next one's first copies overlap
+// this one's last chunk and its stores. Chunk i of the stream is copy group i and ring slot
+// i % STAGES. Arguments as decode_attention_mma's (part_o, part_ml, counters, split_tokens,
+// max_splits and the RoPE's are not used). The chunks of one sequence are visited in order by one
+// warp, so its output does not depend on seqs_per_cta.
+__device__ __forceinline__ void decode_attention_warp_seqs(
+    void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,
+    const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache, const u32* __restrict__ block_tables,
+    int max_blocks, const u32* __restrict__ context_lens, int n_kv_heads, int block_size, float scale,
+    int seqs_per_cta, int batch) {
+    allow_dependents_early();  // the output projection may start streaming its weights
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kvh = blockIdx.x * NWARPS + warp;
+    if (kvh >= n_kv_heads) return;  // no barrier follows in this form
+    // ring: [NWARPS][WARP_BYTES], a warp's STAGES slots as in decode_attention_mma.
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* ring_p = smem + warp * WARP_BYTES;
+    const u32 ring = (u32)__cvta_generic_to_shared(ring_p);
+    const BlockDiv bdiv = block_div(block_size);
+#ifdef KV_FP8
+    const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes a slot
+#define ISSUE_ARGS_W row_elems, kvh, n_kv_heads
+#else
+    const size_t row_elems = (size_t)n_kv_heads * D;
+    const size_t head_off = (size_t)kvh * D;
+#define ISSUE_ARGS_W row_elems, head_off
+#endif
+    const LaneFrag frag = lane_frag(lane);
+
+    // Before the wait (see decode_attention_mma): the first sequence's first chunks, its newest
+    // token left out -- the kernel before may still be writing it.
+    const int seq_end = min(batch, (int)(blockIdx.z + 1) * seqs_per_cta);
+    IssueCursor cur = {(int)blockIdx.z * seqs_per_cta - 1, seq_end, 0, 0};
+    next_item(cur, context_lens);
+    const int first_seq = cur.seq, fresh = cur.ctx - 1;
+    int issued = 0;  // chunks copied into the ring so far (copy groups holding a chunk)
+#pragma unroll
+    for (int c = 0; c < STAGES - 1; c++) {
+        if (cur.t0 < cur.ctx) {
+            issue_chunk(ring + c * STAGE_BYTES, cur.t0, lane, cur.ctx, fresh,
+                        block_tables + (size_t)cur.seq * max_blocks, bdiv, ISSUE_ARGS_W, k_cache, v_cache);
+            cur.t0 += CHUNK;
+            issued++;
+            cp_async_commit();
+        }
+    }
+    wait_for_prerequisites();
+    if (first_seq < seq_end && fresh / CHUNK < issued)
+        place_fresh_from_cache(ring + (fresh / CHUNK) * STAGE_BYTES, fresh % CHUNK, fresh, lane,
+                               block_tables + (size_t)first_seq * max_blocks, block_size, ISSUE_ARGS_W, k_cache,
+                               v_cache);
+    // Copies issued from here on see every token, so none is left out. Copy group i holds chunk i;
+    // groups past the stream's last chunk are empty.
+    auto issue_next = [&]() {
+        if (cur.t0 >= cur.ctx && cur.seq < cur.end) next_item(cur, context_lens);
+        if (cur.seq < cur.end) {
+            issue_chunk(ring + (issued % STAGES) * STAGE_BYTES, cur.t0, lane, cur.ctx, -1,
+                        block_tables + (size_t)cur.seq * max_blocks, bdiv, ISSUE_ARGS_W, k_cache, v_cache);
+            cur.t0 += CHUNK;
+            issued++;
+        }
+        cp_async_commit();
+    };
+    while (issued < STAGES - 1 && cur.seq < cur.end) issue_next();
+    // Top the groups up to STAGES - 1, so the wait below always leaves the newest STAGES - 1 open.
+    for (int g = issued; g < STAGES - 1; g++) cp_async_commit();
+#undef ISSUE_ARGS_W
+
+    int consumed = 0;  // chunks of the stream attended so far
+    for (int seq = first_seq; seq < seq_end;) {
+        const int ctx = (int)context_lens[seq];
+        u32 qa[D / 16][2];
+        load_q_operand(q, q_stride, seq, kvh, frag.gid, frag.tig, scale, qa);
+        float acc[D / 8][2];  // O rows gid: dims acc_dim(nt, tig, {0, 1})
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) acc[nt][0] = acc[nt][1] = 0.f;
+        float m = -SOV_INF, l = 0.f;  // running max of row gid; this lane's part of its running sum
+        for (int t0 = 0; t0 < ctx; t0 += CHUNK, consumed++) {
+            issue_next();  // chunk consumed + STAGES - 1 of the stream, into the slot freed last
+            cp_async_wait_stages();
+            __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
+            const int slot = consumed % STAGES;
+            attend_chunk(frag, ring + slot * STAGE_BYTES, ring_p + slot * STAGE_BYTES, t0, ctx, qa, acc, m, l);
+            __syncwarp();  // the slot is refilled only after every lane has read it
+        }
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        warp_item_store(acc, l, ring_p + ((consumed - 1) % STAGES) * STAGE_BYTES, lane, out, out_stride, out_bf16, seq,
+                        kvh);
+        do {
+            seq++;
+        } while (seq < seq_end && context_lens[seq] == 0);
+    }
+    cp_async_wait_all();  // only empty groups can be open here
 }
 
 // The body of both entry points below. Arguments, shapes and grid as paged_decode_attention in
@@ -349,7 +661,6 @@ __device__ __forceinline__ void warp_item_finish(const float (&acc)[D / 8][2], f
 // sequence's newest token rotates that token's k head, stores it and the v head into the cache, and
 // uses them straight from shared memory -- exactly rope_kv_write's arithmetic (rope_kv.cu), so the
 // results are those of rope_kv_write followed by this kernel.
-template <bool WARP_ITEMS>
 __device__ __forceinline__ void decode_attention_mma(
     void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,
     kv_t* __restrict__ k_cache,
@@ -366,16 +677,14 @@ __device__ __forceinline__ void decode_attention_mma(
     // token but each sequence's newest. So the first chunks' K/V loads are in flight before the
     // wait; the newest token's rows are placed after it.
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const DecodeWork work =
-        WARP_ITEMS ? decode_warp_work(context_lens, split_tokens, n_kv_heads, warp) : decode_work(context_lens, split_tokens);
-    if (!work.active) return;  // warp items: this warp alone (no barrier follows in that form)
+    const DecodeWork work = decode_work(context_lens, split_tokens);
+    if (!work.active) return;
     const int split = work.split, kvh = work.kvh, seq = work.seq, n_splits = work.n_splits;
     const int t_begin = work.t_begin, t_end = work.t_end;
     const int fresh = split == n_splits - 1 ? t_end - 1 : -1;  // the newest token, if in this split
-    const bool rope = !WARP_ITEMS && cos_t != nullptr;  // the fused write needs the CTA's barriers
-    // Tokens between a warp's consecutive chunks: the CTA's warps interleave their chunks, or a
-    // warp item takes every chunk of its split.
-    constexpr int CSTEP = WARP_ITEMS ? CHUNK : NWARPS * CHUNK;
+    const bool rope = cos_t != nullptr;
+    // Tokens between a warp's consecutive chunks: the CTA's warps interleave their chunks.
+    constexpr int CSTEP = NWARPS * CHUNK;
 
     // ring: [NWARPS][WARP_BYTES] (bf16: [STAGES][2 (K, V)][CHUNK, D]; e4m3: see WARP_BYTES);
     // reused as w_acc [NWARPS][G][D] f32 at the end.
@@ -398,20 +707,11 @@ __device__ __forceinline__ void decode_attention_mma(
     __shared__ __align__(16) bf16_t fresh_kv[2 * D];  // the newest token's K row, then its V row
 #define ISSUE_ARGS row_elems, head_off
 #endif
-    const int first = WARP_ITEMS ? t_begin : t_begin + warp * CHUNK;
+    const int first = t_begin + warp * CHUNK;
     const int my_chunks = first < t_end ? (t_end - first + CSTEP - 1) / CSTEP : 0;
     // The warp chunk holding the newest token, if this warp has it (it is then the warp's last).
     const int fresh_chunk = fresh >= first && (fresh - first) % CSTEP < CHUNK ? (fresh - first) / CSTEP : -1;
-#ifndef KV_FP8
-    // ldmatrix row addresses: this lane names row (lane & 7) of matrix (lane >> 3). K matrices are
-    // tokens 0-7 / 8-15 (mat >> 1) x pieces 2k / 2k + 1 (mat & 1); V matrices are tokens 0-7 / 8-15
-    // (mat & 1) x pieces 2n / 2n + 1 (mat >> 1). Piece 2k + b lands at (2k + b) ^ (tok & 7), which
-    // is 2k ^ (b ^ (tok & 7)) since 2k has no low bit: one XOR per step with a per-lane constant.
-    const int mat = lane >> 3, mrow = lane & 7;
-    const int k_tok = (mat >> 1) * 8 + mrow, v_tok = (mat & 1) * 8 + mrow;
-    const u32 k_row = (u32)(k_tok * D * 2), v_row = (u32)(v_tok * D * 2);
-    const int k_swz = (mat & 1) ^ (k_tok & 7), v_swz = (mat >> 1) ^ (v_tok & 7);
-#endif
+    const LaneFrag frag = lane_frag(lane);
 
 #pragma unroll
     for (int c = 0; c < STAGES - 1; c++) {
@@ -491,22 +791,8 @@ __device__ __forceinline__ void decode_attention_mma(
             place_fresh8(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), lane,
                          fresh_q, fresh_s);
     } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
-        const int tok = fresh - (first + fresh_chunk * CSTEP);
-        const size_t slot = (size_t)bt[fresh / block_size] * block_size + fresh % block_size;
-        const size_t codes_at = kv8_codes_at(slot, kvh, D, row_elems);
-        const u32 st = ring + fresh_chunk * STAGE_BYTES;
-        for (int i = lane; i < 2 * (D / 16); i += 32) {
-            const int piece = i % (D / 16);
-            const kv_t* src = (i < D / 16 ? k_cache : v_cache) + codes_at;
-            const u32 so = i < D / 16 ? k8_offset(tok, piece) : CODE_BYTES + v8_offset(tok, piece);
-            st_shared16(st + so, __ldcg((const uint4*)src + piece));
-        }
-        if (lane < 2) {
-            const float sc = __ldcg(
-                (const float*)((lane == 0 ? k_cache : v_cache) + kv8_scale_at(slot, kvh, n_kv_heads, D, row_elems)));
-            const u32 so = st + 2 * CODE_BYTES + (u32)(lane * CHUNK * 4 + tok * 4);
-            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(so), "f"(sc) : "memory");
-        }
+        place_fresh_from_cache(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), fresh, lane, bt,
+                               block_size, ISSUE_ARGS, k_cache, v_cache);
     }
 #else
     if (rope && fresh >= 0) {
@@ -531,13 +817,8 @@ __device__ __forceinline__ void decode_attention_mma(
             place_fresh(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), lane,
                         fresh_kv);
     } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
-        const int tok = fresh - (first + fresh_chunk * CSTEP);
-        const size_t at = ((size_t)bt[fresh / block_size] * block_size + fresh % block_size) * row_elems + head_off;
-        const u32 ks = ring + fresh_chunk * STAGE_BYTES;
-        for (int piece = lane; piece < PIECES; piece += 32) {
-            st_shared16(ks + slot_offset(tok, piece), __ldcg((const uint4*)(k_cache + at) + piece));
-            st_shared16(ks + SLOT_BYTES + slot_offset(tok, piece), __ldcg((const uint4*)(v_cache + at) + piece));
-        }
+        place_fresh_from_cache(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), fresh, lane, bt,
+                               block_size, ISSUE_ARGS, k_cache, v_cache);
     }
 #endif
 
@@ -585,125 +866,14 @@ __device__ __forceinline__ void decode_attention_mma(
         cp_async_commit();
         cp_async_wait_stages();
         __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
-#ifdef KV_FP8
-        const unsigned char* stp = smem + warp * WARP_BYTES + (c % STAGES) * STAGE_BYTES;  // this chunk's codes
-        // The scales of this lane's tokens n * 8 + tig * 2 + j: k_sc for the scores, v_sc for P.
-        float k_sc[2][2], v_sc[2][2];
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const float* sc = (const float*)(stp + 2 * CODE_BYTES) + n * 8 + tig * 2 + j;
-                k_sc[n][j] = sc[0];
-                v_sc[n][j] = sc[CHUNK];
-            }
-#else
-        const u32 ks = ring + (c % STAGES) * STAGE_BYTES;
-        const u32 vs = ks + SLOT_BYTES;
-#endif
-
-        // S = Q . K^T: s[n][j] is row gid, token n * 8 + tig * 2 + j of the chunk.
-        float s[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-#pragma unroll
-        for (int kstep = 0; kstep < D / 16; kstep++) {
-#ifdef KV_FP8
-            // Codes of tokens gid and gid + 8, dims kstep * 16 + tig * 4 .. + 3, widened.
-            const u32 w0 = *(const u32*)(stp + k8_offset(gid, kstep) + tig * 4);
-            const u32 w1 = *(const u32*)(stp + k8_offset(gid + 8, kstep) + tig * 4);
-            const u32 b[4] = {e4m3x2_to_f16x2((unsigned short)(w0 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w0 >> 16)),
-                              e4m3x2_to_f16x2((unsigned short)(w1 & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(w1 >> 16))};
-#else
-            // Matrices: tokens 0-7 / 8-15 (mat >> 1) x dims kstep*16 + 0-7 / 8-15 (mat & 1).
-            u32 b[4];
-            ldsm_x4(b, ks + k_row + (((kstep * 2) ^ k_swz) << 4));
-#endif
-            mma_top_rows(s[0], qa[kstep][0], qa[kstep][1], b[0], b[1]);
-            mma_top_rows(s[1], qa[kstep][0], qa[kstep][1], b[2], b[3]);
-        }
-#ifdef KV_FP8
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) s[n][j] *= k_sc[n][j];
-#endif
-        // Online softmax along row gid (its 16 tokens live in the 4 lanes of this quad).
-        float mx = -SOV_INF;
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                if (t0 + n * 8 + tig * 2 + j >= t_end) s[n][j] = -SOV_INF;
-                mx = fmaxf(mx, s[n][j]);
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m, mx);  // finite: the chunk's first token is valid
-        const float alpha = __expf(m - m_new);
-        float ps = 0.f;
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                s[n][j] = __expf(s[n][j] - m_new);
-                ps += s[n][j];
-            }
-        l = l * alpha + ps;
-        m = m_new;
-        if (__any_sync(0xffffffffu, alpha != 1.f)) {  // after the first chunks the max rarely moves
-#pragma unroll
-            for (int nt = 0; nt < D / 8; nt++) {
-                acc[nt][0] *= alpha;
-                acc[nt][1] *= alpha;
-            }
-        }
-        // O += P . V: P (tokens 0-7 | 8-15 of row gid) as the A operand.
-#ifdef KV_FP8
-        const u32 p_lo = pack_ab(s[0][0] * v_sc[0][0], s[0][1] * v_sc[0][1]);
-        const u32 p_hi = pack_ab(s[1][0] * v_sc[1][0], s[1][1] * v_sc[1][1]);
-        const unsigned char* vc = stp + CODE_BYTES;  // the chunk's V codes
-#pragma unroll
-        for (int gr = 0; gr < D / 32; gr++) {
-            // Dims gr * 32 + 4 gid .. + 3 of tokens 2 tig, 2 tig + 1 (P's columns in p_lo) and
-            // 2 tig + 8, 2 tig + 9 (p_hi), a u32 of codes each; transposed by byte permutes into
-            // token pairs of one dim: n-tile 4 gr + j holds dim gr * 32 + 4 gid + j (acc_dim).
-            const int piece = 2 * gr + (gid >> 2);
-            const u32 col = (u32)((gid & 3) * 4);
-            const u32 w0 = *(const u32*)(vc + v8_offset(2 * tig, piece) + col);
-            const u32 w1 = *(const u32*)(vc + v8_offset(2 * tig + 1, piece) + col);
-            const u32 w2 = *(const u32*)(vc + v8_offset(2 * tig + 8, piece) + col);
-            const u32 w3 = *(const u32*)(vc + v8_offset(2 * tig + 9, piece) + col);
-            const u32 lo01 = __byte_perm(w0, w1, 0x5140), lo23 = __byte_perm(w0, w1, 0x7362);  // dims 0, 1 | 2, 3
-            const u32 hi01 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-            mma_top_rows(acc[4 * gr], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 & 0xffffu)),
-                         e4m3x2_to_f16x2((unsigned short)(hi01 & 0xffffu)));
-            mma_top_rows(acc[4 * gr + 1], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo01 >> 16)),
-                         e4m3x2_to_f16x2((unsigned short)(hi01 >> 16)));
-            mma_top_rows(acc[4 * gr + 2], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 & 0xffffu)),
-                         e4m3x2_to_f16x2((unsigned short)(hi23 & 0xffffu)));
-            mma_top_rows(acc[4 * gr + 3], p_lo, p_hi, e4m3x2_to_f16x2((unsigned short)(lo23 >> 16)),
-                         e4m3x2_to_f16x2((unsigned short)(hi23 >> 16)));
-        }
-#else
-        const u32 p_lo = pack_ab(s[0][0], s[0][1]), p_hi = pack_ab(s[1][0], s[1][1]);
-#pragma unroll
-        for (int np = 0; np < D / 16; np++) {
-            // Matrices: tokens 0-7 / 8-15 (mat & 1) x dims (2 np + (mat >> 1)) * 8 + 0-7, transposed.
-            u32 b[4];
-            ldsm_x4_trans(b, vs + v_row + (((np * 2) ^ v_swz) << 4));
-            mma_top_rows(acc[2 * np], p_lo, p_hi, b[0], b[1]);
-            mma_top_rows(acc[2 * np + 1], p_lo, p_hi, b[2], b[3]);
-        }
-#endif
+        const u32 slot = ring + (c % STAGES) * STAGE_BYTES;
+        attend_chunk(frag, slot, smem + warp * WARP_BYTES + (c % STAGES) * STAGE_BYTES, t0, t_end, qa, acc, m, l);
         __syncwarp();  // the slot is refilled only after every lane has read it
     }
 
     // Row sums: add the quad's parts. Then the warps' states go to shared memory (w_acc over the ring).
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (WARP_ITEMS) {
-        warp_item_finish(acc, l, smem + warp * WARP_BYTES, lane, out, out_stride, out_bf16, seq, kvh);
-        return;
-    }
     cp_async_wait_all();
     __syncthreads();
     float* w_acc = (float*)smem;  // [NWARPS][G][D]
@@ -730,25 +900,38 @@ __device__ __forceinline__ void decode_attention_mma(
         int max_blocks, const u32* __restrict__ context_lens, float* __restrict__ part_o,                         \
         float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads, int block_size, int split_tokens, \
         int max_splits, float scale, const u32* __restrict__ positions, const u32* __restrict__ slots,            \
-        const float* __restrict__ cos_t, const float* __restrict__ sin_t
-#define DECODE_BODY(WARP_ITEMS)                                                                                    \
-    decode_attention_mma<WARP_ITEMS>(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables,       \
-                                     max_blocks, context_lens, part_o, part_ml, counters, n_kv_heads, block_size,  \
-                                     split_tokens, max_splits, scale, positions, slots, cos_t, sin_t)
+        const float* __restrict__ cos_t, const float* __restrict__ sin_t, int seqs_per_cta, int batch
+#define DECODE_BODY                                                                                                \
+    (void)seqs_per_cta;                                                                                            \
+    (void)batch;                                                                                                   \
+    decode_attention_mma(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks,       \
+                         context_lens, part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, \
+                         scale, positions, slots, cos_t, sin_t)
 
 // Grids of more CTAs than SMs (batch >= 2 or long contexts).
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) paged_decode_attention_mma(DECODE_PARAMS) {
-    DECODE_BODY(false);
+    DECODE_BODY;
 }
 
 // The same kernel for grids of at most one CTA per SM (batch 1, short contexts). A separate entry
 // so the host can give it its own shared-memory carveout (attention.rs).
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) paged_decode_attention_mma_few(DECODE_PARAMS) {
-    DECODE_BODY(false);
+    DECODE_BODY;
 }
 
-// Warp items (see the top): grid (ceil(n_kv_heads / NWARPS), 1, batch), one split per sequence, no
-// fused RoPE (positions, slots and tables are ignored). Its own carveout (DecodeCarveout::warps).
+// Warp items (see the top and decode_attention_warp_seqs): grid (ceil(n_kv_heads / NWARPS), 1,
+// ceil(batch / seqs_per_cta)), one split per sequence, no fused RoPE. Its own carveout
+// (DecodeCarveout::warps).
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) paged_decode_attention_mma_warps(DECODE_PARAMS) {
-    DECODE_BODY(true);
+    (void)part_o;
+    (void)part_ml;
+    (void)counters;
+    (void)split_tokens;
+    (void)max_splits;
+    (void)positions;
+    (void)slots;
+    (void)cos_t;
+    (void)sin_t;
+    decode_attention_warp_seqs(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks,
+                               context_lens, n_kv_heads, block_size, scale, seqs_per_cta, batch);
 }

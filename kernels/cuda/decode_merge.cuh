@@ -33,23 +33,6 @@ __device__ __forceinline__ DecodeWork decode_work(const u32* __restrict__ contex
     return w;
 }
 
-// The same for one warp of a launch of warp items (decode_attention_mma.cu): grid (ceil(n_kv_heads
-// / NWARPS), 1, sequence), warp w of CTA x taking kv head x * NWARPS + w (inactive past the last
-// head) over split 0 -- the host launches this form only when every context fits one split.
-__device__ __forceinline__ DecodeWork decode_warp_work(const u32* __restrict__ context_lens, int split_tokens,
-                                                       int n_kv_heads, int warp) {
-    DecodeWork w;
-    w.split = 0;
-    w.kvh = blockIdx.x * NWARPS + warp;
-    w.seq = blockIdx.z;
-    const int ctx = (int)context_lens[w.seq];
-    w.n_splits = (ctx + split_tokens - 1) / split_tokens;
-    w.active = w.kvh < n_kv_heads && ctx > 0;
-    w.t_begin = 0;
-    w.t_end = min(ctx, split_tokens);
-    return w;
-}
-
 // w_m, w_l: [NWARPS][G] f32 and w_acc: [NWARPS][G][D] f32 in shared memory, complete (a barrier
 // passed) before the call; a warp that saw no token leaves m = -inf, l = 0, acc = 0.
 // out: [batch, out_stride] f32, or bf16 when out_bf16 (query head h at h * D; store_act). part_o: [batch, n_kv_heads, max_splits, G, D]

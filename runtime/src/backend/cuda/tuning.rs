@@ -53,6 +53,12 @@ pub struct CudaTuning {
     /// SM with either cache (e4m3 1.18-1.32x, bf16 1.02-1.04x) and mixed at 15.5 (256 x 384 e4m3
     /// 1.10x, bf16 0.98x; 256 x 1024 0.92x / 0.95x), see `kernels/README.md` (FP8 KV cache).
     pub decode_warp_items_per_sm: usize,
+    /// Sequences one CTA of a warp-item launch takes in turn (`SOV_DECODE_WARP_SEQS`, a whole
+    /// number; 0 = auto). Each warp's copy ring runs on from one sequence into the next, so a CTA
+    /// pays its start-up (first copies, Q loads) once and the next sequence's first copies overlap
+    /// this one's end. Auto (the default) sizes the grid to the CTAs the GPU holds at once; 1 is
+    /// one sequence a CTA. The output does not depend on it.
+    pub decode_warp_seqs: usize,
     /// Prefill attention (prompt chunks, and the decode rows of a mixed step) on tensor cores
     /// (`prefill_attention_mma.cu`) where the head shape allows (`SOV_PREFILL_MMA`, a switch).
     /// Default on. Off keeps the CUDA-core kernel (`prefill_attention.cu`), which took 14.5 ms of
@@ -274,6 +280,7 @@ impl Default for CudaTuning {
             decode_tensor_cores: true,
             decode_fused_rope_max_rows: DEFAULT_FUSED_ROPE_ROWS,
             decode_warp_items_per_sm: DEFAULT_WARP_ITEMS_PER_SM,
+            decode_warp_seqs: 0,
             prefill_tensor_cores: true,
             gemv_max_rows: 1,
             gemv_split: None,
@@ -410,6 +417,7 @@ const MMA_VAR: &str = "SOV_DECODE_MMA";
 const PREFILL_MMA_VAR: &str = "SOV_PREFILL_MMA";
 const FUSED_ROPE_VAR: &str = "SOV_DECODE_FUSED_ROPE_ROWS";
 const WARP_ITEMS_VAR: &str = "SOV_DECODE_WARP_ITEMS";
+const WARP_SEQS_VAR: &str = "SOV_DECODE_WARP_SEQS";
 /// [`CudaTuning::decode_warp_items_per_sm`]'s default.
 const DEFAULT_WARP_ITEMS_PER_SM: usize = 24;
 /// [`CudaTuning::decode_fused_rope_max_rows`]'s default.
@@ -470,13 +478,14 @@ const CARVEOUT_EXPECTED: &str =
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 23] = [
+    pub const VARS: [&str; 24] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
         MMA_VAR,
         FUSED_ROPE_VAR,
         WARP_ITEMS_VAR,
+        WARP_SEQS_VAR,
         PREFILL_MMA_VAR,
         GEMV_VAR,
         GEMV_SPLIT_VAR,
@@ -519,6 +528,9 @@ impl CudaTuning {
         }
         if let Some(v) = lookup(&get, WARP_ITEMS_VAR) {
             t.decode_warp_items_per_sm = parse_count(WARP_ITEMS_VAR, &v, 0)?;
+        }
+        if let Some(v) = lookup(&get, WARP_SEQS_VAR) {
+            t.decode_warp_seqs = parse_count(WARP_SEQS_VAR, &v, 0)?;
         }
         if let Some(v) = lookup(&get, PREFILL_MMA_VAR) {
             t.prefill_tensor_cores = parse_switch(PREFILL_MMA_VAR, &v)?;
@@ -823,6 +835,7 @@ mod tests {
             Some(72)
         );
         assert_eq!(t.decode_warp_items_per_sm, 24);
+        assert_eq!(t.decode_warp_seqs, 0);
         assert_eq!(t.kernels.decode_carveout.of("gemv_bf16"), None);
         assert!(t.kernels.decode_attention_defines.is_empty() && t.kernels.gemv_defines.is_empty());
         assert_eq!(t.kernels.source_dir, None);
@@ -844,6 +857,7 @@ mod tests {
             ("SOV_PREFILL_MMA", "0"),
             ("SOV_DECODE_FUSED_ROPE_ROWS", "64"),
             ("SOV_DECODE_WARP_ITEMS", "8"),
+            ("SOV_DECODE_WARP_SEQS", "3"),
             ("SOV_GEMV", "0"),
             ("SOV_GEMV_SPLIT", "8"),
             ("SOV_DECODE_STAGES", "3"),
@@ -870,6 +884,7 @@ mod tests {
             decode_tensor_cores: false,
             decode_fused_rope_max_rows: 64,
             decode_warp_items_per_sm: 8,
+            decode_warp_seqs: 3,
             prefill_tensor_cores: false,
             gemv_max_rows: 0,
             gemv_split: Some(8),
