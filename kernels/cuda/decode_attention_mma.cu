@@ -43,14 +43,13 @@
 //
 // Warp items (the third entry point, paged_decode_attention_mma_warps): at wide grids -- many
 // sequences, one split each -- each warp takes a whole (kv head, sequence) on its own instead of
-// sharing it with its CTA's other warps: a CTA is NWARPS kv heads of seqs_per_cta consecutive
-// sequences, taken in turn. A warp then streams 4x the chunks for one start-up (Q loads, the first
-// chunk's latency) and one end, and needs no merge of warp states: it normalises its accumulators
-// and stores the rows itself. Its ring runs on across its sequences, so with seqs_per_cta > 1 the
-// next sequence's first copies are in flight while this one ends, and a CTA's start-up is paid
-// once for all of them. The chunks are visited in order by one warp, so the sums round
-// differently from the CTA form (and do not depend on seqs_per_cta); the host uses this form only
-// outside deterministic mode, with one split and no fused RoPE.
+// sharing it with its CTA's other warps: a CTA is NWARPS kv heads of one sequence. A warp then
+// streams 4x the chunks for one start-up (Q loads, the first chunk's latency) and one end, and
+// needs no merge of warp states: it normalises its accumulators and stores the rows itself. The
+// chunks are visited in order by one warp, so the sums round differently from the CTA form; the
+// host uses this form only outside deterministic mode, with one split. The fused RoPE + KV write
+// needs no barrier here: the warp that reads a (sequence, kv head) is the only one that needs its
+// newest token, so it rotates and writes that token itself (decode_attention_warp_item).
 //
 // Compile-time: HEAD_DIM (64, 128 or 256), GQA_GROUP (1..8), a bf16 or (KV_FP8) e4m3 cache; STAGES
 // (ring depth, default 2) and MIN_BLOCKS (occupancy hint). Dynamic shared memory: NWARPS *
@@ -521,135 +520,234 @@ __device__ __forceinline__ void warp_item_store(const float (&acc)[D / 8][2], fl
     __syncwarp();  // every lane has read the slot before the next copy into it
 }
 
-// Q of query heads kvh * G + gid (rows gid >= G zero) of sequence seq as the A operand, pre-scaled;
-// a lane holds dims ks * 16 + tig * 2 + {0, 1, 8, 9} of every k-step ks (e4m3 cache: tig * 4 .. + 3,
-// the order its K codes come in).
-__device__ __forceinline__ void load_q_operand(const float* __restrict__ q, int q_stride, int seq, int kvh, int gid,
-                                               int tig, float scale, u32 (&qa)[D / 16][2]) {
+// Q of query heads kvh * G + gid (rows gid >= G: repeats of the last) of sequence seq, as f32: a
+// lane holds dims ks * 16 + tig * 2 + {0, 1, 8, 9} of every k-step ks (e4m3 cache: tig * 4 .. + 3,
+// the order its K codes come in), so both dims of each rotated pair (j, j + D/2), D/2 being D/32
+// k-steps. Split from q_operand so the loads can be issued early.
+__device__ __forceinline__ void load_q(const float* __restrict__ q, int q_stride, int seq, int kvh, int gid, int tig,
+                                       float (&qf)[D / 16][4]) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + min(gid, G - 1)) * D + ks * 16 + tig * 2;
 #ifdef KV_FP8
-        const float a = qp[tig * 2], b = qp[tig * 2 + 1], c = qp[tig * 2 + 2], d = qp[tig * 2 + 3];
+        qf[ks][0] = qp[tig * 2];
+        qf[ks][1] = qp[tig * 2 + 1];
+        qf[ks][2] = qp[tig * 2 + 2];
+        qf[ks][3] = qp[tig * 2 + 3];
 #else
-        const float a = qp[0], b = qp[1], c = qp[8], d = qp[9];
+        qf[ks][0] = qp[0];
+        qf[ks][1] = qp[1];
+        qf[ks][2] = qp[8];
+        qf[ks][3] = qp[9];
 #endif
-        qa[ks][0] = gid < G ? pack_ab(a * scale, b * scale) : 0u;
-        qa[ks][1] = gid < G ? pack_ab(c * scale, d * scale) : 0u;
     }
 }
 
-// Where a warp's next copy comes from: chunk t0 of sequence seq (context ctx; seq == end: none left).
-struct IssueCursor {
-    int seq, end, ctx, t0;
-};
-// Moves c to the next sequence of [c.seq + 1, c.end) with a context (or to c.end).
-__device__ __forceinline__ void next_item(IssueCursor& c, const u32* __restrict__ context_lens) {
-    do {
-        c.seq++;
-    } while (c.seq < c.end && context_lens[c.seq] == 0);
-    c.ctx = c.seq < c.end ? (int)context_lens[c.seq] : 0;
-    c.t0 = 0;
+// load_q's values as the A operand (rows gid >= G zero): rotated at position pos (pos < 0: not
+// rotated) as rope_kv_write rotates them, then pre-scaled.
+__device__ __forceinline__ void q_operand(float (&qf)[D / 16][4], int gid, int tig, float scale, int pos,
+                                          const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                          u32 (&qa)[D / 16][2]) {
+    if (pos >= 0) {
+        const size_t p = (size_t)pos;
+#pragma unroll
+        for (int ks = 0; ks < D / 32; ks++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+#ifdef KV_FP8
+                const int j = ks * 16 + tig * 4 + e;
+#else
+                const int j = ks * 16 + tig * 2 + (e & 1) + (e >> 1) * 8;
+#endif
+                rotate_pair(qf[ks][e], qf[ks + D / 32][e], cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j],
+                            &qf[ks][e], &qf[ks + D / 32][e]);
+            }
+    }
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        qa[ks][0] = gid < G ? pack_ab(qf[ks][0] * scale, qf[ks][1] * scale) : 0u;
+        qa[ks][1] = gid < G ? pack_ab(qf[ks][2] * scale, qf[ks][3] * scale) : 0u;
+    }
 }
 
-// The warp-item entry point's body (see the top): grid (ceil(n_kv_heads / NWARPS), 1,
-// ceil(batch / seqs_per_cta)); CTA (x, z) takes sequences z * seqs_per_cta .. + seqs_per_cta - 1
-// (those below batch) in turn, its warp w kv head x * NWARPS + w of each (idle past the last head),
-// a whole context as one split. A warp's chunks form one stream over its sequences: the ring keeps
-// STAGES - 1 chunks in flight across the end of a sequence, so the next one's first copies overlap
-// this one's last chunk and its stores. Chunk i of the stream is copy group i and ring slot
-// i % STAGES. Arguments as decode_attention_mma's (part_o, part_ml, counters, split_tokens,
-// max_splits and the RoPE's are not used). The chunks of one sequence are visited in order by one
-// warp, so its output does not depend on seqs_per_cta.
-__device__ __forceinline__ void decode_attention_warp_seqs(
+// The newest token of a warp item, from the raw qkv activation, with the fused RoPE (see
+// decode_attention_warp_item): K rotated at position p, V as it is, both rounded for the cache --
+// rope_kv_write's arithmetic (rope_kv.cu): bf16, or e4m3 codes with one scale per row
+// (kv_quant_inv / kv_quant_scale) -- into the warp's staging (e4m3: fresh_codes [2][D] bytes,
+// fresh_scales [2]; bf16: fresh_rows [2][D] bf16), and into the cache at `slot` unless it is
+// 0xffffffff. Lane `lane` takes the pairs (j, j + D/2), j = lane + 32 i.
+#ifdef KV_FP8
+__device__ __forceinline__ void warp_fresh_rows(const float* __restrict__ kr, const float* __restrict__ vr, size_t p,
+                                                const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                                int lane, unsigned char* fresh_codes, float* fresh_scales, u32 slot,
+                                                int kvh, int n_kv_heads, size_t row_bytes, kv_t* __restrict__ k_cache,
+                                                kv_t* __restrict__ v_cache) {
+    constexpr int PAIRS = (D / 2 + 31) / 32;
+#pragma unroll
+    for (int kv = 0; kv < 2; kv++) {
+        const float* x = kv == 0 ? kr : vr;
+        float a[PAIRS], b[PAIRS];
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < PAIRS; i++) {
+            const int j = lane + 32 * i;
+            a[i] = b[i] = 0.f;
+            if (j >= D / 2) continue;
+            a[i] = x[j];
+            b[i] = x[j + D / 2];
+            if (kv == 0) rotate_pair(a[i], b[i], cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j], &a[i], &b[i]);
+            amax = fmaxf(amax, fmaxf(fabsf(a[i]), fabsf(b[i])));
+        }
+        amax = warp_max(amax);
+        const float inv = kv_quant_inv(amax);
+#pragma unroll
+        for (int i = 0; i < PAIRS; i++) {
+            const int j = lane + 32 * i;
+            if (j >= D / 2) continue;
+            const unsigned short c = f32x2_to_e4m3x2(__fmul_rn(a[i], inv), __fmul_rn(b[i], inv));
+            fresh_codes[kv * D + j] = (unsigned char)(c & 0xffu);
+            fresh_codes[kv * D + j + D / 2] = (unsigned char)(c >> 8);
+        }
+        if (lane == 0) fresh_scales[kv] = kv_quant_scale(amax);
+    }
+    __syncwarp();
+    if (slot != 0xffffffffu) {
+        const size_t codes_at = kv8_codes_at(slot, kvh, D, row_bytes);
+        for (int i = lane; i < 2 * (D / 16); i += 32)
+            ((uint4*)((i < D / 16 ? k_cache : v_cache) + codes_at))[i % (D / 16)] = ((const uint4*)fresh_codes)[i];
+        if (lane < 2)
+            *(float*)((lane == 0 ? k_cache : v_cache) + kv8_scale_at(slot, kvh, n_kv_heads, D, row_bytes)) =
+                fresh_scales[lane];
+    }
+}
+#else
+__device__ __forceinline__ void warp_fresh_rows(const float* __restrict__ kr, const float* __restrict__ vr, size_t p,
+                                                const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                                int lane, bf16_t* fresh_rows, u32 slot, size_t row_elems,
+                                                size_t head_off, kv_t* __restrict__ k_cache,
+                                                kv_t* __restrict__ v_cache) {
+    for (int j = lane; j < D / 2; j += 32) {
+        float a = kr[j], b = kr[j + D / 2];
+        rotate_pair(a, b, cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j], &a, &b);
+        fresh_rows[j] = f2bf(a);
+        fresh_rows[j + D / 2] = f2bf(b);
+    }
+    for (int j = lane; j < D; j += 32) fresh_rows[D + j] = f2bf(vr[j]);
+    __syncwarp();
+    if (slot != 0xffffffffu) {
+        const size_t at = (size_t)slot * row_elems + head_off;
+        for (int i = lane; i < 2 * PIECES; i += 32)
+            ((uint4*)((i < PIECES ? k_cache : v_cache) + at))[i % PIECES] = ((const uint4*)fresh_rows)[i];
+    }
+}
+#endif
+
+// The warp-item entry point's body (see the top): grid (ceil(n_kv_heads / NWARPS), 1, batch); warp
+// w of CTA (x, z) takes kv head x * NWARPS + w (idle past the last head) of sequence z, its whole
+// context as one split. Arguments as decode_attention_mma's (part_o, part_ml, counters and
+// max_splits are not used). With the fused RoPE (cos_t non-null) the warp rotates its query heads
+// as it loads them and makes and writes the newest token's K and V rows itself (warp_fresh_rows):
+// no other warp reads that token of this kv head in this step, so no barrier is needed.
+__device__ __forceinline__ void decode_attention_warp_item(
     void* __restrict__ out, int out_stride, int out_bf16, const float* __restrict__ q, int q_stride,
-    const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache, const u32* __restrict__ block_tables,
-    int max_blocks, const u32* __restrict__ context_lens, int n_kv_heads, int block_size, float scale,
-    int seqs_per_cta, int batch) {
+    kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, const u32* __restrict__ block_tables, int max_blocks,
+    const u32* __restrict__ context_lens, int n_kv_heads, int block_size, int split_tokens, float scale,
+    const u32* __restrict__ positions, const u32* __restrict__ slots, const float* __restrict__ cos_t,
+    const float* __restrict__ sin_t) {
     allow_dependents_early();  // the output projection may start streaming its weights
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kvh = blockIdx.x * NWARPS + warp;
-    if (kvh >= n_kv_heads) return;  // no barrier follows in this form
+    const int kvh = blockIdx.x * NWARPS + warp, seq = blockIdx.z;
+    const int ctx = min((int)context_lens[seq], split_tokens);  // the host launches one split
+    if (kvh >= n_kv_heads || ctx == 0) return;                  // no barrier follows in this form
+    const bool rope = cos_t != nullptr;
+    const int fresh = ctx - 1, fresh_chunk = fresh / CHUNK;  // the newest token, and its chunk
+    const int n_chunks = (ctx + CHUNK - 1) / CHUNK;
     // ring: [NWARPS][WARP_BYTES], a warp's STAGES slots as in decode_attention_mma.
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* ring_p = smem + warp * WARP_BYTES;
     const u32 ring = (u32)__cvta_generic_to_shared(ring_p);
+    const u32* bt = block_tables + (size_t)seq * max_blocks;
     const BlockDiv bdiv = block_div(block_size);
 #ifdef KV_FP8
     const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes a slot
+    __shared__ __align__(16) unsigned char fresh_codes[NWARPS][2 * D];  // a warp's newest K, V codes
+    __shared__ float fresh_scales[NWARPS][2];                          // and their scales
 #define ISSUE_ARGS_W row_elems, kvh, n_kv_heads
 #else
     const size_t row_elems = (size_t)n_kv_heads * D;
     const size_t head_off = (size_t)kvh * D;
+    __shared__ __align__(16) bf16_t fresh_rows[NWARPS][2 * D];  // a warp's newest K row, then V row
 #define ISSUE_ARGS_W row_elems, head_off
 #endif
     const LaneFrag frag = lane_frag(lane);
 
-    // Before the wait (see decode_attention_mma): the first sequence's first chunks, its newest
-    // token left out -- the kernel before may still be writing it.
-    const int seq_end = min(batch, (int)(blockIdx.z + 1) * seqs_per_cta);
-    IssueCursor cur = {(int)blockIdx.z * seqs_per_cta - 1, seq_end, 0, 0};
-    next_item(cur, context_lens);
-    const int first_seq = cur.seq, fresh = cur.ctx - 1;
-    int issued = 0;  // chunks copied into the ring so far (copy groups holding a chunk)
+    // Before the wait (see decode_attention_mma): the first chunks, the newest token left out.
 #pragma unroll
     for (int c = 0; c < STAGES - 1; c++) {
-        if (cur.t0 < cur.ctx) {
-            issue_chunk(ring + c * STAGE_BYTES, cur.t0, lane, cur.ctx, fresh,
-                        block_tables + (size_t)cur.seq * max_blocks, bdiv, ISSUE_ARGS_W, k_cache, v_cache);
-            cur.t0 += CHUNK;
-            issued++;
-            cp_async_commit();
-        }
+        if (c < n_chunks)
+            issue_chunk(ring + c * STAGE_BYTES, c * CHUNK, lane, ctx, fresh, bt, bdiv, ISSUE_ARGS_W, k_cache, v_cache);
+        cp_async_commit();
     }
     wait_for_prerequisites();
-    if (first_seq < seq_end && fresh / CHUNK < issued)
-        place_fresh_from_cache(ring + (fresh / CHUNK) * STAGE_BYTES, fresh % CHUNK, fresh, lane,
-                               block_tables + (size_t)first_seq * max_blocks, block_size, ISSUE_ARGS_W, k_cache,
-                               v_cache);
-    // Copies issued from here on see every token, so none is left out. Copy group i holds chunk i;
-    // groups past the stream's last chunk are empty.
-    auto issue_next = [&]() {
-        if (cur.t0 >= cur.ctx && cur.seq < cur.end) next_item(cur, context_lens);
-        if (cur.seq < cur.end) {
-            issue_chunk(ring + (issued % STAGES) * STAGE_BYTES, cur.t0, lane, cur.ctx, -1,
-                        block_tables + (size_t)cur.seq * max_blocks, bdiv, ISSUE_ARGS_W, k_cache, v_cache);
-            cur.t0 += CHUNK;
-            issued++;
+
+    // The newest token's rows: made here (fused RoPE) or copied from the cache, placed into its
+    // chunk's slot if that chunk is already in flight (the loop places it otherwise).
+    if (rope) {
+        const float* kr = q + (size_t)seq * q_stride + (size_t)(n_kv_heads * G + kvh) * D;  // [D] f32
+#ifdef KV_FP8
+        warp_fresh_rows(kr, kr + (size_t)n_kv_heads * D, positions[seq], cos_t, sin_t, lane, fresh_codes[warp],
+                        fresh_scales[warp], slots[seq], kvh, n_kv_heads, row_elems, k_cache, v_cache);
+        if (fresh_chunk < STAGES - 1)
+            place_fresh8(ring + fresh_chunk * STAGE_BYTES, fresh % CHUNK, lane, fresh_codes[warp], fresh_scales[warp]);
+#else
+        warp_fresh_rows(kr, kr + (size_t)n_kv_heads * D, positions[seq], cos_t, sin_t, lane, fresh_rows[warp],
+                        slots[seq], row_elems, head_off, k_cache, v_cache);
+        if (fresh_chunk < STAGES - 1) place_fresh(ring + fresh_chunk * STAGE_BYTES, fresh % CHUNK, lane, fresh_rows[warp]);
+#endif
+    } else if (fresh_chunk < STAGES - 1) {
+        place_fresh_from_cache(ring + fresh_chunk * STAGE_BYTES, fresh % CHUNK, fresh, lane, bt, block_size,
+                               ISSUE_ARGS_W, k_cache, v_cache);
+    }
+    u32 qa[D / 16][2];
+    {
+        float qf[D / 16][4];
+        load_q(q, q_stride, seq, kvh, frag.gid, frag.tig, qf);
+        q_operand(qf, frag.gid, frag.tig, scale, rope ? (int)positions[seq] : -1, cos_t, sin_t, qa);
+    }
+    float acc[D / 8][2];  // O rows gid: dims acc_dim(nt, tig, {0, 1})
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) acc[nt][0] = acc[nt][1] = 0.f;
+    float m = -SOV_INF, l = 0.f;  // running max of row gid; this lane's part of its running sum
+
+    for (int c = 0; c < n_chunks; c++) {
+        const int next = c + STAGES - 1;
+        if (next < n_chunks) {
+            // Copies issued after the wait see every token; with the fused RoPE the newest one is
+            // still left out (its cache row may not be visible to this warp's copies yet) and
+            // placed from the staging.
+            issue_chunk(ring + (next % STAGES) * STAGE_BYTES, next * CHUNK, lane, ctx, rope ? fresh : -1, bt, bdiv,
+                        ISSUE_ARGS_W, k_cache, v_cache);
+            if (rope && next == fresh_chunk)
+#ifdef KV_FP8
+                place_fresh8(ring + (next % STAGES) * STAGE_BYTES, fresh % CHUNK, lane, fresh_codes[warp],
+                             fresh_scales[warp]);
+#else
+                place_fresh(ring + (next % STAGES) * STAGE_BYTES, fresh % CHUNK, lane, fresh_rows[warp]);
+#endif
         }
         cp_async_commit();
-    };
-    while (issued < STAGES - 1 && cur.seq < cur.end) issue_next();
-    // Top the groups up to STAGES - 1, so the wait below always leaves the newest STAGES - 1 open.
-    for (int g = issued; g < STAGES - 1; g++) cp_async_commit();
-#undef ISSUE_ARGS_W
-
-    int consumed = 0;  // chunks of the stream attended so far
-    for (int seq = first_seq; seq < seq_end;) {
-        const int ctx = (int)context_lens[seq];
-        u32 qa[D / 16][2];
-        load_q_operand(q, q_stride, seq, kvh, frag.gid, frag.tig, scale, qa);
-        float acc[D / 8][2];  // O rows gid: dims acc_dim(nt, tig, {0, 1})
-#pragma unroll
-        for (int nt = 0; nt < D / 8; nt++) acc[nt][0] = acc[nt][1] = 0.f;
-        float m = -SOV_INF, l = 0.f;  // running max of row gid; this lane's part of its running sum
-        for (int t0 = 0; t0 < ctx; t0 += CHUNK, consumed++) {
-            issue_next();  // chunk consumed + STAGES - 1 of the stream, into the slot freed last
-            cp_async_wait_stages();
-            __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
-            const int slot = consumed % STAGES;
-            attend_chunk(frag, ring + slot * STAGE_BYTES, ring_p + slot * STAGE_BYTES, t0, ctx, qa, acc, m, l);
-            __syncwarp();  // the slot is refilled only after every lane has read it
-        }
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        warp_item_store(acc, l, ring_p + ((consumed - 1) % STAGES) * STAGE_BYTES, lane, out, out_stride, out_bf16, seq,
-                        kvh);
-        do {
-            seq++;
-        } while (seq < seq_end && context_lens[seq] == 0);
+        cp_async_wait_stages();
+        __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
+        const int slot = c % STAGES;
+        attend_chunk(frag, ring + slot * STAGE_BYTES, ring_p + slot * STAGE_BYTES, c * CHUNK, ctx, qa, acc, m, l);
+        __syncwarp();  // the slot is refilled only after every lane has read it
     }
-    cp_async_wait_all();  // only empty groups can be open here
+#undef ISSUE_ARGS_W
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    cp_async_wait_all();  // only empty copy groups can be open here
+    warp_item_store(acc, l, ring_p + ((n_chunks - 1) % STAGES) * STAGE_BYTES, lane, out, out_stride, out_bf16, seq,
+                    kvh);
 }
 
 // The body of both entry points below. Arguments, shapes and grid as paged_decode_attention in
@@ -728,24 +826,8 @@ __device__ __forceinline__ void decode_attention_mma(
     // dims ks * 16 + tig * 2 + {0, 1, 8, 9} of every k-step ks, so both dims of each rotated pair
     // (j, j + D/2), D/2 being D/32 k-steps. The loads are issued first, so their latency overlaps
     // the newest token's below.
-    float qf[D / 16][4];  // [k-step][dims tig*2 + {0, 1, 8, 9}]
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        const float* qp = q + (size_t)seq * q_stride + (size_t)(kvh * G + min(gid, G - 1)) * D + ks * 16 + tig * 2;
-#ifdef KV_FP8
-        // Dims tig * 4 .. + 3 of the k-step (qp is at tig * 2), the order this lane's K codes
-        // come in (see the top).
-        qf[ks][0] = qp[tig * 2];
-        qf[ks][1] = qp[tig * 2 + 1];
-        qf[ks][2] = qp[tig * 2 + 2];
-        qf[ks][3] = qp[tig * 2 + 3];
-#else
-        qf[ks][0] = qp[0];
-        qf[ks][1] = qp[1];
-        qf[ks][2] = qp[8];
-        qf[ks][3] = qp[9];
-#endif
-    }
+    float qf[D / 16][4];
+    load_q(q, q_stride, seq, kvh, gid, tig, qf);
 
     // The newest token's K and V rows. Fused RoPE: rotated from qkv into fresh_kv, stored into the
     // cache, and placed into the ring slot from fresh_kv (here for a chunk issued above, in the loop
@@ -823,26 +905,7 @@ __device__ __forceinline__ void decode_attention_mma(
 #endif
 
     u32 qa[D / 16][2];  // [k-step][cols tig*2.. | 8 + tig*2..]
-    if (rope) {
-        const size_t p = positions[seq];
-#pragma unroll
-        for (int ks = 0; ks < D / 32; ks++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-#ifdef KV_FP8
-                const int j = ks * 16 + tig * 4 + e;
-#else
-                const int j = ks * 16 + tig * 2 + (e & 1) + (e >> 1) * 8;
-#endif
-                rotate_pair(qf[ks][e], qf[ks + D / 32][e], cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j],
-                            &qf[ks][e], &qf[ks + D / 32][e]);
-            }
-    }
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        qa[ks][0] = gid < G ? pack_ab(qf[ks][0] * scale, qf[ks][1] * scale) : 0u;
-        qa[ks][1] = gid < G ? pack_ab(qf[ks][2] * scale, qf[ks][3] * scale) : 0u;
-    }
+    q_operand(qf, gid, tig, scale, rope ? (int)positions[seq] : -1, cos_t, sin_t, qa);
     float acc[D / 8][2];  // O rows gid: dims nt * 8 + tig * 2 + {0, 1}
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) acc[nt][0] = acc[nt][1] = 0.f;
@@ -900,10 +963,8 @@ __device__ __forceinline__ void decode_attention_mma(
         int max_blocks, const u32* __restrict__ context_lens, float* __restrict__ part_o,                         \
         float* __restrict__ part_ml, u32* __restrict__ counters, int n_kv_heads, int block_size, int split_tokens, \
         int max_splits, float scale, const u32* __restrict__ positions, const u32* __restrict__ slots,            \
-        const float* __restrict__ cos_t, const float* __restrict__ sin_t, int seqs_per_cta, int batch
+        const float* __restrict__ cos_t, const float* __restrict__ sin_t
 #define DECODE_BODY                                                                                                \
-    (void)seqs_per_cta;                                                                                            \
-    (void)batch;                                                                                                   \
     decode_attention_mma(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks,       \
                          context_lens, part_o, part_ml, counters, n_kv_heads, block_size, split_tokens, max_splits, \
                          scale, positions, slots, cos_t, sin_t)
@@ -919,19 +980,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) paged_decode_
     DECODE_BODY;
 }
 
-// Warp items (see the top and decode_attention_warp_seqs): grid (ceil(n_kv_heads / NWARPS), 1,
-// ceil(batch / seqs_per_cta)), one split per sequence, no fused RoPE. Its own carveout
-// (DecodeCarveout::warps).
+// Warp items (see the top and decode_attention_warp_item): grid (ceil(n_kv_heads / NWARPS), 1,
+// batch), one split per sequence. Its own carveout (DecodeCarveout::warps).
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) paged_decode_attention_mma_warps(DECODE_PARAMS) {
     (void)part_o;
     (void)part_ml;
     (void)counters;
-    (void)split_tokens;
     (void)max_splits;
-    (void)positions;
-    (void)slots;
-    (void)cos_t;
-    (void)sin_t;
-    decode_attention_warp_seqs(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks,
-                               context_lens, n_kv_heads, block_size, scale, seqs_per_cta, batch);
+    decode_attention_warp_item(out, out_stride, out_bf16, q, q_stride, k_cache, v_cache, block_tables, max_blocks,
+                               context_lens, n_kv_heads, block_size, split_tokens, scale, positions, slots, cos_t,
+                               sin_t);
 }

@@ -20,7 +20,7 @@
 //! kernel has three entry points, for grids of at most one CTA per SM, for wider ones and for
 //! warp items, so each gets its own shared-memory carveout ([`super::DecodeCarveout`]).
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use sov_kernels::{HeadConfig, KernelId, KvElement};
 
 use super::buffer::CudaBuffer;
@@ -108,8 +108,9 @@ pub(super) struct FusedRope<'a> {
 impl CudaBackend {
     /// `rope_kv_write` then `paged_attention`; fused into the tensor-core decode kernel for decode
     /// steps where it applies (head_dim 64/128/256; batch-1 step 4.11 ms fused vs 4.13-4.14
-    /// unfused on the H200) and of at most [`super::CudaTuning::decode_fused_rope_max_rows`]
-    /// rows.
+    /// unfused on the H200) and either of at most
+    /// [`super::CudaTuning::decode_fused_rope_max_rows`] rows or launched as warp items
+    /// ([`super::CudaTuning::decode_warp_fused_rope`]).
     pub(super) fn rope_kv_attention_impl(
         &self,
         qkv: &mut CudaBuffer,
@@ -122,12 +123,19 @@ impl CudaBackend {
         const OP: &str = "rope_kv_attention";
         let (n, heads) = (meta.n_tokens, shape.heads);
         let cfg = self.attention_config(heads)?;
-        let fused = self.tuning.decode_tensor_cores
+        let decode_on_tensor_cores = self.tuning.decode_tensor_cores
             && KernelId::DecodeAttentionMma.supports(Some(cfg))
             && n > 0
-            && n <= self.tuning.decode_fused_rope_max_rows
             && meta.max_q_len == 1
             && n == meta.n_seqs;
+        let fused = decode_on_tensor_cores
+            && (n <= self.tuning.decode_fused_rope_max_rows
+                || self.tuning.decode_warp_fused_rope
+                    && self.warp_items(
+                        n,
+                        heads.n_kv_heads,
+                        self.decode_plan(n, heads.n_kv_heads, meta.max_ctx_len),
+                    ));
         if !fused {
             return crate::backend::rope_kv_then_attention(self, qkv, tables, kv, meta, out, shape);
         }
@@ -266,32 +274,6 @@ impl CudaBackend {
             && seqs * kv_heads >= per_sm * self.sm_count
     }
 
-    /// Sequences each CTA of a warp-item launch takes in turn: the tuning's
-    /// [`super::CudaTuning::decode_warp_seqs`], or (0, auto) as many as spread `seqs` over the
-    /// CTAs the GPU holds at once (`head_ctas` CTAs a sequence; the occupancy of `f` with
-    /// `shared_mem_bytes` of dynamic shared memory), so that every CTA starts in the first wave.
-    fn warp_seqs_per_cta(
-        &self,
-        f: &CudaFunction,
-        shared_mem_bytes: u32,
-        head_ctas: usize,
-        seqs: usize,
-    ) -> Result<usize, BackendError> {
-        let fixed = self.tuning.decode_warp_seqs;
-        if fixed > 0 {
-            return Ok(fixed);
-        }
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(
-                THREADS,
-                shared_mem_bytes as usize,
-                None,
-            )
-            .map_err(driver_err)?;
-        let resident = (per_sm as usize * self.sm_count).max(1);
-        Ok((seqs * head_ctas).div_ceil(resident).max(1))
-    }
-
     /// The split-K decode launch (one new token per sequence), with the fused RoPE + KV write
     /// when `rope` is given (tensor-core kernel only).
     fn decode_attention(
@@ -355,7 +337,9 @@ impl CudaBackend {
             ));
         }
         let ctas = plan.splits * heads.n_kv_heads * seqs;
-        let warp_items = mma && rope.is_none() && self.warp_items(seqs, heads.n_kv_heads, plan);
+        let warp_items = mma
+            && (rope.is_none() || self.tuning.decode_warp_fused_rope)
+            && self.warp_items(seqs, heads.n_kv_heads, plan);
         let (f, shared_mem_bytes) = if mma {
             // Three entry points of one kernel, each with its own shared-memory carveout
             // (`DecodeCarveout`).
@@ -413,16 +397,9 @@ impl CudaBackend {
             pml.ptr(),
             cnt.ptr(),
         ];
-        // Warp items: a CTA is WARPS kv heads of `seqs_per_cta` sequences taken in turn
-        // (`decode_attention_warp_seqs`).
-        let head_ctas = heads.n_kv_heads.div_ceil(WARPS);
-        let seqs_per_cta = if warp_items {
-            self.warp_seqs_per_cta(&f, shared_mem_bytes, head_ctas, seqs)?
-        } else {
-            1
-        };
+        // Warp items: a CTA is WARPS kv heads of one sequence (`decode_attention_warp_item`).
         let grid_dim = if warp_items {
-            (head_ctas as u32, 1, seqs.div_ceil(seqs_per_cta) as u32)
+            (heads.n_kv_heads.div_ceil(WARPS) as u32, 1, seqs as u32)
         } else {
             (plan.splits as u32, heads.n_kv_heads as u32, seqs as u32)
         };
@@ -432,10 +409,6 @@ impl CudaBackend {
             shared_mem_bytes,
         };
         let [o, q, kc, vc, bt, cl, po, pml, cnt] = ptrs;
-        let (seqs_per_cta_arg, batch_arg) = (
-            to_i32(seqs_per_cta, "sequences a CTA")?,
-            to_i32(seqs, "decode rows")?,
-        );
         // The fused RoPE's buffers, or null pointers (the tensor-core kernel's last four
         // parameters; the CUDA-core kernel has none of them).
         let [pos, slots, cos, sin] = match rope {
@@ -470,8 +443,6 @@ impl CudaBackend {
             arg(&slots),
             arg(&cos),
             arg(&sin),
-            arg(&seqs_per_cta_arg),
-            arg(&batch_arg),
         ];
         let params = if mma {
             &mut params[..]
@@ -479,7 +450,7 @@ impl CudaBackend {
             &mut params[..18]
         };
         // SAFETY: the parameters are the chosen kernel's list in order (18 for the CUDA-core
-        // kernel, 24 for the tensor-core one), `out` of the dtype `out_bf16` names; buffers checked by the caller (with the fused RoPE
+        // kernel, 22 for the tensor-core one), `out` of the dtype `out_bf16` names; buffers checked by the caller (with the fused RoPE
         // also positions, slots and tables, whose rows the model sizes to its max position),
         // scratch sized for this plan above; block tables and slots reference blocks inside the
         // cache by the engine's contract; the tensor-core unit's dynamic shared memory limit was

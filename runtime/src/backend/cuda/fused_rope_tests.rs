@@ -3,8 +3,8 @@
 //! output and in both caches -- what `rope_kv_write` followed by `paged_attention` gives, over
 //! head shapes, block sizes, contexts at block and chunk boundaries, contexts long enough for
 //! split-K, several sequences in one launch and a padding row (context 0, no slot) as the decode
-//! graphs add; with a bf16 cache and with an e4m3 one (`--kv-dtype fp8`). Skips with a printed
-//! reason without a GPU.
+//! graphs add; with a bf16 cache and with an e4m3 one (`--kv-dtype fp8`); in the CTA form and in
+//! warp items. Skips with a printed reason without a GPU.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -218,5 +218,45 @@ fn fused_rope_attention_matches_the_unfused_ops_e4m3() {
     assert_eq!(b.kv_block_multiple(), 16);
     for (i, (heads, bs, ctxs)) in cases().iter().enumerate() {
         check_case(&b, *heads, bs.next_multiple_of(16), ctxs, 400 + i as u64);
+    }
+}
+
+/// Warp items (`decode_attention_warp_item`): the warp that reads a (sequence, kv head) makes and
+/// writes its newest token itself. Many sequences of mixed lengths, a padding row among them, at
+/// three head shapes, with both caches; each case asserted to launch as warp items.
+#[test]
+fn fused_rope_warp_items_match_the_unfused_ops() {
+    for kv_e4m3 in [false, true] {
+        let Some(b) = super::tests::device_with(|t| {
+            t.kv_e4m3 = kv_e4m3;
+            t.decode_warp_items_per_sm = 1;
+            t.decode_fused_rope_max_rows = 0;
+            t.decode_warp_fused_rope = true;
+        }) else {
+            return;
+        };
+        let shapes = [(32, 8, 128), (8, 4, 64), (16, 2, 256)];
+        for (i, &(n_heads, n_kv_heads, head_dim)) in shapes.iter().enumerate() {
+            let heads = HeadShape {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+            };
+            // Enough sequences that the split planner keeps one split (three items an SM);
+            // contexts at chunk edges and a padding row (context 0, no slot), as a decode graph's
+            // bucket adds.
+            let n = (3 * b.sm_count).div_ceil(n_kv_heads);
+            let mut ctxs: Vec<usize> = (0..n).map(|s| (s * 37) % 300 + 1).collect();
+            ctxs[1] = 16;
+            ctxs[2] = 17;
+            ctxs[3] = 0;
+            let case = super::tests::AttnCase {
+                heads,
+                block_size: 16,
+                seqs: ctxs.iter().map(|&c| (c.max(1), 1)).collect(),
+            };
+            super::tests::assert_warp_items(&b, &case);
+            check_case(&b, heads, 16, &ctxs, 600 + i as u64 + 10 * kv_e4m3 as u64);
+        }
     }
 }

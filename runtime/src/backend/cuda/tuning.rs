@@ -40,7 +40,8 @@ pub struct CudaTuning {
     pub decode_tensor_cores: bool,
     /// Most rows of a decode step whose RoPE and new-token K/V write run inside the tensor-core
     /// attention (`rope_kv_attention`, `SOV_DECODE_FUSED_ROPE_ROWS`, a whole number; 0 = never);
-    /// larger steps launch `rope_kv_write` and then the attention. Same bits either way. The
+    /// larger steps launch `rope_kv_write` and then the attention, unless they run as warp items
+    /// (`decode_warp_fused_rope`). Same bits either way. The
     /// fused write puts the newest token's rotation and quantization on one warp of every CTA,
     /// which at wide grids costs more than the launch it saves (`kernels/README.md`).
     pub decode_fused_rope_max_rows: usize,
@@ -53,12 +54,12 @@ pub struct CudaTuning {
     /// SM with either cache (e4m3 1.18-1.32x, bf16 1.02-1.04x) and mixed at 15.5 (256 x 384 e4m3
     /// 1.10x, bf16 0.98x; 256 x 1024 0.92x / 0.95x), see `kernels/README.md` (FP8 KV cache).
     pub decode_warp_items_per_sm: usize,
-    /// Sequences one CTA of a warp-item launch takes in turn (`SOV_DECODE_WARP_SEQS`, a whole
-    /// number; 0 = auto). Each warp's copy ring runs on from one sequence into the next, so a CTA
-    /// pays its start-up (first copies, Q loads) once and the next sequence's first copies overlap
-    /// this one's end. Auto (the default) sizes the grid to the CTAs the GPU holds at once; 1 is
-    /// one sequence a CTA. The output does not depend on it.
-    pub decode_warp_seqs: usize,
+    /// Whether a decode launch of warp items (see `decode_warp_items_per_sm`) runs the RoPE and
+    /// the new token's K/V write itself (`SOV_DECODE_WARP_FUSED_ROPE`, a switch), whatever
+    /// `decode_fused_rope_max_rows` says: each warp rotates its own query heads and writes the
+    /// newest token of its (sequence, kv head), the only one that reads it, so no barrier is
+    /// needed and the step launches no `rope_kv_write`. Same bits either way.
+    pub decode_warp_fused_rope: bool,
     /// Prefill attention (prompt chunks, and the decode rows of a mixed step) on tensor cores
     /// (`prefill_attention_mma.cu`) where the head shape allows (`SOV_PREFILL_MMA`, a switch).
     /// Default on. Off keeps the CUDA-core kernel (`prefill_attention.cu`), which took 14.5 ms of
@@ -280,7 +281,7 @@ impl Default for CudaTuning {
             decode_tensor_cores: true,
             decode_fused_rope_max_rows: DEFAULT_FUSED_ROPE_ROWS,
             decode_warp_items_per_sm: DEFAULT_WARP_ITEMS_PER_SM,
-            decode_warp_seqs: 0,
+            decode_warp_fused_rope: true,
             prefill_tensor_cores: true,
             gemv_max_rows: 1,
             gemv_split: None,
@@ -417,7 +418,7 @@ const MMA_VAR: &str = "SOV_DECODE_MMA";
 const PREFILL_MMA_VAR: &str = "SOV_PREFILL_MMA";
 const FUSED_ROPE_VAR: &str = "SOV_DECODE_FUSED_ROPE_ROWS";
 const WARP_ITEMS_VAR: &str = "SOV_DECODE_WARP_ITEMS";
-const WARP_SEQS_VAR: &str = "SOV_DECODE_WARP_SEQS";
+const WARP_ROPE_VAR: &str = "SOV_DECODE_WARP_FUSED_ROPE";
 /// [`CudaTuning::decode_warp_items_per_sm`]'s default.
 const DEFAULT_WARP_ITEMS_PER_SM: usize = 24;
 /// [`CudaTuning::decode_fused_rope_max_rows`]'s default.
@@ -485,7 +486,7 @@ impl CudaTuning {
         MMA_VAR,
         FUSED_ROPE_VAR,
         WARP_ITEMS_VAR,
-        WARP_SEQS_VAR,
+        WARP_ROPE_VAR,
         PREFILL_MMA_VAR,
         GEMV_VAR,
         GEMV_SPLIT_VAR,
@@ -529,8 +530,8 @@ impl CudaTuning {
         if let Some(v) = lookup(&get, WARP_ITEMS_VAR) {
             t.decode_warp_items_per_sm = parse_count(WARP_ITEMS_VAR, &v, 0)?;
         }
-        if let Some(v) = lookup(&get, WARP_SEQS_VAR) {
-            t.decode_warp_seqs = parse_count(WARP_SEQS_VAR, &v, 0)?;
+        if let Some(v) = lookup(&get, WARP_ROPE_VAR) {
+            t.decode_warp_fused_rope = parse_switch(WARP_ROPE_VAR, &v)?;
         }
         if let Some(v) = lookup(&get, PREFILL_MMA_VAR) {
             t.prefill_tensor_cores = parse_switch(PREFILL_MMA_VAR, &v)?;
@@ -835,7 +836,7 @@ mod tests {
             Some(72)
         );
         assert_eq!(t.decode_warp_items_per_sm, 24);
-        assert_eq!(t.decode_warp_seqs, 0);
+        assert!(t.decode_warp_fused_rope);
         assert_eq!(t.kernels.decode_carveout.of("gemv_bf16"), None);
         assert!(t.kernels.decode_attention_defines.is_empty() && t.kernels.gemv_defines.is_empty());
         assert_eq!(t.kernels.source_dir, None);
@@ -857,7 +858,7 @@ mod tests {
             ("SOV_PREFILL_MMA", "0"),
             ("SOV_DECODE_FUSED_ROPE_ROWS", "64"),
             ("SOV_DECODE_WARP_ITEMS", "8"),
-            ("SOV_DECODE_WARP_SEQS", "3"),
+            ("SOV_DECODE_WARP_FUSED_ROPE", "off"),
             ("SOV_GEMV", "0"),
             ("SOV_GEMV_SPLIT", "8"),
             ("SOV_DECODE_STAGES", "3"),
@@ -884,7 +885,7 @@ mod tests {
             decode_tensor_cores: false,
             decode_fused_rope_max_rows: 64,
             decode_warp_items_per_sm: 8,
-            decode_warp_seqs: 3,
+            decode_warp_fused_rope: false,
             prefill_tensor_cores: false,
             gemv_max_rows: 0,
             gemv_split: Some(8),
