@@ -20,12 +20,17 @@ pub const DECODE_MERGE_HEADER: &str = include_str!("../cuda/decode_merge.cuh");
 /// ldmatrix reads and bf16 operand packing.
 pub const MMA_TILES_HEADER: &str = include_str!("../cuda/mma_tiles.cuh");
 
+/// The warp-item form of the tensor-core decode attention (one warp a whole (kv head, sequence),
+/// with the fused RoPE), included by its unit after the pieces it shares with the CTA form.
+pub const DECODE_WARP_ITEM_HEADER: &str = include_str!("../cuda/decode_warp_item.cuh");
+
 /// Headers a unit may include: (file name, embedded text). Each `#include "<name>"` line is
 /// replaced by the header's text.
-const HEADERS: [(&str, &str); 3] = [
+const HEADERS: [(&str, &str); 4] = [
     ("common.cuh", COMMON_HEADER),
     ("decode_merge.cuh", DECODE_MERGE_HEADER),
     ("mma_tiles.cuh", MMA_TILES_HEADER),
+    ("decode_warp_item.cuh", DECODE_WARP_ITEM_HEADER),
 ];
 
 /// Ring depth (chunks per warp, `STAGES`) of the tensor-core decode kernel that sov compiles
