@@ -587,9 +587,8 @@ __device__ __forceinline__ void decode_attention_mma(
     const BlockDiv bdiv = block_div(block_size);
 #ifdef KV_FP8
     const size_t row_elems = kv_e4m3_row_bytes(n_kv_heads, D);  // bytes a slot
-    __shared__ float fresh_f[2 * D];                          // the newest token's rows, f32
-    __shared__ __align__(16) unsigned char fresh_q[2 * D];   // and their codes
-    __shared__ float fresh_s[2];                              // and scales
+    __shared__ __align__(16) unsigned char fresh_q[2 * D];  // the newest token's codes, K then V
+    __shared__ float fresh_s[2];                             // and their scales
 #define ISSUE_ARGS row_elems, kvh, n_kv_heads
 #else
     const size_t row_elems = (size_t)n_kv_heads * D;
@@ -621,80 +620,35 @@ __device__ __forceinline__ void decode_attention_mma(
     float qf[D / 16][4];
     load_q(q, q_stride, seq, kvh, gid, tig, qf);
 
-    // The newest token's K and V rows. Fused RoPE: rotated from qkv into fresh_kv, stored into the
-    // cache, and placed into the ring slot from fresh_kv (here for a chunk issued above, in the loop
-    // otherwise). Unfused: only a chunk issued above left the row out; its warp copies it from the
-    // cache now (the loop's chunks are issued after the wait and copy it as any other row).
+    // The newest token's K and V rows. Fused RoPE: warp 0 makes them from qkv (warp_fresh_rows, as a
+    // warp item does), stores them into the cache and stages them in fresh_q / fresh_s (e4m3) or
+    // fresh_kv (bf16), from which the warp whose chunk holds the token places them into its ring
+    // slot (here for a chunk issued above, in the loop otherwise). Unfused: only a chunk issued
+    // above left the row out; its warp copies it from the cache now (the loop's chunks are issued
+    // after the wait and copy it as any other row).
+    if (rope && fresh >= 0) {  // the same for the whole CTA: the barrier below is reached by all
+        const float* kr = q + (size_t)seq * q_stride + (size_t)(n_kv_heads * G + kvh) * D;  // [D] f32
+        const float* vr = kr + (size_t)n_kv_heads * D;                                    // [D] f32
 #ifdef KV_FP8
-    if (rope && fresh >= 0) {
-        const float* kr = q + (size_t)seq * q_stride + (size_t)(n_kv_heads * G + kvh) * D;  // [D] f32
-        const float* vr = kr + (size_t)n_kv_heads * D;                                    // [D] f32
-        const size_t p = positions[seq];
-        for (int j = tid; j < D / 2; j += NTHREADS) {
-            float a = kr[j], b = kr[j + D / 2];
-            rotate_pair(a, b, cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j], &a, &b);
-            fresh_f[j] = a;
-            fresh_f[j + D / 2] = b;
-        }
-        for (int j = tid; j < D; j += NTHREADS) fresh_f[D + j] = vr[j];
+        if (warp == 0)
+            warp_fresh_rows(kr, vr, positions[seq], cos_t, sin_t, lane, fresh_q, fresh_s, slots[seq], kvh, n_kv_heads,
+                            row_elems, k_cache, v_cache);
         __syncthreads();
-        if (warp < 2) {  // warp 0 quantizes the K row, warp 1 the V row
-            float amax = 0.f;
-            for (int j = lane; j < D; j += 32) amax = fmaxf(amax, fabsf(fresh_f[warp * D + j]));
-            amax = warp_max(amax);
-            const float inv = kv_quant_inv(amax);
-            for (int j = 2 * lane; j < D; j += 64) {
-                const unsigned short c =
-                    f32x2_to_e4m3x2(__fmul_rn(fresh_f[warp * D + j], inv), __fmul_rn(fresh_f[warp * D + j + 1], inv));
-                fresh_q[warp * D + j] = (unsigned char)(c & 0xffu);
-                fresh_q[warp * D + j + 1] = (unsigned char)(c >> 8);
-            }
-            if (lane == 0) fresh_s[warp] = kv_quant_scale(amax);
-        }
-        __syncthreads();
-        const u32 slot = slots[seq];
-        if (slot != 0xffffffffu) {
-            const size_t codes_at = kv8_codes_at(slot, kvh, D, row_elems);
-            for (int i = tid; i < 2 * (D / 16); i += NTHREADS)
-                ((uint4*)((i < D / 16 ? k_cache : v_cache) + codes_at))[i % (D / 16)] = ((const uint4*)fresh_q)[i];
-            if (tid < 2)
-                *(float*)((tid == 0 ? k_cache : v_cache) + kv8_scale_at(slot, kvh, n_kv_heads, D, row_elems)) =
-                    fresh_s[tid];
-        }
         if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
-            place_fresh8(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), lane,
-                         fresh_q, fresh_s);
-    } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
-        place_fresh_from_cache(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), fresh, lane, bt,
-                               block_size, ISSUE_ARGS, k_cache, v_cache);
-    }
+            place_fresh8(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), lane, fresh_q,
+                         fresh_s);
 #else
-    if (rope && fresh >= 0) {
-        const float* kr = q + (size_t)seq * q_stride + (size_t)(n_kv_heads * G + kvh) * D;  // [D] f32
-        const float* vr = kr + (size_t)n_kv_heads * D;                                    // [D] f32
-        const size_t p = positions[seq];
-        for (int j = tid; j < D / 2; j += NTHREADS) {
-            float a = kr[j], b = kr[j + D / 2];
-            rotate_pair(a, b, cos_t[p * (D / 2) + j], sin_t[p * (D / 2) + j], &a, &b);
-            fresh_kv[j] = f2bf(a);
-            fresh_kv[j + D / 2] = f2bf(b);
-        }
-        for (int j = tid; j < D; j += NTHREADS) fresh_kv[D + j] = f2bf(vr[j]);
+        if (warp == 0)
+            warp_fresh_rows(kr, vr, positions[seq], cos_t, sin_t, lane, fresh_kv, slots[seq], row_elems, head_off,
+                            k_cache, v_cache);
         __syncthreads();
-        const u32 slot = slots[seq];
-        if (slot != 0xffffffffu) {
-            const size_t at = (size_t)slot * row_elems + head_off;
-            for (int i = tid; i < 2 * PIECES; i += NTHREADS)
-                ((uint4*)((i < PIECES ? k_cache : v_cache) + at))[i % PIECES] = ((const uint4*)fresh_kv)[i];
-        }
         if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1)
-            place_fresh(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), lane,
-                        fresh_kv);
+            place_fresh(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), lane, fresh_kv);
+#endif
     } else if (fresh_chunk >= 0 && fresh_chunk < STAGES - 1) {
         place_fresh_from_cache(ring + fresh_chunk * STAGE_BYTES, fresh - (first + fresh_chunk * CSTEP), fresh, lane, bt,
                                block_size, ISSUE_ARGS, k_cache, v_cache);
     }
-#endif
 
     u32 qa[D / 16][2];  // [k-step][cols tig*2.. | 8 + tig*2..]
     q_operand(qf, gid, tig, scale, rope ? (int)positions[seq] : -1, cos_t, sin_t, qa);
