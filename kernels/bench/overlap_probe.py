@@ -26,7 +26,7 @@ KV_BYTES_PER_ROW = 320 * 8 * 128 * 2  # context 320, 8 kv heads, head_dim 128, K
 LAYERS = 16
 
 
-class Half:
+class Rows:
     """The inputs, weights and KV stand-in of `m` rows of one layer."""
 
     def __init__(self, m):
@@ -78,7 +78,7 @@ def graph_us(fn, reps=10):
 def main():
     rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
     torch.manual_seed(0)
-    full, a, b = Half(rows), Half(rows // 2), Half(rows // 2)
+    full, a, b = Rows(rows), Rows(rows // 2), Rows(rows // 2)
     side = torch.cuda.Stream()
 
     def layer(h):
