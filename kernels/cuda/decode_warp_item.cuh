@@ -46,6 +46,7 @@ __device__ __forceinline__ void warp_item_store(const float (&acc)[D / 8][2], fl
 // (kv_quant_inv / kv_quant_scale) -- into the warp's staging (e4m3: fresh_codes [2][D] bytes,
 // fresh_scales [2]; bf16: fresh_rows [2][D] bf16), and into the cache at `slot` unless it is
 // 0xffffffff. Lane `lane` takes the pairs (j, j + D/2), j = lane + 32 i.
+// The CTA form (decode_attention_mma) runs it too, on its warp 0, for the CTA holding the token.
 #ifdef KV_FP8
 __device__ __forceinline__ void warp_fresh_rows(const float* __restrict__ kr, const float* __restrict__ vr, size_t p,
                                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t,
