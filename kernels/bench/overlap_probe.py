@@ -13,9 +13,16 @@ Every variant is captured into a CUDA graph of 16 layers and replayed; it prints
 - two streams ping-pong: B half a layer behind A, each half's attention after the other's (events),
   so that each attention runs beside the other half's products.
 
-Reference: PyTorch 2.11 (cu130) on the device. Usage: python3 overlap_probe.py [rows]
+With `--grid G[,G...]` the attention stand-in is instead a Triton kernel of G persistent programs
+(a grid sized to hold the attention to a few SMs, each program keeping 4 loads of 32 KiB in flight),
+and `--carveout C` asks cuBLASLt to plan the products for C SMs fewer
+(torch._C._set_sm_carveout_experimental, cuBLASLt's SM count target), so that the products and a
+small-grid attention could run side by side; each grid also prints its read rate alone.
+
+Reference: PyTorch 2.11 (cu130), Triton 3.6 on the device.
+Usage: python3 overlap_probe.py [rows] [--grid G[,G...]] [--carveout C[,C...]]
 """
-import sys
+import argparse
 
 import torch
 
@@ -24,6 +31,15 @@ HIDDEN, FFN, QKV = 4096, 14336, 6144
 SHAPES = {"qkv": (HIDDEN, QKV), "o": (HIDDEN, HIDDEN), "gate_up": (HIDDEN, 2 * FFN), "down": (FFN, HIDDEN)}
 KV_BYTES_PER_ROW = 320 * 8 * 128 * 2  # context 320, 8 kv heads, head_dim 128, K and V, e4m3
 LAYERS = 16
+READER = {"grid": 0, "out": None}  # the attention stand-in: 0 = torch's row sums, else Triton's grid
+
+
+def stream_read(src, grid, out):
+    """Reads every byte of `src` ([n] f32, n a multiple of 4 * BLOCK) with `grid` programs."""
+    from triton_reader import stream_sum  # the kernel needs Triton only when a grid is asked for
+
+    n = src.numel()
+    stream_sum[(grid,)](src.view(torch.int32), out, n // (4 * 8192), GRID=grid, BLOCK=8192, num_warps=8)
 
 
 class Rows:
@@ -44,7 +60,10 @@ class Rows:
         torch._scaled_mm(x, w, scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
 
     def attention(self):
-        self.kv.view(-1, 4096).sum(dim=1)
+        if READER["grid"]:
+            stream_read(self.kv, READER["grid"], READER["out"])
+        else:
+            self.kv.view(-1, 4096).sum(dim=1)
 
     def before_attention(self):
         self.product("qkv")
@@ -76,7 +95,12 @@ def graph_us(fn, reps=10):
 
 
 def main():
-    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
+    parser = argparse.ArgumentParser()
+    parser.add_argument("rows", nargs="?", type=int, default=1024)
+    parser.add_argument("--grid", default="0", help="programs of the Triton reader (0: torch sum)")
+    parser.add_argument("--carveout", default="0", help="SMs the products leave free")
+    args = parser.parse_args()
+    rows = args.rows
     torch.manual_seed(0)
     full, a, b = Rows(rows), Rows(rows // 2), Rows(rows // 2)
     side = torch.cuda.Stream()
@@ -143,13 +167,31 @@ def main():
         ("two streams free", two_streams_free),
         ("two streams ping-pong", two_streams_ping_pong),
     ]
-    res = {name: graph_us(fn) for name, fn in variants}
-    print(f"rows {rows}, us a layer (graphs): " + ", ".join(f"{k} {v:.1f}" for k, v in res.items()))
-    seq = res["sequential full"]
-    print(
-        f"  ratio sequential full / ping-pong {seq / res['two streams ping-pong']:.3f}, "
-        f"/ free {seq / res['two streams free']:.3f}"
-    )
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    READER["out"] = torch.empty(max(int(g) for g in args.grid.split(",")) * 8192, device=DEV)  # [grid * 8192]
+    baseline = None
+    for carveout in (int(c) for c in args.carveout.split(",")):
+        if carveout:
+            if not hasattr(torch._C, "_set_sm_carveout_experimental"):
+                print("this torch has no SM carveout; skipped")
+                continue
+            torch._C._set_sm_carveout_experimental(carveout)
+        for grid in (int(g) for g in args.grid.split(",")):
+            READER["grid"] = grid
+            res = {name: graph_us(fn) for name, fn in variants}
+            if baseline is None:
+                baseline = res["sequential full"]
+            read_tbs = full.kv.numel() * 4 / res["attn only"] / 1e6
+            print(
+                f"rows {rows}, grid {grid or 'torch'}, carveout {carveout} of {sms} SMs, us a layer "
+                "(graphs): " + ", ".join(f"{k} {v:.1f}" for k, v in res.items())
+            )
+            print(
+                f"  reads alone {read_tbs:.2f} TB/s; first sequential full / ping-pong "
+                f"{baseline / res['two streams ping-pong']:.3f}, / free {baseline / res['two streams free']:.3f}"
+            )
+        if carveout:
+            torch._C._set_sm_carveout_experimental(None)
 
 
 if __name__ == "__main__":

@@ -479,7 +479,7 @@ const CARVEOUT_EXPECTED: &str =
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 24] = [
+    pub const VARS: [&str; 25] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -498,6 +498,7 @@ impl CudaTuning {
         DET_SPLIT_VAR,
         DET_ROWS_VAR,
         DET_MARGIN_VAR,
+        DET_LEAD_VAR,
         DET_K_SPLIT_VAR,
         FP8_SMALL_VAR,
         FP8_WIDE_VAR,
