@@ -16,6 +16,8 @@
 // Quantized rows q: [n, d] e4m3, scales: [n] f32 (the caller places them after the codes).
 // The SiLU-mul kernels read the gate/up rows in f32, or (`_from_bf16`) in bf16 where an FP8 product
 // wrote them so (CudaTuning::fp8_gate_up_bf16): half the bytes written by the product and read here.
+// Likewise the add + RMSNorm kernels read the residual's delta in f32, or (`_dbf16`) in bf16 where
+// an FP8 o or down product wrote it so (CudaTuning::fp8_delta_bf16).
 #include "common.cuh"
 
 typedef unsigned char u8;
@@ -28,11 +30,23 @@ __device__ __forceinline__ u8 e4m3_of(float v, float inv) {
 // A value as the `_bf16` form stores it, widened back (exact).
 __device__ __forceinline__ float as_bf16(float v) { return bf2f(f2bf(v)); }
 
+// Four consecutive values from g[4 q ..]: f32 (16-byte load) or bf16 (8-byte load, widened); gate/up
+// rows and residual deltas come in either.
+__device__ __forceinline__ float4 load4(const float* g, int q) { return ((const float4*)g)[q]; }
+__device__ __forceinline__ float4 load4(const bf16_t* g, int q) {
+    const uint2 v = ((const uint2*)g)[q];
+    return make_float4(bf2f((bf16_t)(v.x & 0xffff)), bf2f((bf16_t)(v.x >> 16)), bf2f((bf16_t)(v.y & 0xffff)),
+                       bf2f((bf16_t)(v.y >> 16)));
+}
+__device__ __forceinline__ float load1(const float* g, int j) { return g[j]; }
+__device__ __forceinline__ float load1(const bf16_t* g, int j) { return bf2f(g[j]); }
+
 // If delta != null: residual[t] += delta[t] (stored). Then
 // out[t] = residual[t] * rsqrt(mean(residual[t]^2) + eps) * weight.
 // residual: [n, d] f32, delta: [n, d] f32 or null (plain RMSNorm of `residual`), weight: [d] f32,
 // out: [n, d] f32 (rmsnorm_residual) or bf16 (rmsnorm_residual_bf16). Grid: n, block: 256..1024
-// threads (multiple of 32).
+// threads (multiple of 32). Each kernel has a `_dbf16` twin whose delta is [n, d] bf16 (an FP8 o or
+// down product written so, CudaTuning::fp8_delta_bf16): the same sums of the widened values.
 // A thread keeps its first RMS_KEEP elements (and their weights, loaded before the reduction) in
 // registers, so a row of up to RMS_KEEP * blockDim elements (4096 with 1024 threads) is read once
 // and the weight read overlaps the reduction instead of following it; wider rows re-read the rest.
@@ -44,7 +58,8 @@ __device__ __forceinline__ void store_out(bf16_t* p, float v) { *p = f2bf(v); }
 // The shared first half of the RMSNorm kernels: row `row` of residual (+ delta, stored back), its
 // first RMS_KEEP * blockDim elements and their weights kept in keep / w; returns
 // rsqrt(mean(x^2) + eps).
-__device__ __forceinline__ float rms_row(float* __restrict__ r, const float* __restrict__ drow,
+template <typename DeltaT>
+__device__ __forceinline__ float rms_row(float* __restrict__ r, const DeltaT* __restrict__ drow,
                                          const float* __restrict__ weight, int d, float eps,
                                          float* keep, float* w, float* scratch) {
     float ss = 0.f;
@@ -56,7 +71,7 @@ __device__ __forceinline__ float rms_row(float* __restrict__ r, const float* __r
         if (i < d) {
             keep[j] = r[i];
             w[j] = weight[i];
-            if (drow != nullptr) keep[j] += drow[i];
+            if (drow != nullptr) keep[j] += load1(drow, i);
         }
     }
 #pragma unroll
@@ -70,7 +85,7 @@ __device__ __forceinline__ float rms_row(float* __restrict__ r, const float* __r
     for (int i = threadIdx.x + RMS_KEEP * blockDim.x; i < d; i += blockDim.x) {
         float v = r[i];
         if (drow != nullptr) {
-            v += drow[i];
+            v += load1(drow, i);
             r[i] = v;
         }
         ss = fmaf(v, v, ss);
@@ -104,12 +119,12 @@ __device__ __forceinline__ bool rms_vec_rows(int d, const void* a, const void* b
 }
 
 // rms_row's vector form: the row's first RMS_VEC_KEEP float4 groups a thread owns kept in keep / w.
-__device__ __forceinline__ float rms_row4(float* __restrict__ r, const float* __restrict__ drow,
+template <typename DeltaT>
+__device__ __forceinline__ float rms_row4(float* __restrict__ r, const DeltaT* __restrict__ drow,
                                           const float* __restrict__ weight, int d, float eps, float4* keep,
                                           float4* w, float* scratch) {
     const int groups = d >> 2;
     float4* r4 = (float4*)r;
-    const float4* d4 = (const float4*)drow;
     const float4* w4 = (const float4*)weight;
     float ss = 0.f;
 #pragma unroll
@@ -121,7 +136,7 @@ __device__ __forceinline__ float rms_row4(float* __restrict__ r, const float* __
             keep[j] = r4[g];
             w[j] = w4[g];
             if (drow != nullptr) {
-                const float4 x = d4[g];
+                const float4 x = load4(drow, g);
                 keep[j].x += x.x;
                 keep[j].y += x.y;
                 keep[j].z += x.z;
@@ -143,7 +158,7 @@ __device__ __forceinline__ float rms_row4(float* __restrict__ r, const float* __
     for (int g = threadIdx.x + RMS_VEC_KEEP * blockDim.x; g < groups; g += blockDim.x) {
         float4 v = r4[g];
         if (drow != nullptr) {
-            const float4 x = d4[g];
+            const float4 x = load4(drow, g);
             v.x += x.x;
             v.y += x.y;
             v.z += x.z;
@@ -164,16 +179,16 @@ __device__ __forceinline__ float4 rms_scale4(float4 v, float inv, float4 w) {
     return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
 }
 
-template <typename OutT>
+template <typename OutT, typename DeltaT>
 __device__ __forceinline__ void rmsnorm_rows(OutT* __restrict__ out, float* __restrict__ residual,
-                                             const float* __restrict__ delta, const float* __restrict__ weight,
+                                             const DeltaT* __restrict__ delta, const float* __restrict__ weight,
                                              int d, float eps) {
     __shared__ float scratch[32];
     allow_dependents_early();  // a GEMV after this may start streaming its weights
     wait_for_prerequisites();  // launched with programmatic serialization: inputs are ready after this
     const size_t row = blockIdx.x;
     float* r = residual + row * d;
-    const float* drow = delta != nullptr ? delta + row * d : nullptr;
+    const DeltaT* drow = delta != nullptr ? delta + row * d : nullptr;
     OutT* o = out + row * d;
     if (rms_vec_rows(d, out, residual, delta, weight)) {
         const int groups = d >> 2;
@@ -217,6 +232,18 @@ extern "C" __global__ void rmsnorm_residual_bf16(bf16_t* __restrict__ out, float
     rmsnorm_rows(out, residual, delta, weight, d, eps);
 }
 
+// The two with a bf16 delta.
+extern "C" __global__ void rmsnorm_residual_dbf16(float* __restrict__ out, float* __restrict__ residual,
+                                                  const bf16_t* __restrict__ delta,
+                                                  const float* __restrict__ weight, int d, float eps) {
+    rmsnorm_rows(out, residual, delta, weight, d, eps);
+}
+extern "C" __global__ void rmsnorm_residual_bf16_dbf16(bf16_t* __restrict__ out, float* __restrict__ residual,
+                                                       const bf16_t* __restrict__ delta,
+                                                       const float* __restrict__ weight, int d, float eps) {
+    rmsnorm_rows(out, residual, delta, weight, d, eps);
+}
+
 // Four values times inv, each rounded to e4m3 as quantize_rows rounds it, the first in the low byte.
 __device__ __forceinline__ u32 e4m3x4_of(float4 v, float inv) {
     const u32 lo = f32x2_to_e4m3x2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
@@ -245,9 +272,9 @@ __device__ __forceinline__ float stored1(float v) {
 }
 
 // rmsnorm_residual_e4m3's vector form (rms_vec_rows); returns after writing the row.
-template <bool BF16_VALUES>
+template <bool BF16_VALUES, typename DeltaT>
 __device__ __forceinline__ void rmsnorm_e4m3_vec(u8* __restrict__ qr, float* __restrict__ scale, float* __restrict__ r,
-                                                 const float* __restrict__ drow, const float* __restrict__ weight,
+                                                 const DeltaT* __restrict__ drow, const float* __restrict__ weight,
                                                  int d, float eps, float* scratch) {
     const int groups = d >> 2;
     float4 keep[RMS_VEC_KEEP], w[RMS_VEC_KEEP];
@@ -276,19 +303,19 @@ __device__ __forceinline__ void rmsnorm_e4m3_vec(u8* __restrict__ qr, float* __r
 // The same as e4m3 rows: rmsnorm_residual_bf16's values (BF16_VALUES) or rmsnorm_residual's,
 // quantized per row (see the top). q: [n, d] e4m3, scales: [n] f32. The vector form takes 62
 // registers, so the scalar form (odd widths only) runs one 1024-thread CTA an SM.
-template <bool BF16_VALUES>
+template <bool BF16_VALUES, typename DeltaT>
 __device__ __forceinline__ void rmsnorm_e4m3_rows(u8* __restrict__ q, float* __restrict__ scales,
-                                                  float* __restrict__ residual, const float* __restrict__ delta,
+                                                  float* __restrict__ residual, const DeltaT* __restrict__ delta,
                                                   const float* __restrict__ weight, int d, float eps) {
     __shared__ float scratch[32];
     allow_dependents_early();
     wait_for_prerequisites();
     const size_t row = blockIdx.x;
     float* r = residual + row * d;
-    const float* drow = delta != nullptr ? delta + row * d : nullptr;
+    const DeltaT* drow = delta != nullptr ? delta + row * d : nullptr;
     u8* qr = q + row * d;
     if (rms_vec_rows(d, q, residual, delta, weight)) {
-        rmsnorm_e4m3_vec<BF16_VALUES>(qr, scales + row, r, drow, weight, d, eps, scratch);
+        rmsnorm_e4m3_vec<BF16_VALUES, DeltaT>(qr, scales + row, r, drow, weight, d, eps, scratch);
         return;
     }
     float keep[RMS_KEEP], w[RMS_KEEP];
@@ -328,15 +355,18 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_f32_e4m3(u8*
     rmsnorm_e4m3_rows<false>(q, scales, residual, delta, weight, d, eps);
 }
 
-// Four consecutive gate/up values from g[4 q ..]: f32 (16-byte load) or bf16 (8-byte load, widened).
-__device__ __forceinline__ float4 load4(const float* g, int q) { return ((const float4*)g)[q]; }
-__device__ __forceinline__ float4 load4(const bf16_t* g, int q) {
-    const uint2 v = ((const uint2*)g)[q];
-    return make_float4(bf2f((bf16_t)(v.x & 0xffff)), bf2f((bf16_t)(v.x >> 16)), bf2f((bf16_t)(v.y & 0xffff)),
-                       bf2f((bf16_t)(v.y >> 16)));
+// The two with a bf16 delta.
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_e4m3_dbf16(u8* __restrict__ q, float* __restrict__ scales,
+                                                 float* __restrict__ residual, const bf16_t* __restrict__ delta,
+                                                 const float* __restrict__ weight, int d, float eps) {
+    rmsnorm_e4m3_rows<true>(q, scales, residual, delta, weight, d, eps);
 }
-__device__ __forceinline__ float load1(const float* g, int j) { return g[j]; }
-__device__ __forceinline__ float load1(const bf16_t* g, int j) { return bf2f(g[j]); }
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm_residual_f32_e4m3_dbf16(u8* __restrict__ q, float* __restrict__ scales,
+                                                 float* __restrict__ residual, const bf16_t* __restrict__ delta,
+                                                 const float* __restrict__ weight, int d, float eps) {
+    rmsnorm_e4m3_rows<false>(q, scales, residual, delta, weight, d, eps);
+}
+
 
 // out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]; gate_up: [n, 2f] InT (f32, or bf16 where an
 // FP8 product wrote it so), out: [n, f] OutT.

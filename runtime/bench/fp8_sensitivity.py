@@ -72,8 +72,8 @@ def e4m3_rows(x):
 class Model:
     def __init__(self, cfg, weights, mode):
         """mode(layer, product) -> 'f32' | 'bf16' | 'fp8' | 'fp8 bf16 out' (the FP8 product's
-        output rounded to bf16, as sov's gate/up with CudaTuning::fp8_gate_up_bf16); product in
-        qkv, o, gate_up, down."""
+        output rounded to bf16, as sov's gate/up with CudaTuning::fp8_gate_up_bf16 and its o and
+        down with CudaTuning::fp8_delta_bf16); product in qkv, o, gate_up, down."""
         self.c, self.w, self.mode, self.wq = cfg, weights, mode, {}
 
     def linear(self, x, name, layer, product):
@@ -171,6 +171,11 @@ def cases(last):
         # sov's FP8 default: edge layers in bf16, the gate/up product written in bf16.
         "fp8 but layer 0 and last, gate_up out bf16": lambda l, w: (
             "bf16" if l is None or l in (0, last) else "fp8 bf16 out" if w == "gate_up" else "fp8"
+        ),
+        # The same with the o and down products (the residual's deltas) written in bf16 too
+        # (CudaTuning::fp8_delta_bf16, since stop 56).
+        "fp8 but layer 0 and last, gate_up, o and down out bf16": lambda l, w: (
+            "bf16" if l is None or l in (0, last) else "fp8 bf16 out" if w in ("gate_up", "o", "down") else "fp8"
         ),
         # The same with the lm head an FP8 W8A8 product too.
         "fp8 but layer 0 and last, gate_up out bf16, lm head fp8": lambda l, w: (

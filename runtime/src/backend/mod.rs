@@ -461,7 +461,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<(), BackendError>;
 
     /// Fused residual add and RMSNorm: `residual += x; out = rms_norm(residual)`.
-    /// `residual: [n, d]` f32 (updated in place), `x: [n, d]` f32, `norm.weight: [d]` f32,
+    /// `residual: [n, d]` f32 (updated in place), `x: [n, d]` f32 (or the type
+    /// [`Self::matmul_residual_delta`] marked it with), `norm.weight: [d]` f32,
     /// `out: [n, d]` f32, [`Self::matmul_input_dtype`]`(n)` or quantized rows.
     fn add_rms_norm(
         &self,
@@ -485,6 +486,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
         k: usize,
         m: usize,
     ) -> Result<(), BackendError>;
+
+    /// A product whose only reader is a later [`Self::add_rms_norm`], as its `x` (a layer's o
+    /// and down products, the residual stream's deltas): [`Self::matmul`]'s values into `out`
+    /// (made `[n, m]` f32), which a backend may store narrower and mark so through
+    /// [`DeviceBuffer::dtype`] (the CUDA backend: bf16 from some FP8 products; its
+    /// `add_rms_norm` reads either). Default: [`Self::matmul`].
+    fn matmul_residual_delta(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        self.matmul(x, w, out, n, k, m)
+    }
 
     /// `x[i, :] += bias` per row: `x: [n, m]` f32, `bias: [m]` f32.
     fn add_bias(

@@ -185,6 +185,22 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     /// Sums `a.sub_out` (`[n, hidden]`) over the tensor-parallel group, if there is one.
+    /// A product into `sub_out`, the residual add's delta: [`Backend::matmul_residual_delta`]
+    /// (which may leave it narrower than f32) where the next reader is the add, a plain f32
+    /// [`Backend::matmul`] where a tensor-parallel all-reduce comes between.
+    fn delta_product(
+        &self,
+        x: &B::Buffer,
+        w: &B::Buffer,
+        out: &mut B::Buffer,
+        (n, k, m): (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        match self.all_reduce {
+            Some(_) => self.backend.matmul(x, w, out, n, k, m),
+            None => self.backend.matmul_residual_delta(x, w, out, n, k, m),
+        }
+    }
+
     fn reduce_sub_out(&self, a: &mut Activations<B>, n: usize) -> Result<(), BackendError> {
         match &self.all_reduce {
             Some(group) => {
@@ -444,13 +460,11 @@ impl<B: Backend> LlamaModel<B> {
                     scale,
                 },
             )?;
-            b.matmul(
+            self.delta_product(
                 &a.attn,
                 &w.o_proj,
                 &mut a.sub_out,
-                n,
-                self.heads.q_width(),
-                hidden,
+                (n, self.heads.q_width(), hidden),
             )?;
             self.reduce_sub_out(a, n)?;
             let gate_up_in = pick_input(
@@ -487,7 +501,7 @@ impl<B: Backend> LlamaModel<B> {
                 down_in,
                 SwiGluShape { n, k: hidden, f },
             )?;
-            b.matmul(down_in, &w.down, &mut a.sub_out, n, f, hidden)?;
+            self.delta_product(down_in, &w.down, &mut a.sub_out, (n, f, hidden))?;
             self.reduce_sub_out(a, n)?;
         }
         if self.weights.layers.is_empty() {

@@ -238,6 +238,18 @@ impl Backend for CudaBackend {
         self.matmul_impl(x, w, out, n, k, m)
     }
 
+    fn matmul_residual_delta(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        self.matmul_residual_delta_impl(x, w, out, (n, k, m))
+    }
+
     fn add_bias(
         &self,
         x: &mut CudaBuffer,

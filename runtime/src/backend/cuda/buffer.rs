@@ -26,6 +26,13 @@ impl CudaBuffer {
     pub(super) fn ptr_at(&self, elem: usize) -> u64 {
         self.ptr() + (elem * self.dtype.size_bytes()) as u64
     }
+
+    /// Views the buffer's bytes as elements of `dtype` (as many whole ones as the bytes hold): for
+    /// a buffer a kernel fills in a narrower type than it was made for, and back.
+    pub(super) fn retype(&mut self, dtype: DType) {
+        self.dtype = dtype;
+        self.len = self.mem.len() / dtype.size_bytes();
+    }
 }
 
 impl DeviceBuffer for CudaBuffer {

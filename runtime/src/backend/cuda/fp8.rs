@@ -378,21 +378,66 @@ impl CudaBackend {
 
     /// The gate/up product `gate_up[n, m] = x[n, k] @ w^T` of an FP8 weight in bf16, written over
     /// the first half of the f32 `gate_up` scratch's bytes, where
-    /// [`super::CudaTuning::fp8_gate_up_bf16`] asks for it and cuBLASLt multiplies this shape with
-    /// bf16 outputs; `None` (nothing run) otherwise. The caller checked `x` and `w`.
+    /// [`super::CudaTuning::fp8_gate_up_bf16`] asks for it ([`Self::fp8_product_bf16`]); `None`
+    /// (nothing run) otherwise.
     pub(super) fn gate_up_bf16(
         &self,
         x: &CudaBuffer,
         w: &CudaBuffer,
         gate_up: &mut CudaBuffer,
-        (n, k, m): (usize, usize, usize),
+        dims: (usize, usize, usize),
     ) -> Result<Option<GateUpRows>, BackendError> {
         const OP: &str = "matmul_silu_mul (fp8, bf16 gate/up)";
+        let enabled = self.tuning.fp8_gate_up_bf16;
+        Ok(self
+            .fp8_product_bf16(OP, x, w, gate_up, dims, enabled)?
+            .then(|| GateUpRows {
+                ptr: gate_up.ptr(),
+                bf16: true,
+            }))
+    }
+
+    /// [`crate::backend::Backend::matmul_residual_delta`]: an FP8 product of more rows than the
+    /// small-M kernel takes is written in bf16 where [`super::CudaTuning::fp8_delta_bf16`] asks
+    /// for it ([`Self::fp8_product_bf16`]) and `out` is marked [`DType::BF16`]; any other product
+    /// is [`Self::matmul_impl`]'s, `out` marked f32. `out` must have been made f32.
+    pub(super) fn matmul_residual_delta_impl(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        out: &mut CudaBuffer,
+        (n, k, m): (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        const OP: &str = "matmul_residual_delta (fp8, bf16 delta)";
+        // A bf16 mark left by the previous step's product: the bytes were made f32.
+        out.retype(DType::F32);
+        let enabled = self.tuning.fp8_delta_bf16;
+        if self.fp8_product_bf16(OP, x, w, out, (n, k, m), enabled)? {
+            out.retype(DType::BF16);
+            return Ok(());
+        }
+        self.matmul_impl(x, w, out, n, k, m)
+    }
+
+    /// An FP8 product `out[n, m] = x[n, k] @ w^T` written by cuBLASLt in bf16 (the scaled f32
+    /// result rounded once) over the first half of the f32 buffer `out`'s bytes, where `enabled`
+    /// (a tuning switch) holds, `w` is FP8, the product has more rows than the small-M kernel
+    /// takes, cuBLASLt multiplies the shape (k % 16 == 0, m % 4 == 0) and writes bf16; `false`
+    /// (nothing run) otherwise.
+    fn fp8_product_bf16(
+        &self,
+        op: &'static str,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        out: &CudaBuffer,
+        (n, k, m): (usize, usize, usize),
+        enabled: bool,
+    ) -> Result<bool, BackendError> {
         let Some(lt) = self.fp8.as_ref() else {
-            return Ok(None);
+            return Ok(false);
         };
         let quantized = x.dtype == DType::F8E4M3;
-        let applies = self.tuning.fp8_gate_up_bf16
+        let applies = enabled
             && lt.bf16_out()
             && w.dtype == DType::F8E4M3
             && n > self.tuning.fp8_small_max_rows
@@ -401,24 +446,28 @@ impl CudaBackend {
             && m.is_multiple_of(4)
             && (quantized || !self.fp8_fused_applies(n, k));
         if !applies {
-            return Ok(None);
+            return Ok(false);
         }
-        check_buffer(OP, "gate_up", gate_up, DType::F32, n * m)?;
-        let (qx, sx) = match Self::check_fp8_operands(OP, x, w, (n, k, m))? {
+        check_buffer(op, "out", out, DType::F32, n * m)?;
+        let (qx, sx) = match Self::check_fp8_operands(op, x, w, (n, k, m))? {
             Some(rows) => rows,
             None => self.quantize_input(x, n, k)?,
         };
         let (qw, sw) = (w.ptr(), w.ptr() + scales_offset(m * k) as u64);
-        let out = gate_up.ptr();
         let stream = self.stream.cu_stream() as _;
         // SAFETY: qx/sx hold n*k bytes and n f32 (the scratch, or the caller's quantized rows
-        // checked by `quantized_rows`), qw/sw m*k bytes and m f32 (checked above); gate_up holds
+        // checked by `quantized_rows`), qw/sw m*k bytes and m f32 (checked above); out holds
         // n*m f32, twice the n*m bf16 written; k % 16 == 0 and m % 4 == 0.
-        unsafe { lt.matmul(stream, (qx, sx), (qw, sw), (out, Fp8Out::Bf16), (n, k, m))? };
-        Ok(Some(GateUpRows {
-            ptr: out,
-            bf16: true,
-        }))
+        unsafe {
+            lt.matmul(
+                stream,
+                (qx, sx),
+                (qw, sw),
+                (out.ptr(), Fp8Out::Bf16),
+                (n, k, m),
+            )?
+        };
+        Ok(true)
     }
 
     /// The e4m3 bytes and the `[m]` scales of an FP8 weight of `m` rows (for tests and tools).

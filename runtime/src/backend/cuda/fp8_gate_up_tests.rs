@@ -12,7 +12,7 @@ use super::fp8_inputs_tests::{four_layer_config, four_layer_logits};
 use super::fp8_tests::{bf16_round, download_any, fp8_device, upload_bf16, values};
 use super::ops::GateUpRows;
 use super::tests::device_with;
-use super::{CudaBackend, CudaBuffer, Quantization};
+use super::{CudaBackend, CudaBuffer, CudaTuning, Quantization};
 use crate::backend::{Backend, DType};
 
 /// `v` uploaded as bf16 (each value rounded).
@@ -23,10 +23,10 @@ fn upload_bf16_rows(b: &CudaBackend, v: &[f32]) -> CudaBuffer {
 }
 
 /// A device whose cuBLASLt writes bf16 FP8 products, or `None` with the reason printed.
-fn bf16_out_device() -> Option<CudaBackend> {
+pub(super) fn bf16_out_device() -> Option<CudaBackend> {
     let b = fp8_device()?;
     if !b.fp8.as_ref().is_some_and(|g| g.bf16_out()) {
-        println!("skipped: this cuBLASLt has no outer-vector FP8 scales, so gate/up stays f32");
+        println!("skipped: this cuBLASLt has no outer-vector FP8 scales, so its products stay f32");
         return None;
     }
     Some(b)
@@ -53,25 +53,7 @@ fn gate_up_in_bf16_is_the_f32_product_rounded() {
         let mut h = vec![bf16::ZERO; n * m]; // [n, m] bf16
         b.download_raw(&gate_up, 0, bytemuck::cast_slice_mut(&mut h))
             .expect("download");
-        // One rounding of the scaled f32 result: the same bf16, or where cuBLASLt's bf16 kernel
-        // sums in another order, a neighbour.
-        let mut differ = 0;
-        for (i, (g, &w)) in h.iter().zip(&want).enumerate() {
-            if g.to_f32().to_bits() != w.to_bits() {
-                differ += 1;
-                let ulp = (w.abs() * 2f32.powi(-7)).max(f32::MIN_POSITIVE);
-                assert!(
-                    (g.to_f32() - w).abs() <= ulp,
-                    "n={n} k={k} m={m} element {i}: {} vs {w}",
-                    g.to_f32()
-                );
-            }
-        }
-        println!(
-            "gate/up n={n} k={k} m={m}: {differ} of {} differ by one bf16 step",
-            n * m
-        );
-        assert!(differ * 100 <= n * m, "n={n} k={k} m={m}: {differ} differ");
+        assert_rounded_once(&h, &want, &format!("gate/up n={n} k={k} m={m}"));
     }
     // Rows the small-M kernel multiplies stay f32.
     let x = b.alloc(DType::F32, 4 * 64).expect("alloc"); // [4, 64] f32
@@ -83,6 +65,26 @@ fn gate_up_in_bf16_is_the_f32_product_rounded() {
             .unwrap()
             .is_none()
     );
+}
+
+/// `got` (a cuBLASLt FP8 product written in bf16) is `want` (the same product in f32, rounded to
+/// bf16) but for at most 1% of elements one bf16 step away: one rounding of the scaled f32 result,
+/// where cuBLASLt's bf16 kernel sums in another order.
+pub(super) fn assert_rounded_once(got: &[bf16], want: &[f32], what: &str) {
+    let mut differ = 0;
+    for (i, (g, &w)) in got.iter().zip(want).enumerate() {
+        if g.to_f32().to_bits() != w.to_bits() {
+            differ += 1;
+            let ulp = (w.abs() * 2f32.powi(-7)).max(f32::MIN_POSITIVE);
+            assert!(
+                (g.to_f32() - w).abs() <= ulp,
+                "{what} element {i}: {} vs {w}",
+                g.to_f32()
+            );
+        }
+    }
+    println!("{what}: {differ} of {} differ by one bf16 step", got.len());
+    assert!(differ * 100 <= got.len(), "{what}: {differ} differ");
 }
 
 #[test]
@@ -137,14 +139,29 @@ fn silu_mul_of_bf16_rows_matches_the_same_values_in_f32() {
 /// values carry FP8's error, not how large it is.)
 #[test]
 fn fp8_model_with_bf16_gate_up_is_as_close_to_bf16() {
+    fp8_model_is_as_close_with("gate/up", 11, |t, on| {
+        t.fp8_gate_up_bf16 = on;
+        t.fp8_delta_bf16 = false; // gate/up alone differs between the FP8 runs
+    });
+}
+
+/// The check of [`fp8_model_with_bf16_gate_up_is_as_close_to_bf16`] for the switch `what` that
+/// `set(tuning, on)` turns on or off (weights from `seed`): the 4-layer FP8 model with it on is
+/// as close to the bf16 model as with it off (mean |logit difference| within 10%), and on and off
+/// differ (so the switch ran something).
+pub(super) fn fp8_model_is_as_close_with(
+    what: &str,
+    seed: u64,
+    set: impl Fn(&mut CudaTuning, bool),
+) {
     use crate::model::random::{WeightDtype, random_weights};
-    let device = |fp8: bool, gate_up_bf16: bool| {
+    let device = |fp8: bool, on: bool| {
         device_with(|t| {
             t.deterministic = false;
             if fp8 {
                 t.quantization = Quantization::Fp8W8A8;
             }
-            t.fp8_gate_up_bf16 = gate_up_bf16;
+            set(t, on);
         })
     };
     let Some(bf16_model) = device(false, false) else {
@@ -154,26 +171,26 @@ fn fp8_model_with_bf16_gate_up_is_as_close_to_bf16() {
         return;
     }
     let c = four_layer_config(1536);
-    let w = random_weights(&c, 11, WeightDtype::BF16);
+    let w = random_weights(&c, seed, WeightDtype::BF16);
     let reference = four_layer_logits(bf16_model, &c, &w);
-    let f32_gate_up = four_layer_logits(device(true, false).expect("device"), &c, &w);
-    let bf16_gate_up = four_layer_logits(device(true, true).expect("device"), &c, &w);
+    let off = four_layer_logits(device(true, false).expect("device"), &c, &w);
+    let on = four_layer_logits(device(true, true).expect("device"), &c, &w);
     let diffs = |a: &[f32], b: &[f32]| -> (f64, f32) {
         let d: Vec<f32> = a.iter().zip(b).map(|(x, y)| (x - y).abs()).collect();
         let mean = d.iter().map(|&x| f64::from(x)).sum::<f64>() / d.len() as f64;
         (mean, d.iter().copied().fold(0f32, f32::max))
     };
-    let (f32_mean, f32_max) = diffs(&f32_gate_up, &reference);
-    let (bf16_mean, bf16_max) = diffs(&bf16_gate_up, &reference);
-    let (_, between) = diffs(&bf16_gate_up, &f32_gate_up);
+    let (off_mean, off_max) = diffs(&off, &reference);
+    let (on_mean, on_max) = diffs(&on, &reference);
+    let (_, between) = diffs(&on, &off);
     println!(
-        "FP8 vs the bf16 model, mean / max |diff|: gate/up f32 {f32_mean:.6} / {f32_max}, \
-         bf16 {bf16_mean:.6} / {bf16_max}; between the two FP8 runs (max) {between}"
+        "FP8 vs the bf16 model, mean / max |diff|: {what} in f32 {off_mean:.6} / {off_max}, \
+         in bf16 {on_mean:.6} / {on_max}; between the two FP8 runs (max) {between}"
     );
-    assert!(f32_mean > 0.0, "FP8 logits equal bf16's: FP8 did not run");
+    assert!(off_mean > 0.0, "FP8 logits equal bf16's: FP8 did not run");
     assert!(
         between > 0.0,
-        "bf16 gate/up changed nothing: the bf16 product did not run"
+        "{what} in bf16 changed nothing: the bf16 product did not run"
     );
-    assert!(bf16_mean <= 1.1 * f32_mean, "{bf16_mean} vs {f32_mean}");
+    assert!(on_mean <= 1.1 * off_mean, "{on_mean} vs {off_mean}");
 }

@@ -87,21 +87,24 @@ impl CudaBackend {
         Ok((x.ptr(), x.ptr() + off as u64))
     }
 
-    /// RMSNorm (after `residual += delta` when given) into quantized rows `out`: the values of
-    /// the form the rows' plain input would take (bf16 or f32, [`Self::matmul_input_dtype_impl`]).
+    /// RMSNorm (after `residual += delta` when `delta` is not 0) into quantized rows `out`: the
+    /// values of the form the rows' plain input would take (bf16 or f32,
+    /// [`Self::matmul_input_dtype_impl`]). The delta is `[n, d]` bf16 where `delta_bf16`, else
+    /// f32.
     pub(super) fn rms_norm_e4m3(
         &self,
         op: &'static str,
-        residual: u64,
-        delta: u64,
+        (residual, delta, delta_bf16): (u64, u64, bool),
         norm: RmsNorm<'_, CudaBackend>,
         out: &mut CudaBuffer,
         (n, d): (usize, usize),
     ) -> Result<(), BackendError> {
         let (q, scales) = Self::quantized_rows(op, out, n, d)?;
-        let name = match self.matmul_input_dtype_impl(n) {
-            DType::BF16 => "rmsnorm_residual_e4m3",
-            _ => "rmsnorm_residual_f32_e4m3",
+        let name = match (self.matmul_input_dtype_impl(n), delta_bf16) {
+            (DType::BF16, false) => "rmsnorm_residual_e4m3",
+            (DType::BF16, true) => "rmsnorm_residual_e4m3_dbf16",
+            (_, false) => "rmsnorm_residual_f32_e4m3",
+            (_, true) => "rmsnorm_residual_f32_e4m3_dbf16",
         };
         let f = self.modules.function(KernelId::Elementwise, None, name)?;
         let di = to_i32(d, "d")?;

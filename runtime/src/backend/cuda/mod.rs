@@ -61,6 +61,8 @@ mod bench;
 #[cfg(test)]
 mod deterministic_tests;
 #[cfg(test)]
+mod fp8_delta_tests;
+#[cfg(test)]
 mod fp8_gate_up_tests;
 #[cfg(test)]
 mod fp8_inputs_tests;

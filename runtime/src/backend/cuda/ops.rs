@@ -147,24 +147,27 @@ impl CudaBackend {
         };
         let RmsNorm { weight, eps } = norm;
         check_buffer(op, "weight", weight, DType::F32, d)?;
+        // A delta in bf16 (an FP8 product written so: `matmul_residual_delta_impl`) takes the
+        // kernels' `_dbf16` twins.
+        let delta_bf16 = delta.is_some_and(|x| x.dtype == DType::BF16);
+        if let Some(x) = delta {
+            let dtype = if delta_bf16 { DType::BF16 } else { DType::F32 };
+            check_buffer(op, "x", x, dtype, n * d)?;
+        }
         if out.dtype == DType::F8E4M3 {
-            if let Some(x) = delta {
-                check_buffer(op, "x", x, DType::F32, n * d)?;
-            }
             if n == 0 {
                 return Ok(());
             }
             let delta = delta.map_or(0u64, |b| b.ptr());
-            return self.rms_norm_e4m3(op, residual, delta, norm, out, (n, d));
+            return self.rms_norm_e4m3(op, (residual, delta, delta_bf16), norm, out, (n, d));
         }
-        let name = match out.dtype {
-            DType::BF16 => "rmsnorm_residual_bf16",
-            _ => "rmsnorm_residual",
+        let name = match (out.dtype, delta_bf16) {
+            (DType::BF16, false) => "rmsnorm_residual_bf16",
+            (DType::BF16, true) => "rmsnorm_residual_bf16_dbf16",
+            (_, false) => "rmsnorm_residual",
+            (_, true) => "rmsnorm_residual_dbf16",
         };
         check_product_input(op, "out", out, n * d)?;
-        if let Some(x) = delta {
-            check_buffer(op, "x", x, DType::F32, n * d)?;
-        }
         if n == 0 {
             return Ok(());
         }

@@ -171,6 +171,14 @@ pub struct CudaTuning {
     /// read again, at the cost of rounding gate and up to bf16 before the SwiGLU, as a bf16
     /// model does. Needs cuBLASLt's outer-vector scales (else f32 stays).
     pub fp8_gate_up_bf16: bool,
+    /// Whether the FP8 o and down products that cuBLASLt multiplies (more rows than
+    /// [`Self::fp8_small_max_rows`]) write their output, the residual add's delta, in bf16
+    /// instead of f32 (`SOV_FP8_DELTA_BF16`, a switch; `fp8.rs`,
+    /// [`crate::backend::Backend::matmul_residual_delta`]): cuBLASLt's bf16 output runs 5-11%
+    /// faster than its f32 one on an H100, and the add + RMSNorm reads half the delta's bytes,
+    /// at the cost of rounding each delta to bf16 before the add, as a bf16 model does. Needs
+    /// cuBLASLt's outer-vector scales (else f32 stays).
+    pub fp8_delta_bf16: bool,
     /// The KV cache in e4m3 with one f32 scale per token and head (`sov --kv-dtype fp8`; not an
     /// environment variable of this struct, the command line sets it), half the bytes of bf16
     /// per token (`kv_e4m3.rs`). Default off: a bf16 cache (f32 in precise mode, which this
@@ -298,6 +306,7 @@ impl Default for CudaTuning {
             fp8_fused_max_rows: DEFAULT_FP8_FUSED_ROWS,
             fp8_quantized_inputs: Fp8QuantizedInputs::All,
             fp8_gate_up_bf16: true,
+            fp8_delta_bf16: true,
             kv_e4m3: false,
             kernels: KernelBuild::default(),
         }
@@ -465,6 +474,7 @@ const DEFAULT_FP8_FUSED_ROWS: usize = 0;
 const FP8_INPUTS_VAR: &str = "SOV_FP8_QUANTIZED_INPUTS";
 const FP8_INPUTS_EXPECTED: &str = "off, swiglu or all";
 const FP8_GATE_UP_VAR: &str = "SOV_FP8_GATE_UP_BF16";
+const FP8_DELTA_VAR: &str = "SOV_FP8_DELTA_BF16";
 /// Most rows the `fp8_small_q_*` kernels take (one tile of 8).
 pub(super) const FP8_FUSED_LIMIT: usize = 8;
 
@@ -479,7 +489,7 @@ const CARVEOUT_EXPECTED: &str =
 
 impl CudaTuning {
     /// Every tuning variable, for documentation and for programs that list what they read.
-    pub const VARS: [&str; 25] = [
+    pub const VARS: [&str; 26] = [
         CTAS_VAR,
         MIN_SPLIT_VAR,
         MAX_SPLIT_VAR,
@@ -505,6 +515,7 @@ impl CudaTuning {
         FP8_FUSED_VAR,
         FP8_INPUTS_VAR,
         FP8_GATE_UP_VAR,
+        FP8_DELTA_VAR,
     ];
 
     /// The default tuning with every variable that `get` returns applied (a program's edge calls
@@ -601,6 +612,9 @@ impl CudaTuning {
         }
         if let Some(v) = lookup(&get, FP8_GATE_UP_VAR) {
             t.fp8_gate_up_bf16 = parse_switch(FP8_GATE_UP_VAR, &v)?;
+        }
+        if let Some(v) = lookup(&get, FP8_DELTA_VAR) {
+            t.fp8_delta_bf16 = parse_switch(FP8_DELTA_VAR, &v)?;
         }
         let k = &mut t.kernels;
         if let Some(v) = lookup(&get, STAGES_VAR) {
@@ -877,6 +891,7 @@ mod tests {
             ("SOV_FP8_FUSED_ROWS", "2"),
             ("SOV_FP8_QUANTIZED_INPUTS", "swiglu"),
             ("SOV_FP8_GATE_UP_BF16", "off"),
+            ("SOV_FP8_DELTA_BF16", "off"),
         ]))
         .unwrap();
         let expect = CudaTuning {
@@ -904,6 +919,7 @@ mod tests {
             fp8_fused_max_rows: 2,
             fp8_quantized_inputs: Fp8QuantizedInputs::SwiGlu,
             fp8_gate_up_bf16: false,
+            fp8_delta_bf16: false,
             kv_e4m3: false,
             kernels: KernelBuild {
                 decode_stages: 3,
