@@ -9,7 +9,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::fp8_inputs_tests::{four_layer_config, four_layer_logits};
-use super::fp8_tests::{bf16_round, download_any, fp8_device, upload_bf16, values};
+use super::fp8_tests::{bf16_round, download_any, fp8_device_with, upload_bf16, values};
 use super::ops::GateUpRows;
 use super::tests::device_with;
 use super::{CudaBackend, CudaBuffer, CudaTuning, Quantization};
@@ -24,7 +24,12 @@ fn upload_bf16_rows(b: &CudaBackend, v: &[f32]) -> CudaBuffer {
 
 /// A device whose cuBLASLt writes bf16 FP8 products, or `None` with the reason printed.
 pub(super) fn bf16_out_device() -> Option<CudaBackend> {
-    let b = fp8_device()?;
+    bf16_out_device_with(|_| {})
+}
+
+/// [`bf16_out_device`] with `change` applied to the tuning of `fp8_tests::fp8_device`.
+pub(super) fn bf16_out_device_with(change: impl FnOnce(&mut CudaTuning)) -> Option<CudaBackend> {
+    let b = fp8_device_with(change)?;
     if !b.fp8.as_ref().is_some_and(|g| g.bf16_out()) {
         println!("skipped: this cuBLASLt has no outer-vector FP8 scales, so its products stay f32");
         return None;

@@ -143,7 +143,7 @@ fn fp8_device_wide(wide_ctas: usize) -> Option<CudaBackend> {
     fp8_device_with(|t| t.fp8_small_wide_ctas = wide_ctas)
 }
 
-fn fp8_device_with(change: impl FnOnce(&mut super::CudaTuning)) -> Option<CudaBackend> {
+pub(super) fn fp8_device_with(change: impl FnOnce(&mut super::CudaTuning)) -> Option<CudaBackend> {
     device_with(|t| {
         t.quantization = Quantization::Fp8W8A8;
         t.deterministic = false;
