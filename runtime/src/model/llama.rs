@@ -184,7 +184,6 @@ impl<B: Backend> LlamaModel<B> {
         self
     }
 
-    /// Sums `a.sub_out` (`[n, hidden]`) over the tensor-parallel group, if there is one.
     /// A product into `sub_out`, the residual add's delta: [`Backend::matmul_residual_delta`]
     /// (which may leave it narrower than f32) where the next reader is the add, a plain f32
     /// [`Backend::matmul`] where a tensor-parallel all-reduce comes between.
@@ -201,6 +200,7 @@ impl<B: Backend> LlamaModel<B> {
         }
     }
 
+    /// Sums `a.sub_out` (`[n, hidden]`) over the tensor-parallel group, if there is one.
     fn reduce_sub_out(&self, a: &mut Activations<B>, n: usize) -> Result<(), BackendError> {
         match &self.all_reduce {
             Some(group) => {
