@@ -3,7 +3,7 @@ sov's per-row / per-column scales?
 
 sov's cuBLASLt FP8 products scale inside cuBLASLt (outer-vector mode), for which its heuristic
 offers one algorithm a shape; qkv and o at about 1000 rows then run at 900-950 TFLOP/s against
-1190-1250 for gate/up and down (kernels/README.md, FP8). With scalar scales the products could
+1190-1250 for gate/up and down (kernels/docs/fp8.md, FP8). With scalar scales the products could
 run another algorithm and leave the row and column scales to the kernel that reads the output.
 This times torch._scaled_mm (e4m3 x e4m3) both ways at each shape and row count, bf16 and f32
 outputs, us a call from a CUDA graph of 20 calls, and names the kernel each way launched.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Which cuBLASLt algorithms sum in the order of which chains (deterministic mode, kernels/README.md
+# Which cuBLASLt algorithms sum in the order of which chains (deterministic mode, kernels/docs/deterministic.md
 # "Which cuBLASLt algorithms give the same bits"): builds kernels/bench/det_probe/det_probe.cu with
 # nvcc and runs it, logging to $OUT/det-probe.log (or ./det-probe.log). `bits` as the first
 # argument skips the timings. Needs nvcc and cuBLASLt (the GPU machine has both).

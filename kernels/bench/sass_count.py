@@ -1,6 +1,6 @@
 """Compiles one kernels/cuda unit to sm_90 machine code without a GPU and counts its instructions.
 
-Why: the decode kernels are issue-bound in places (kernels/README.md), so a change to a loop can be
+Why: the decode kernels are issue-bound in places (kernels/docs/fp8-kv-cache.md), so a change to a loop can be
 judged by the SASS it compiles to before it reaches a device. This uses NVIDIA's NVRTC (the same
 compiler sov calls at run time, through ctypes) and nvdisasm from the pip wheels
 `nvidia-cuda-nvrtc`, `nvidia-cuda-nvdisasm` and `nvidia-cuda-cuobjdump` (13.x; tested with 13.5, and

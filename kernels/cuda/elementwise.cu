@@ -1,23 +1,24 @@
-// elementwise.cu: RMSNorm (optionally fused with the residual add), SiLU-mul, embedding gather, bias
-// add, row gather, the f32 -> bf16 cast that feeds the matrix products, and an L2-evicting read.
+// elementwise.cu: RMSNorm (optionally fused with the residual add), SiLU-mul, embedding gather,
+// bias add, row gather, the f32 -> bf16 cast that feeds the matrix products, and an L2-evicting
+// read.
 //
 // Activations are f32 (the Backend contract); weights and the KV cache are bf16. Row reductions use
 // one block per row; element-wise kernels use grid-stride loops. The producers of matrix-product
 // inputs (RMSNorm, SiLU-mul) also come in a `_bf16` form that stores its f32 result rounded to bf16
 // (round to nearest even, as cast_f32_bf16), for products that multiply in bf16 anyway
 // (Backend::matmul_input_dtype): the values cuBLAS multiplies are the same, without the cast kernel
-// and with half the bytes written; gather_rows_bf16 widens such rows back to f32.
-// For FP8 products (Backend::takes_quantized_rows) they come in an `_e4m3` form too: the bf16
-// form's values, quantized per row exactly as fp8.cu's quantize_rows_vec_bf16 quantizes a bf16 row
-// (the same max, the same product and rounding of each element), so the codes and scales are the
-// bits the bf16 form + that kernel give, with one kernel and no bf16 row written or read. Rows
-// whose product input is f32 (Backend::matmul_input_dtype: decode steps of a few rows) take the
-// `_f32_e4m3` form instead: the f32 form's values quantized as quantize_rows_vec_f32 does.
-// Quantized rows q: [n, d] e4m3, scales: [n] f32 (the caller places them after the codes).
-// The SiLU-mul kernels read the gate/up rows in f32, or (`_from_bf16`) in bf16 where an FP8 product
-// wrote them so (CudaTuning::fp8_gate_up_bf16): half the bytes written by the product and read here.
-// Likewise the add + RMSNorm kernels read the residual's delta in f32, or (`_dbf16`) in bf16 where
-// an FP8 o or down product wrote it so (CudaTuning::fp8_delta_bf16).
+// and with half the bytes written; gather_rows_bf16 widens such rows back to f32. For FP8 products
+// (Backend::takes_quantized_rows) they come in an `_e4m3` form too: the bf16 form's values,
+// quantized per row exactly as fp8.cu's quantize_rows_vec_bf16 quantizes a bf16 row (the same max,
+// the same product and rounding of each element), so the codes and scales are the bits the bf16
+// form + that kernel give, with one kernel and no bf16 row written or read. Rows whose product
+// input is f32 (Backend::matmul_input_dtype: decode steps of a few rows) take the `_f32_e4m3` form
+// instead: the f32 form's values quantized as quantize_rows_vec_f32 does. Quantized rows q: [n, d]
+// e4m3, scales: [n] f32 (the caller places them after the codes). The SiLU-mul kernels read the
+// gate/up rows in f32, or (`_from_bf16`) in bf16 where an FP8 product wrote them so
+// (CudaTuning::fp8_gate_up_bf16): half the bytes written by the product and read here. Likewise the
+// add + RMSNorm kernels read the residual's delta in f32, or (`_dbf16`) in bf16 where an FP8 o or
+// down product wrote it so (CudaTuning::fp8_delta_bf16).
 #include "common.cuh"
 
 typedef unsigned char u8;
@@ -30,8 +31,8 @@ __device__ __forceinline__ u8 e4m3_of(float v, float inv) {
 // A value as the `_bf16` form stores it, widened back (exact).
 __device__ __forceinline__ float as_bf16(float v) { return bf2f(f2bf(v)); }
 
-// Four consecutive values from g[4 q ..]: f32 (16-byte load) or bf16 (8-byte load, widened); gate/up
-// rows and residual deltas come in either.
+// Four consecutive values from g[4 q ..]: f32 (16-byte load) or bf16 (8-byte load, widened);
+// gate/up rows and residual deltas come in either.
 __device__ __forceinline__ float4 load4(const float* g, int q) { return ((const float4*)g)[q]; }
 __device__ __forceinline__ float4 load4(const bf16_t* g, int q) {
     const uint2 v = ((const uint2*)g)[q];
@@ -109,7 +110,7 @@ __device__ __forceinline__ void store_out4(bf16_t* p, float a, float b, float c,
 // for a 4096-wide row) whatever the row count, so a row's sum of squares is added in one order in
 // every batch. Design: 16-byte loads and stores, and CTAs small enough that several share an SM
 // and one's loads overlap another's reductions; the 1024-thread CTAs of the scalar form ran at
-// about 2/3 of copy speed, this form at 0.92-0.95 (kernels/README.md, FP8). Each element's
+// about 2/3 of copy speed, this form at 0.92-0.95 (kernels/docs/fp8.md, FP8). Each element's
 // expression is the scalar form's; only the order of the sum of squares differs.
 #define RMS_VEC_KEEP 4
 
@@ -244,7 +245,8 @@ extern "C" __global__ void rmsnorm_residual_bf16_dbf16(bf16_t* __restrict__ out,
     rmsnorm_rows(out, residual, delta, weight, d, eps);
 }
 
-// Four values times inv, each rounded to e4m3 as quantize_rows rounds it, the first in the low byte.
+// Four values times inv, each rounded to e4m3 as quantize_rows rounds it, the first in the low
+// byte.
 __device__ __forceinline__ u32 e4m3x4_of(float4 v, float inv) {
     const u32 lo = f32x2_to_e4m3x2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
     const u32 hi = f32x2_to_e4m3x2(__fmul_rn(v.z, inv), __fmul_rn(v.w, inv));
@@ -431,7 +433,7 @@ extern "C" __global__ void silu_mul_bf16_from_bf16(bf16_t* __restrict__ out, con
 // free: rows no more than the SMs take 1024 threads (their latency is the step's). At 1024 x 14336
 // on the H100 (`bench_row_kernels`) this ran 39.0 us (0.63 of copy speed); the same loop fully
 // unrolled for a fixed 256 threads ran 30.7 us (0.80) in another call, the values held in
-// registers (256 threads) 34.2 us: kernels/README.md, FP8.
+// registers (256 threads) 34.2 us: kernels/docs/fp8.md, FP8.
 template <typename InT>
 __device__ __forceinline__ void silu_mul_e4m3_row(u8* __restrict__ q, float* __restrict__ scales,
                                                   const InT* __restrict__ gate_up, int f) {
@@ -635,8 +637,9 @@ extern "C" __global__ void fill_random_bf16(bf16_t* __restrict__ out, size_t n, 
     }
 }
 
-// hi[i] = bf16(in[i]), lo[i] = bf16(in[i] - hi[i]): a two-term bf16 expansion of f32 values, so that
-// W @ hi + W @ lo reproduces an f32-input product to about 2^-16 relative error (precise matmul).
+// hi[i] = bf16(in[i]), lo[i] = bf16(in[i] - hi[i]): a two-term bf16 expansion of f32 values, so
+// that W @ hi + W @ lo reproduces an f32-input product to about 2^-16 relative error (precise
+// matmul).
 extern "C" __global__ void split_f32_bf16(bf16_t* __restrict__ hi, bf16_t* __restrict__ lo,
                                           const float* __restrict__ in, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {

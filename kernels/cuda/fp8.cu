@@ -300,9 +300,9 @@ __device__ __forceinline__ void gemm_small(float* __restrict__ out, const u8* __
 // One entry point per number of 8-row tiles, in CTAs of SMALL_WARPS warps, and (`_wide`) of
 // SMALL_WIDE_WARPS for products of few weight rows (qkv, o and down of an 8B layer: 256-384 CTAs),
 // where the 8-warp grid keeps about 15 warps on an SM (ncu, H100, one row: o at 1.63 TB/s and down
-// at 2.31 with 23% achieved occupancy, gate/up's 1792 CTAs at 2.67 with 56%). Twice the warps
-// split k in twice the pieces; the partial sums are still added in warp order, so each form gives
-// the same bits at any row count (not each other's). It gained 0.7% at batch 1 (kernels/README.md).
+// at 2.31 with 23% achieved occupancy, gate/up's 1792 CTAs at 2.67 with 56%). Twice the warps split
+// k in twice the pieces; the partial sums are still added in warp order, so each form gives the
+// same bits at any row count (not each other's). It gained 0.7% at batch 1 (kernels/docs/fp8.md).
 #define SMALL_WIDE_WARPS 16
 extern "C" __global__ void __launch_bounds__(32 * SMALL_WARPS)
 fp8_gemm_small_1(float* __restrict__ out, const u8* __restrict__ qx, const float* __restrict__ sx,
@@ -349,16 +349,16 @@ fp8_gemm_small_wide_4(float* __restrict__ out, const u8* __restrict__ qx, const 
 // fp8_small_q_* / fp8_swiglu_small_q_*: the small-M product for n <= 8 rows that quantizes its own
 // input, so no quantize_rows kernel runs between the input's producer and the product (at batch 1
 // four launches a layer fewer). Every CTA reads the n rows of x (f32 or bf16, k % 16 == 0) after
-// its first weight loads and its wait, quantizes them with quantize_rows_vec's arithmetic (the
-// same absolute maximum, scale and rounding of each value) into shared memory, and multiplies as
-// gemm_small does (the same chunks per warp, mma steps and warp order of the partial
-// sums): its outputs equal quantize_rows_vec + fp8_gemm_small_1 (8 warps) bit for bit. The x bytes every
-// CTA re-reads come from L2 (k * n * 4 bytes a CTA at most, against 16 * k weight bytes).
+// its first weight loads and its wait, quantizes them with quantize_rows_vec's arithmetic (the same
+// absolute maximum, scale and rounding of each value) into shared memory, and multiplies as
+// gemm_small does (the same chunks per warp, mma steps and warp order of the partial sums): its
+// outputs equal quantize_rows_vec + fp8_gemm_small_1 (8 warps) bit for bit. The x bytes every CTA
+// re-reads come from L2 (k * n * 4 bytes a CTA at most, against 16 * k weight bytes).
 // fp8_swiglu_small_q_*: the same for w = [Wg; Wu] (2f rows): CTA b takes gate rows 8b .. 8b + 7 as
-// the mma's rows g and the matching up rows f + 8b .. as its rows g + 8, and writes
-// swiglu(gate, up) as silu_mul does: the product into gate_up, then silu_mul, bit for bit.
-// Dynamic shared memory: n * k bytes (the codes; the host keeps it <= 32 KiB).
-// Grid: ceil(m / 16) CTAs (swiglu: ceil(f / 8)) of 32 * SMALL_WARPS threads.
+// the mma's rows g and the matching up rows f + 8b .. as its rows g + 8, and writes swiglu(gate,
+// up) as silu_mul does: the product into gate_up, then silu_mul, bit for bit. Dynamic shared
+// memory: n * k bytes (the codes; the host keeps it <= 32 KiB). Grid: ceil(m / 16) CTAs (swiglu:
+// ceil(f / 8)) of 32 * SMALL_WARPS threads.
 __device__ __forceinline__ void store_small(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_small(bf16_t* p, float v) { *p = f2bf(v); }
 

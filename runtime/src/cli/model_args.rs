@@ -83,9 +83,10 @@ pub struct ModelArgs {
     #[arg(long, value_enum)]
     pub kv_dtype: Option<KvDtypeChoice>,
     /// On CUDA, batch-invariant kernels: a request's tokens do not depend on the requests batched
-    /// with it, and a recompute resume rebuilds the KV bit for bit (see kernels/README.md).
-    /// Default: on for a GPU run whose checkpoints are in recompute mode (generate's and serve's
-    /// default on a GPU), off otherwise; `--deterministic false` turns it off.
+    /// with it, and a recompute resume rebuilds the KV bit for bit (see
+    /// kernels/docs/deterministic.md). Default: on for a GPU run whose checkpoints are in recompute
+    /// mode (generate's and serve's default on a GPU), off otherwise; `--deterministic false` turns
+    /// it off.
     #[arg(long, env = "SOV_DETERMINISTIC", value_parser = clap::builder::BoolishValueParser::new(),
           num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub deterministic: Option<bool>,

@@ -1,12 +1,12 @@
 //! Deterministic prefill attention: every query token of a prefill (or of a step mixing prefill
 //! and decode) is attended by the split-K decode kernel as if it were a decode step.
 //!
-//! Design (the deterministic mode of `kernels/README.md`): the tiled prefill kernel and the decode
-//! kernel reduce over the context in different orders, so a KV cache rebuilt by a prefill (a
-//! recompute resume, a replay) gives attention outputs -- and then K/V of later layers -- that
-//! differ in their last bits from those the decode steps produced. Here a prefill's token `t` of
-//! sequence `s` becomes one row of the decode launch, with `s`'s block table and a context of
-//! `t`'s position + 1: causal attention, in exactly the decode kernel's split and merge order
+//! Design (the deterministic mode of `kernels/docs/deterministic.md`): the tiled prefill kernel and
+//! the decode kernel reduce over the context in different orders, so a KV cache rebuilt by a
+//! prefill (a recompute resume, a replay) gives attention outputs -- and then K/V of later layers
+//! -- that differ in their last bits from those the decode steps produced. Here a prefill's token
+//! `t` of sequence `s` becomes one row of the decode launch, with `s`'s block table and a context
+//! of `t`'s position + 1: causal attention, in exactly the decode kernel's split and merge order
 //! (splits of a fixed token count in deterministic mode). `expand_decode_rows` (elementwise.cu)
 //! writes the per-row tables; rows go in launches of at most [`ROW_SCRATCH_BYTES`] of split
 //! partials. It re-reads each sequence's prefix once per query token (mostly from L2), so long

@@ -1,22 +1,22 @@
 //! Deterministic mode's products with a fixed K split: the down projection (few output rows, a
 //! reduction at least twice as long) reduces each half of K separately, at every row count.
 //!
-//! Design: batch invariance needs one reduction order per weight shape, whatever the row count;
-//! the order need not be one chain over all of K. For a weight of `m` rows and `k >= 2m` columns
-//! (`k % 32 == 0`) with [`super::CudaTuning::deterministic_k_split`] at 2, every element is
-//! `d1 + (d0 + beta * out)`, where `d0` and `d1` are the reference chains (one mma.sync m16n8k16
-//! chain, `det_mma_16` in `gemv.cu`) over the first and the second half of K. cuBLASLt gives
-//! exactly that as two split-K-1 products over the halves (rows `k` apart), the second with beta 1;
-//! the small-row kernels (`det_gemv_*`) as one launch of twice the CTAs in clusters of the two
-//! halves, which add in the same order (`gemv.cu`). Why: at 16 rows an unsplit down projection
-//! of Llama-3-8B has 512 chains of 896 k16 steps and ran at 47-52 us (cuBLASLt's 64-CTA tile)
-//! where the default mode splits K (34 us); split, `det_gemv_32_k512` takes it in 39.6-39.8 us.
-//! Measured on the H200 (`kernels/README.md`, deterministic mode): batch 16 +6.7% / +10.4% output
-//! tok/s against one chain, batch 64 -2.4%, 256 -1.1%, 1000 requests -1.4%, batch 1 unchanged.
-//! The o projection (`k == m`) was split too in a first version: it lost more at 64 and 256 rows
-//! (two launches of 128 steps) than it gained at 16, so only `k >= 2m` splits. Products of other
-//! shapes, and every product with the split at 1 (the order of runs whose precision does not say
-//! `-ksplit2`), are one chain as before.
+//! Design: batch invariance needs one reduction order per weight shape, whatever the row count; the
+//! order need not be one chain over all of K. For a weight of `m` rows and `k >= 2m` columns (`k %
+//! 32 == 0`) with [`super::CudaTuning::deterministic_k_split`] at 2, every element is `d1 + (d0 +
+//! beta * out)`, where `d0` and `d1` are the reference chains (one mma.sync m16n8k16 chain,
+//! `det_mma_16` in `gemv.cu`) over the first and the second half of K. cuBLASLt gives exactly that
+//! as two split-K-1 products over the halves (rows `k` apart), the second with beta 1; the
+//! small-row kernels (`det_gemv_*`) as one launch of twice the CTAs in clusters of the two halves,
+//! which add in the same order (`gemv.cu`). Why: at 16 rows an unsplit down projection of
+//! Llama-3-8B has 512 chains of 896 k16 steps and ran at 47-52 us (cuBLASLt's 64-CTA tile) where
+//! the default mode splits K (34 us); split, `det_gemv_32_k512` takes it in 39.6-39.8 us. Measured
+//! on the H200 (`kernels/docs/deterministic.md`, deterministic mode): batch 16 +6.7% / +10.4%
+//! output tok/s against one chain, batch 64 -2.4%, 256 -1.1%, 1000 requests -1.4%, batch 1
+//! unchanged. The o projection (`k == m`) was split too in a first version: it lost more at 64 and
+//! 256 rows (two launches of 128 steps) than it gained at 16, so only `k >= 2m` splits. Products of
+//! other shapes, and every product with the split at 1 (the order of runs whose precision does not
+//! say `-ksplit2`), are one chain as before.
 
 use super::device::CudaBackend;
 use super::gemm_pinned::PinnedGemm;

@@ -10,7 +10,7 @@
 //! [`super::CudaTuning::fp8_fused_max_rows`] allows and the quantized rows fit
 //! [`FUSED_MAX_BYTES`] of shared memory; other products keep [`super::fp8`]'s paths. That
 //! setting is 0 by default since the RMSNorm and SwiGLU write one-row inputs quantized too
-//! ([`super::fp8_inputs`]), which ran the batch-1 step faster on an H100 (`kernels/README.md`,
+//! ([`super::fp8_inputs`]), which ran the batch-1 step faster on an H100 (`kernels/docs/fp8.md`,
 //! FP8); these kernels stay for `SOV_FP8_FUSED_ROWS=1..8`.
 
 use cudarc::driver::LaunchConfig;

@@ -1,20 +1,19 @@
 //! Batch-invariant matrix products: cuBLASLt with one pinned algorithm per weight shape.
 //!
-//! Design (the deterministic mode of `kernels/README.md`): cuBLAS picks its kernel -- tile shape,
-//! K split, reduction -- from the problem size, so a token's row of `x @ w^T` rounds differently
-//! at different batch sizes. Here the algorithm of each weight shape `(m, k)` is chosen once, by
-//! cuBLASLt's heuristic for a product of [`super::CudaTuning::deterministic_gemm_rows`] rows, and
-//! then used for every row count. A fixed algorithm fixes the tile, the K split and the order in
-//! which each output element's K chunks are accumulated; the row count only decides how many
-//! column tiles run, so an output row does not depend on how many rows share the launch
-//! (`deterministic_tests.rs` checks it bit for bit for 1..=256 rows and more up to 2048).
-//! The pinned algorithm is the first candidate that does not split K: on the H200 every such
-//! cuBLASLt algorithm gave the bits of one chain of m16n8k16 steps over K
-//! (kernels/bench/logs/det-probe-2026-12-03T0457.log), so [`PinnedGemm::candidate`] may offer
-//! the fastest one for each row count, which the caller (`gemm.rs`) uses once a probe product
-//! shows its bits equal the reference chain's. bf16 operands, f32
-//! accumulation and f32 output, in the layout of [`super::gemm`]: cuBLAS's
-//! `C[m, n] = op(W)[m, k] · X[k, n]` with `W` transposed.
+//! Design (the deterministic mode of `kernels/docs/deterministic.md`): cuBLAS picks its kernel --
+//! tile shape, K split, reduction -- from the problem size, so a token's row of `x @ w^T` rounds
+//! differently at different batch sizes. Here the algorithm of each weight shape `(m, k)` is chosen
+//! once, by cuBLASLt's heuristic for a product of [`super::CudaTuning::deterministic_gemm_rows`]
+//! rows, and then used for every row count. A fixed algorithm fixes the tile, the K split and the
+//! order in which each output element's K chunks are accumulated; the row count only decides how
+//! many column tiles run, so an output row does not depend on how many rows share the launch
+//! (`deterministic_tests.rs` checks it bit for bit for 1..=256 rows and more up to 2048). The
+//! pinned algorithm is the first candidate that does not split K: on the H200 every such cuBLASLt
+//! algorithm gave the bits of one chain of m16n8k16 steps over K
+//! (kernels/bench/logs/det-probe-2026-12-03T0457.log), so [`PinnedGemm::candidate`] may offer the
+//! fastest one for each row count, which the caller (`gemm.rs`) uses once a probe product shows its
+//! bits equal the reference chain's. bf16 operands, f32 accumulation and f32 output, in the layout
+//! of [`super::gemm`]: cuBLAS's `C[m, n] = op(W)[m, k] · X[k, n]` with `W` transposed.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -143,10 +142,10 @@ impl PinnedGemm {
         Ok(())
     }
 
-    /// The heuristic's first algorithm for a product of `rows` rows of weight shape `w` that
-    /// does not split K (None: none among its first [`CANDIDATES`]). Every such algorithm seen on
-    /// the H200 gave the bits of one chain of m16n8k16 steps over K (kernels/README.md), so the
-    /// caller may use it in place of the pinned one once [`Self::verified`] says so.
+    /// The heuristic's first algorithm for a product of `rows` rows of weight shape `w` that does
+    /// not split K (None: none among its first [`CANDIDATES`]). Every such algorithm seen on the
+    /// H200 gave the bits of one chain of m16n8k16 steps over K (kernels/docs/deterministic.md), so
+    /// the caller may use it in place of the pinned one once [`Self::verified`] says so.
     pub(super) fn candidate(
         &self,
         w: WeightSlice,

@@ -6,7 +6,7 @@
 //! freed byte back to the driver, and the next allocation of that size maps it again. A prefill
 //! pass allocates its activations (about 480 MB at 2048 tokens of Llama-3-8B) and frees them when
 //! it ends, so each pass paid the mapping (the GPU idled about 1.1 ms more before the pass's
-//! first kernel on an H100, `kernels/README.md`, FP8). The backend raises the threshold to "keep
+//! first kernel on an H100, `kernels/docs/fp8.md`, FP8). The backend raises the threshold to "keep
 //! everything", as PyTorch's caching allocator does. It hands the idle bytes back where memory
 //! must be free outside the pool: before a graph capture (the driver's own memory for the graph)
 //! and before retrying an allocation that ran out. The free-memory counts (the backend's and the

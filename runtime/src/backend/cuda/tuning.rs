@@ -43,16 +43,17 @@ pub struct CudaTuning {
     /// larger steps launch `rope_kv_write` and then the attention, unless they run as warp items
     /// (`decode_warp_fused_rope`). Same bits either way. The
     /// fused write puts the newest token's rotation and quantization on one warp of every CTA,
-    /// which at wide grids costs more than the launch it saves (`kernels/README.md`).
+    /// which at wide grids costs more than the launch it saves (`kernels/docs/fp8.md`).
     pub decode_fused_rope_max_rows: usize,
-    /// (sequence, kv head) items per SM from which a decode launch on tensor cores gives each
-    /// item a warp of its own instead of a CTA of four warps (`paged_decode_attention_mma_warps`,
+    /// (sequence, kv head) items per SM from which a decode launch on tensor cores gives each item
+    /// a warp of its own instead of a CTA of four warps (`paged_decode_attention_mma_warps`,
     /// `SOV_DECODE_WARP_ITEMS`, a whole number; 0 = never). Only where every context fits one
     /// split, the RoPE is not fused and the mode is not deterministic: a warp then streams a whole
     /// context for one start-up and needs no merge of warp states. Default 24: on an H100
-    /// (`bench_decode_attention`, Llama-3-8B heads) warp items were faster at 31 and 61 items an
-    /// SM with either cache (e4m3 1.18-1.32x, bf16 1.02-1.04x) and mixed at 15.5 (256 x 384 e4m3
-    /// 1.10x, bf16 0.98x; 256 x 1024 0.92x / 0.95x), see `kernels/README.md` (FP8 KV cache).
+    /// (`bench_decode_attention`, Llama-3-8B heads) warp items were faster at 31 and 61 items an SM
+    /// with either cache (e4m3 1.18-1.32x, bf16 1.02-1.04x) and mixed at 15.5 (256 x 384 e4m3
+    /// 1.10x, bf16 0.98x; 256 x 1024 0.92x / 0.95x), see `kernels/docs/fp8-kv-cache.md` (FP8 KV
+    /// cache).
     pub decode_warp_items_per_sm: usize,
     /// Whether a decode launch of warp items (see `decode_warp_items_per_sm`) runs the RoPE and
     /// the new token's K/V write itself (`SOV_DECODE_WARP_FUSED_ROPE`, a switch), whatever
@@ -75,13 +76,13 @@ pub struct CudaTuning {
     /// picks the most that keep the grid in one wave (2 for Llama-3-8B's o and down products, 1
     /// for the others); forcing 1 cost 0.06 ms a batch-1 step.
     pub gemv_split: Option<usize>,
-    /// Batch-invariant mode (`sov --deterministic`; not an environment variable of this struct,
-    /// the command line sets it): every row's result is independent of the rows it is batched
-    /// with, and a prefill computes the same K/V and attention as decode steps (see
-    /// `kernels/README.md`). Products go through one pinned cuBLASLt algorithm per weight shape
-    /// (no GEMV, bf16 inputs at every row count), decode attention cuts contexts into splits of
-    /// [`Self::deterministic_split_tokens`], and prefill attention runs the decode kernel once per
-    /// query token. Default off.
+    /// Batch-invariant mode (`sov --deterministic`; not an environment variable of this struct, the
+    /// command line sets it): every row's result is independent of the rows it is batched with, and
+    /// a prefill computes the same K/V and attention as decode steps (see
+    /// `kernels/docs/deterministic.md`). Products go through one pinned cuBLASLt algorithm per
+    /// weight shape (no GEMV, bf16 inputs at every row count), decode attention cuts contexts into
+    /// splits of [`Self::deterministic_split_tokens`], and prefill attention runs the decode kernel
+    /// once per query token. Default off.
     pub deterministic: bool,
     /// Split length of decode attention in deterministic mode, in tokens
     /// (`SOV_DETERMINISTIC_SPLIT_TOKENS`, a multiple of 64). Default 256: on the H200 (Llama-3-8B
@@ -94,15 +95,15 @@ pub struct CudaTuning {
     /// mode (`SOV_DETERMINISTIC_GEMM_ROWS`, at least 1): the heuristic's pick for a product of this
     /// many rows is then used for every row count. Default 128.
     pub deterministic_gemm_rows: usize,
-    /// How much faster than cuBLASLt, in percent of cuBLASLt's timed median, one of sov's
-    /// small-row kernels (`det_gemv_*`) must be to serve a deterministic product of at most 16
-    /// rows (`SOV_DETERMINISTIC_KERNEL_MARGIN`, -100..=100). A negative margin takes a kernel
-    /// that is up to that much slower as timed. Every choice gives the same bits. Default 0 (3
-    /// until the timing ran candidates behind a stand-in for the kernel before them,
+    /// How much faster than cuBLASLt, in percent of cuBLASLt's timed median, one of sov's small-row
+    /// kernels (`det_gemv_*`) must be to serve a deterministic product of at most 16 rows
+    /// (`SOV_DETERMINISTIC_KERNEL_MARGIN`, -100..=100). A negative margin takes a kernel that is up
+    /// to that much slower as timed. Every choice gives the same bits. Default 0 (3 until the
+    /// timing ran candidates behind a stand-in for the kernel before them,
     /// [`Self::deterministic_lead_us`]): on the H200, timed alone, margins of -10 and -100 moved
     /// qkv, gate/up and the lm head to kernels and lost 3.7% and 5.5% at batch 1, and -100 27% at
-    /// batch 16; behind the stand-in only qkv at one row moved, and gained (`kernels/README.md`,
-    /// deterministic mode).
+    /// batch 16; behind the stand-in only qkv at one row moved, and gained
+    /// (`kernels/docs/deterministic.md`, deterministic mode).
     pub deterministic_kernel_margin: i32,
     /// Microseconds of the stand-in kernel (`lead_spin`) that runs before each timed launch
     /// when deterministic mode times a product's candidates (`SOV_DETERMINISTIC_LEAD_US`,
@@ -115,9 +116,9 @@ pub struct CudaTuning {
     /// Parts along K of deterministic mode's products whose weight has at least twice as many
     /// columns as rows (`SOV_DETERMINISTIC_K_SPLIT`, 1 or 2; Llama's down projection): 2 reduces
     /// each half of K in its own chain and adds them in a fixed order, at every row count
-    /// (`det_split.rs`), so that products of few rows run on twice the CTAs. Default 2: on the
-    /// H200 (Llama-3-8B shape) batch 16 gained 6.7-10.4% over 1, batch 64, 256 and 1000 requests
-    /// lost 1.1-2.4% (`kernels/README.md`, deterministic mode). It changes the bits of those
+    /// (`det_split.rs`), so that products of few rows run on twice the CTAs. Default 2: on the H200
+    /// (Llama-3-8B shape) batch 16 gained 6.7-10.4% over 1, batch 64, 256 and 1000 requests lost
+    /// 1.1-2.4% (`kernels/docs/deterministic.md`, deterministic mode). It changes the bits of those
     /// products, so it is part of the precision the heads record ([`Self::precision_name`]); 1 is
     /// the order of every run before it was named.
     pub deterministic_k_split: usize,
@@ -137,12 +138,12 @@ pub struct CudaTuning {
     /// FP8 products of at most this many rows run on `fp8.cu`'s small-M tensor-core kernel, more
     /// rows through cuBLASLt (`SOV_FP8_SMALL_ROWS`, 0..=32). Default 16: on the H200 the small-M
     /// kernel beat cuBLASLt up to 16 rows on every Llama-3-8B product and lost from 32 on gate/up,
-    /// o and down (`kernels/README.md`).
+    /// o and down (`kernels/docs/fp8.md`).
     pub fp8_small_max_rows: usize,
     /// Small-M FP8 products of fewer than this many CTAs (16 weight rows each) run the kernel's
     /// `_wide` form, 16 warps a CTA instead of 8 (`SOV_FP8_SMALL_WIDE_CTAS`, 0 = never): at
     /// Llama-3-8B's qkv, o and down (256-384 CTAs) the 8-warp grid keeps 15 warps an SM; the
-    /// wide form made batch 1 0.7% faster on an H100 (`kernels/README.md`, FP8). The two forms
+    /// wide form made batch 1 0.7% faster on an H100 (`kernels/docs/fp8.md`, FP8). The two forms
     /// add their partial sums in different groups, so their bits differ (each is the same at
     /// every row count); the fused kernels ([`Self::fp8_fused_max_rows`]) give the 8-warp
     /// form's bits.
@@ -154,7 +155,7 @@ pub struct CudaTuning {
     /// form ([`Self::fp8_small_wide_ctas`] says where the products take the other).
     /// Default 0: every CTA of a fused product re-reads and quantizes the input, so at one row
     /// the producers' quantized rows ([`Self::fp8_quantized_inputs`]) and the plain small-M
-    /// kernel run the step faster (`kernels/README.md`, FP8).
+    /// kernel run the step faster (`kernels/docs/fp8.md`, FP8).
     pub fp8_fused_max_rows: usize,
     /// Which producers of FP8 product inputs write them as e4m3 rows, so the product runs no
     /// quantization launch of its own (`SOV_FP8_QUANTIZED_INPUTS`: `off`, `swiglu`, `all`;
@@ -163,7 +164,7 @@ pub struct CudaTuning {
     /// or f32 for the few rows whose products take f32), with the products' arithmetic, so the
     /// products see the same codes and scales either way.
     /// Default [`Fp8QuantizedInputs::All`]: on the H200 both quantizing kernels cost less than
-    /// the quantization launches they replace (`kernels/README.md`, FP8).
+    /// the quantization launches they replace (`kernels/docs/fp8.md`, FP8).
     pub fp8_quantized_inputs: Fp8QuantizedInputs,
     /// Whether the FP8 gate/up product that cuBLASLt multiplies (more rows than
     /// [`Self::fp8_small_max_rows`]) writes its `[n, 2f]` output in bf16 instead of f32, for the
@@ -175,7 +176,7 @@ pub struct CudaTuning {
     /// [`Self::fp8_small_max_rows`]) write their output, the residual add's delta, in bf16
     /// instead of f32 (`SOV_FP8_DELTA_BF16`, a switch; `fp8.rs`,
     /// [`crate::backend::Backend::matmul_residual_delta`]): cuBLASLt's bf16 output runs 5-11%
-    /// faster than its f32 one on an H100 (torch's `_scaled_mm`, `kernels/README.md`), and the
+    /// faster than its f32 one on an H100 (torch's `_scaled_mm`, `kernels/docs/fp8.md`), and the
     /// add + RMSNorm reads half the delta's bytes, at the cost of rounding each delta to bf16
     /// before the add, as a bf16 model does. Needs cuBLASLt's outer-vector scales (else f32
     /// stays). Default off until it has run on a GPU: its checks (`fp8_delta_tests.rs`) and
