@@ -179,8 +179,8 @@ pub struct CudaTuning {
     /// faster than its f32 one on an H100 (torch's `_scaled_mm`, `kernels/docs/fp8.md`), and the
     /// add + RMSNorm reads half the delta's bytes, at the cost of rounding each delta to bf16
     /// before the add, as a bf16 model does. Needs cuBLASLt's outer-vector scales (else f32
-    /// stays). Default off until it has run on a GPU: its checks (`fp8_delta_tests.rs`) and
-    /// its A/B at 1000 requests have not run yet.
+    /// stays). Default on since stop 57 (H100 80GB, 1000 requests, FP8 + e4m3 cache, one call:
+    /// 30365.52 / 30261.55 tok/s against 29894.61 / 29890.72 with it off, +1.4%).
     pub fp8_delta_bf16: bool,
     /// The KV cache in e4m3 with one f32 scale per token and head (`sov --kv-dtype fp8`; not an
     /// environment variable of this struct, the command line sets it), half the bytes of bf16
@@ -309,7 +309,7 @@ impl Default for CudaTuning {
             fp8_fused_max_rows: DEFAULT_FP8_FUSED_ROWS,
             fp8_quantized_inputs: Fp8QuantizedInputs::All,
             fp8_gate_up_bf16: true,
-            fp8_delta_bf16: false,
+            fp8_delta_bf16: true,
             kv_e4m3: false,
             kernels: KernelBuild::default(),
         }
@@ -894,7 +894,7 @@ mod tests {
             ("SOV_FP8_FUSED_ROWS", "2"),
             ("SOV_FP8_QUANTIZED_INPUTS", "swiglu"),
             ("SOV_FP8_GATE_UP_BF16", "off"),
-            ("SOV_FP8_DELTA_BF16", "on"),
+            ("SOV_FP8_DELTA_BF16", "off"),
         ]))
         .unwrap();
         let expect = CudaTuning {
@@ -922,7 +922,7 @@ mod tests {
             fp8_fused_max_rows: 2,
             fp8_quantized_inputs: Fp8QuantizedInputs::SwiGlu,
             fp8_gate_up_bf16: false,
-            fp8_delta_bf16: true,
+            fp8_delta_bf16: false,
             kv_e4m3: false,
             kernels: KernelBuild {
                 decode_stages: 3,
