@@ -92,6 +92,7 @@ impl<F: ForwardModel> EngineCore<F> {
             }) else {
                 continue;
             };
+            tracing::trace!(target: "sov::pass", "engine: prefill pass returned");
             let now = Instant::now();
             let inputs = self.row_inputs(&picked, &picks);
             // Sequences whose prompt completed, with their row: (running index, row input).
@@ -106,6 +107,7 @@ impl<F: ForwardModel> EngineCore<F> {
             }
             self.offer_full_blocks();
             self.advance_and_retire(&rows, now);
+            tracing::trace!(target: "sov::pass", "engine: prefill rows advanced");
         }
         Ok(())
     }

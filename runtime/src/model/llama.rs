@@ -353,14 +353,20 @@ impl<B: Backend> LlamaModel<B> {
         all_rows: bool,
     ) -> Result<(B::Buffer, usize), ModelError> {
         let c = &self.config;
+        // Pass-boundary events (`--log sov::pass=trace`, `kernels/bench/pass_timeline.py`): where
+        // the host spends the time before a pass's first kernel.
+        tracing::trace!(target: "sov::pass", "model: step start");
         let step = self.plan_step(kv, chunks)?;
         let meta = self.upload_meta(&step)?;
+        tracing::trace!(target: "sov::pass", "model: planned, metadata uploaded");
         let n = meta.n_tokens;
         let b = &self.backend;
         let hidden = c.hidden_size;
         let mut a = self.alloc_activations(n)?;
         let tokens = b.upload_u32(&step.tokens)?; // [n]
+        tracing::trace!(target: "sov::pass", "model: activations allocated, tokens uploaded");
         self.run_layers(&tokens, kv, &meta, &mut a, n)?;
+        tracing::trace!(target: "sov::pass", "model: layers enqueued");
         let (rows, picked) = if all_rows {
             (n, None)
         } else {

@@ -139,6 +139,7 @@ fn step_pick(
     let vocab = model.config().vocab_size;
     let rows = chunks.len();
     let logits = model.forward_on_backend(kv, chunks)?; // [rows, vocab] f32
+    tracing::trace!(target: "sov::pass", "runner: step enqueued");
     let mut out = PickedRows {
         tokens: vec![None; rows],
         logits: Vec::new(),
@@ -153,6 +154,7 @@ fn step_pick(
         b.enqueue_draws_at_rows(&logits, vocab, &draws, &mut ids_dev)?;
         let mut ids = vec![0u32; rows]; // [rows]
         b.download_u32(&ids_dev, &mut ids)?;
+        tracing::trace!(target: "sov::pass", "runner: picks downloaded");
         for ((token, pick), id) in out.tokens.iter_mut().zip(picks).zip(ids) {
             let on_device = match pick {
                 RowPick::Argmax => true,
