@@ -10,7 +10,9 @@
 # batch they run with fewer sequences: e.g. BATCHES=1024 KV=60000 OUTPUT=256 SKIP=100). Traces
 # stay in OUT_DIR. PREFILL=N adds a report of the STEPS passes after the first N (with every prompt
 # arriving at once, prefill passes: e.g. PREFILL=8). HOST=1 also records the driver calls, memsets
-# and copies, and says what filled the idle gaps (step_report.py's HOST.csv argument).
+# and copies, and says what filled the idle gaps (step_report.py's HOST.csv argument); it also
+# runs sov with `--log sov::pass=trace` and splits the host's part of the eager passes after the
+# first PREFILL (default 8) with pass_timeline.py.
 set -u
 DIR=$(cd "$(dirname "$0")" && pwd)
 SOV=${SOV:-.gpu/sov}
@@ -30,12 +32,14 @@ for b in $BATCHES; do
   for mode in $MODES; do
     trace="$OUT_DIR/trace-b$b-det-$mode.csv"
     host=""
-    [ -z "${HOST:-}" ] || host="$OUT_DIR/host-b$b-det-$mode.csv"
+    log=""
+    [ -z "${HOST:-}" ] || { host="$OUT_DIR/host-b$b-det-$mode.csv"; log="--log sov::pass=trace"; }
     CUDA_INJECTION64_PATH="$LIB" STEP_TRACE_OUT="$trace" STEP_TRACE_HOST="$host" timeout 300 "$SOV" bench --model random:llama3-8b \
       --device cuda --kv-memory-mb "${KV:-4000}" --num-prompts "$b" --concurrency "$b" --max-batch "$b" \
-      --input-len 128 --output-len "${OUTPUT:-64}" --ignore-eos --deterministic "$mode" ${FLAGS:-} >"$OUT_DIR/bench-b$b-det-$mode.txt" 2>&1
+      --input-len 128 --output-len "${OUTPUT:-64}" --ignore-eos --deterministic "$mode" ${FLAGS:-} $log >"$OUT_DIR/bench-b$b-det-$mode.txt" 2>&1
     echo "== batch $b deterministic=$mode: rc $?, $(grep -m1 "Output token throughput" "$OUT_DIR/bench-b$b-det-$mode.txt")"
     python3 "$DIR/step_trace/step_report.py" "$trace" "$STEPS" "${SKIP:-0}" last $host
     [ -z "${PREFILL:-}" ] || python3 "$DIR/step_trace/step_report.py" "$trace" "$STEPS" "$PREFILL" first $host
+    [ -z "$log" ] || python3 "$DIR/pass_timeline.py" "$OUT_DIR/bench-b$b-det-$mode.txt" "${PREFILL:-8}" 32
   done
 done
