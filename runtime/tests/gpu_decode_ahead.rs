@@ -1,6 +1,8 @@
 //! Decode steps launched ahead on a GPU (`engine::ahead`: step N + 1 enqueued before step N's
-//! tokens reach the host, its token ids fed on the device) give every request the tokens of steps
-//! run one at a time, through the whole engine: greedy and seeded drawn rows, requests of
+//! tokens reach the host, its token ids fed on the device), and prefill passes launched ahead
+//! (`engine::prefill_ahead`), give every request the tokens of steps and passes run one at a
+//! time, through the whole engine, with prompts in passes of their own and mixed into decode
+//! steps: greedy and seeded drawn rows, requests of
 //! different lengths leaving the batch at different steps, more requests than the batch holds.
 //! Skips, saying why, without a CUDA device.
 
@@ -38,16 +40,30 @@ fn requests() -> Vec<Request> {
         .collect()
 }
 
-/// Every request's tokens, and the decode steps launched ahead / run, with `ahead` on or off.
-fn run(ahead: bool) -> (Vec<Vec<u32>>, u64, u64) {
+/// What a run gave: every request's tokens, the decode steps launched ahead and run, and the
+/// prefill passes launched ahead.
+struct Ran {
+    tokens: Vec<Vec<u32>>,
+    decode_ahead: u64,
+    decode_steps: u64,
+    prefill_ahead: u64,
+}
+
+/// A run with steps and passes launched ahead (`ahead`) or not, prompts mixed into decode steps
+/// (`mixed`) or in prefill passes of their own (the GPU's default).
+fn run(ahead: bool, mixed: bool) -> Ran {
     let started = start_engine::<Scheduler>(
         ModelParts::random(tiny_config(), 11, WeightDtype::BF16, "tiny"),
         &EngineOptions {
             device: Device::Cuda(0),
             kv_budget: KvBudget::Bytes(64 << 20),
             max_batch: 16,
+            mixed_prefill: mixed,
             overlap_host: true,
             decode_ahead: ahead,
+            prefill_ahead: ahead,
+            // Prompts of 5..=40 tokens, 64 a pass: several prefill passes, some prompts split.
+            max_prefill_tokens: 64,
             ..EngineOptions::default()
         },
     )
@@ -56,7 +72,12 @@ fn run(ahead: bool) -> (Vec<Vec<u32>>, u64, u64) {
     let streams = started.engine.submit_many(requests()).expect("submitted");
     let tokens = streams.iter().map(|s| wait(&s.rx).output_tokens).collect();
     let stats = started.engine.shutdown().expect("engine stops");
-    (tokens, stats.decode_host.ahead, stats.decode_steps)
+    Ran {
+        tokens,
+        decode_ahead: stats.decode_host.ahead,
+        decode_steps: stats.decode_steps,
+        prefill_ahead: stats.prefill_passes_ahead,
+    }
 }
 
 #[test]
@@ -65,11 +86,24 @@ fn decode_ahead_gives_the_tokens_of_steps_run_one_at_a_time() {
         println!("skipped: no CUDA device ({e})");
         return;
     }
-    let (want, none, steps) = run(false);
-    assert_eq!(none, 0);
-    let (got, ahead, ahead_run_steps) = run(true);
-    assert_eq!(got, want, "tokens with decode steps launched ahead");
-    assert_eq!(ahead_run_steps, steps, "the same decode steps");
-    assert!(ahead > 0, "no step went ahead");
-    println!("{ahead} of {steps} decode steps launched ahead; every request's tokens the same");
+    for mixed in [false, true] {
+        let want = run(false, mixed);
+        assert_eq!((want.decode_ahead, want.prefill_ahead), (0, 0));
+        let got = run(true, mixed);
+        assert_eq!(
+            got.tokens, want.tokens,
+            "tokens launched ahead (mixed {mixed})"
+        );
+        assert_eq!(got.decode_steps, want.decode_steps, "the same decode steps");
+        assert!(got.decode_ahead > 0, "no step went ahead (mixed {mixed})");
+        assert!(
+            mixed || got.prefill_ahead > 0,
+            "no prefill pass went ahead (mixed {mixed})"
+        );
+        println!(
+            "mixed {mixed}: {} of {} decode steps and {} prefill passes launched ahead; every \
+             request's tokens the same",
+            got.decode_ahead, got.decode_steps, got.prefill_ahead
+        );
+    }
 }

@@ -201,6 +201,7 @@ pub(crate) fn launch<M: Machine + 'static, F: ForwardModel + 'static>(
             mixed_prefill: opts.mixed_prefill,
             overlap_host: opts.overlap_host,
             decode_ahead: opts.decode_ahead,
+            prefill_ahead: opts.prefill_ahead,
             context_len,
             eos_ids: parts.eos_ids,
             trace: opts.trace,

@@ -69,6 +69,9 @@ pub struct EngineOptions {
     /// Launch each overlapped decode step's successor before its tokens come back
     /// ([`crate::engine::handle::EngineConfig::decode_ahead`]).
     pub decode_ahead: bool,
+    /// Launch each prefill pass before the one before it is waited for
+    /// ([`crate::engine::handle::EngineConfig::prefill_ahead`]).
+    pub prefill_ahead: bool,
     /// Context length cap (None: the model's `max_position_embeddings`).
     pub max_context: Option<usize>,
     /// On a GPU: f32-accurate matmul inputs and an f32 KV cache
@@ -147,6 +150,7 @@ impl Default for EngineOptions {
             mixed_prefill: true,
             overlap_host: false,
             decode_ahead: false,
+            prefill_ahead: false,
             max_context: None,
             precise: false,
             trace: false,

@@ -126,6 +126,12 @@ pub struct ModelArgs {
     /// same either way. Off with `--no-host-overlap` too.
     #[arg(long)]
     pub no_decode_ahead: bool,
+    /// Wait for each prefill pass's tokens before launching the next pass. By default a GPU
+    /// launches prefill pass N + 1 before pass N's tokens come back (a pass's inputs are prompt
+    /// tokens the host already has); outputs are the same either way. Off with
+    /// `--no-host-overlap` too.
+    #[arg(long)]
+    pub no_prefill_ahead: bool,
     /// Cap on the context length (default: the model's).
     #[arg(long)]
     pub max_context: Option<usize>,
@@ -282,6 +288,12 @@ impl ModelArgs {
         self.overlap_host(device) && !self.no_decode_ahead
     }
 
+    /// Whether prefill passes launch their successor before their tokens come back on `device`:
+    /// wherever the host work overlaps, unless `--no-prefill-ahead`.
+    pub fn prefill_ahead(&self, device: Device) -> bool {
+        self.overlap_host(device) && !self.no_prefill_ahead
+    }
+
     /// Whether prompts run in chunks inside decode steps on `device` (`--mixed-prefill`,
     /// `--no-mixed-prefill`, else on the CPU only).
     pub fn mixed_prefill(&self, device: Device) -> bool {
@@ -422,6 +434,7 @@ impl ModelArgs {
             mixed_prefill: self.mixed_prefill(device),
             overlap_host: self.overlap_host(device),
             decode_ahead: self.decode_ahead(device),
+            prefill_ahead: self.prefill_ahead(device),
             max_context: self.max_context,
             precise: self.precision == PrecisionChoice::F32,
             trace,
@@ -614,6 +627,22 @@ mod tests {
             !a.decode_ahead(Device::Cuda(0)),
             "no overlap, nothing ahead"
         );
+    }
+
+    #[test]
+    fn prefill_passes_go_ahead_on_a_gpu_unless_turned_off() {
+        let a = Cli::try_parse_from(["sov"]).unwrap().model;
+        assert!(!a.prefill_ahead(Device::Cpu));
+        assert!(a.prefill_ahead(Device::Cuda(0)));
+        let a = Cli::try_parse_from(["sov", "--no-prefill-ahead"])
+            .unwrap()
+            .model;
+        assert!(!a.prefill_ahead(Device::Cuda(0)));
+        assert!(a.decode_ahead(Device::Cuda(0)));
+        let a = Cli::try_parse_from(["sov", "--no-host-overlap"])
+            .unwrap()
+            .model;
+        assert!(!a.prefill_ahead(Device::Cuda(0)));
     }
 
     #[test]

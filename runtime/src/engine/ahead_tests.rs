@@ -4,7 +4,9 @@
 //! wait until asked for; a fed row's input token is the model's own pick of the same row one
 //! launch earlier. Every request's tokens, text, events and finish reason are the in-turn ones,
 //! with stop strings, EOS, length and context limits, drawn and host-sampled rows, preemption,
-//! mixed prefill and a failed pass, and steps really went ahead.
+//! mixed prefill and a failed pass, and steps really went ahead. The same fake launches prefill
+//! passes ahead ([`super::prefill_ahead`]; `Mode::Ahead` turns both on, as a GPU does), with
+//! failed pass launches and waits.
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,6 +40,17 @@ struct Ahead {
     fail_at: Option<usize>,
     /// Every this many fed launches, one fails before it enqueues anything.
     fail_fed_every: Option<usize>,
+    /// Picks of the prefill passes launched and not yet waited for, with their launch number
+    /// (counting from 1), oldest first.
+    passes: VecDeque<(usize, PickedRows)>,
+    /// Prefill passes launched so far.
+    pass_launches: usize,
+    /// Prefill passes launched while another was in flight.
+    passes_ahead: Arc<AtomicUsize>,
+    /// The pass (counting launches from 1) whose wait fails, if any.
+    fail_pass_at: Option<usize>,
+    /// Every this many pass launches, one fails before it enqueues anything.
+    fail_pass_launch_every: Option<usize>,
 }
 
 impl Ahead {
@@ -50,13 +63,20 @@ impl Ahead {
             fed: Arc::default(),
             fail_at: None,
             fail_fed_every: None,
+            passes: VecDeque::new(),
+            pass_launches: 0,
+            passes_ahead: Arc::default(),
+            fail_pass_at: None,
+            fail_pass_launch_every: None,
         }
     }
 
     fn idle(&self) -> Result<(), String> {
-        match self.queue.len() {
-            0 => Ok(()),
-            n => Err(format!("an in-turn pass with {n} decode steps in flight")),
+        match (self.queue.len(), self.passes.len()) {
+            (0, 0) => Ok(()),
+            (n, p) => Err(format!(
+                "an in-turn pass with {n} decode steps and {p} passes in flight"
+            )),
         }
     }
 }
@@ -127,6 +147,40 @@ impl ForwardModel for Ahead {
             Some((n, _)) if Some(n) == self.fail_at => Err("the device fell over".into()),
             Some((_, picked)) => Ok(picked),
             None => Err("no decode step in flight".into()),
+        }
+    }
+    fn launches_pass(&self, picks: &[RowPick]) -> bool {
+        picks.iter().all(|p| *p != RowPick::Logits)
+    }
+    /// Computes the pass at once (its KV written before any later pass, as the device's one
+    /// stream orders it) and queues its picks.
+    fn launch_pass(&mut self, chunks: &[SeqChunk<'_>], picks: &[RowPick]) -> Result<(), String> {
+        if !self.queue.is_empty() || self.passes.len() >= 2 {
+            return Err(format!(
+                "a pass launched with {} decode steps and {} passes in flight",
+                self.queue.len(),
+                self.passes.len()
+            ));
+        }
+        if picks.contains(&RowPick::Logits) {
+            return Err("a pass launched with a row the host samples".into());
+        }
+        self.pass_launches += 1;
+        if (self.fail_pass_launch_every).is_some_and(|k| self.pass_launches.is_multiple_of(k)) {
+            return Err("the pass launch failed".into());
+        }
+        if !self.passes.is_empty() {
+            self.passes_ahead.fetch_add(1, Ordering::Relaxed);
+        }
+        let picked = self.model.forward_pick(chunks, picks)?;
+        self.passes.push_back((self.pass_launches, picked));
+        Ok(())
+    }
+    fn wait_pass(&mut self) -> Result<PickedRows, String> {
+        match self.passes.pop_front() {
+            Some((n, _)) if Some(n) == self.fail_pass_at => Err("the pass fell over".into()),
+            Some((_, picked)) => Ok(picked),
+            None => Err("no pass in flight".into()),
         }
     }
 }
@@ -242,7 +296,12 @@ struct InFlightAtCheckpoint(Arc<std::sync::Mutex<Vec<bool>>>);
 impl CheckpointHook<EngineCore<Ahead>> for InFlightAtCheckpoint {
     fn checkpoint(&mut self, core: &mut EngineCore<Ahead>) -> Result<(), EngineError> {
         if let Ok(mut v) = self.0.lock() {
-            v.push(core.ahead.is_some() || core.pending.is_some() || !core.model.queue.is_empty());
+            v.push(
+                core.ahead.is_some()
+                    || core.pending.is_some()
+                    || !core.model.queue.is_empty()
+                    || !core.model.passes.is_empty(),
+            );
         }
         Ok(())
     }
@@ -265,4 +324,45 @@ fn checkpoints_see_no_step_in_flight() {
         "a step in flight at a checkpoint: {seen:?}"
     );
     assert!(fed.load(Ordering::Relaxed) > every, "steps went ahead");
+}
+
+#[test]
+fn prefill_passes_go_ahead_with_the_in_turn_outputs() {
+    // 24 prompts of 5 to 44 tokens, 64 prompt tokens a pass: prompts split across passes.
+    for sampled in [false, true] {
+        let (want, _, _) = run(fake(256), Mode::InTurn, 256, false, sampled);
+        let model = Ahead::new(fake(256));
+        let ahead = model.passes_ahead.clone();
+        let (got, _, _) = run(model, Mode::Ahead, 256, false, sampled);
+        assert_eq!(got, want, "sampled rows {sampled}");
+        assert!(
+            ahead.load(Ordering::Relaxed) > 0,
+            "passes went ahead (sampled rows {sampled})"
+        );
+    }
+}
+
+#[test]
+fn a_failed_prefill_pass_ends_only_its_requests() {
+    let (want, _, _) = run(fake(256), Mode::InTurn, 256, false, false);
+    // The wait of pass 1 or 3 fails, or every second launch fails before it enqueues anything.
+    for (fail_at, launch_every) in [(Some(1), None), (Some(3), None), (None, Some(2))] {
+        let case = format!("wait {fail_at:?} fails, every {launch_every:?} launch fails");
+        let mut model = Ahead::new(fake(256));
+        model.fail_pass_at = fail_at;
+        model.fail_pass_launch_every = launch_every;
+        let (got, _, _) = run(model, Mode::Ahead, 256, false, false);
+        let mut errors = 0;
+        for (g, w) in got.iter().zip(&want) {
+            match &g.3 {
+                super::output::FinishReason::Error(_) => {
+                    errors += 1;
+                    assert!(g.0.is_empty(), "a failed prompt streams nothing ({case})");
+                }
+                _ => assert_eq!(g, w, "{case}"),
+            }
+        }
+        assert!(errors > 0, "the failure ended requests ({case})");
+        assert!(errors < got.len(), "the others ran on ({case})");
+    }
 }

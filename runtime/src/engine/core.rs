@@ -104,6 +104,11 @@ pub struct EngineCore<F: ForwardModel> {
     pub(crate) decode_ahead: bool,
     /// The decode step launched ahead and still in flight.
     pub(crate) ahead: Option<super::pending::AheadStep>,
+    /// Prefill passes launch the next pass before their tokens come back, where the model can
+    /// (see [`super::prefill_ahead`]).
+    pub(crate) prefill_ahead: bool,
+    /// Prefill passes launched while the pass before them was still in flight.
+    pub(crate) prefill_passes_ahead: u64,
 }
 
 /// Running totals the engine reports in its stats (and a server in its metrics).
@@ -154,6 +159,8 @@ impl<F: ForwardModel> EngineCore<F> {
             overlap_host: false,
             pending: None,
             decode_ahead: false,
+            prefill_ahead: false,
+            prefill_passes_ahead: 0,
             ahead: None,
         }
     }
@@ -175,6 +182,18 @@ impl<F: ForwardModel> EngineCore<F> {
             self.flush_pending();
         }
         self.decode_ahead = on;
+    }
+
+    /// Launches each prefill pass before the one before it is waited for, where the model can,
+    /// from now on (or stops); see [`super::prefill_ahead`]. No pass is in flight between
+    /// actions, so this takes effect at the next prefill.
+    pub fn set_prefill_ahead(&mut self, on: bool) {
+        self.prefill_ahead = on;
+    }
+
+    /// Prefill passes launched so far while the pass before them was still in flight.
+    pub fn prefill_passes_ahead(&self) -> u64 {
+        self.prefill_passes_ahead
     }
 
     /// Delivers output events on a thread of their own from now on, so that waking the clients

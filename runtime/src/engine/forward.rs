@@ -74,6 +74,26 @@ pub trait ForwardModel: Send {
     fn wait_decode(&mut self) -> Result<PickedRows, String> {
         Err("no decode step is in flight".into())
     }
+    /// Whether [`ForwardModel::launch_pass`] takes a pass with these picks (the engine asks
+    /// before each launch). Default: no, every pass is answered before the next.
+    fn launches_pass(&self, picks: &[RowPick]) -> bool {
+        let _ = picks;
+        false
+    }
+    /// Enqueues a pass over `chunks` (any pass [`ForwardModel::forward_pick`] takes: prompt
+    /// chunks in the engine's use) and returns without waiting for it; its picks come back from
+    /// [`ForwardModel::wait_pass`], oldest launch first. At most two passes are in flight: the
+    /// engine launches prefill pass N + 1 before it waits for pass N (`super::prefill_ahead`).
+    /// A launch that fails leaves nothing more in flight.
+    fn launch_pass(&mut self, chunks: &[SeqChunk<'_>], picks: &[RowPick]) -> Result<(), String> {
+        let _ = (chunks, picks);
+        Err("this model does not launch passes ahead".into())
+    }
+    /// The picks of the oldest pass [`ForwardModel::launch_pass`] enqueued, once it is done; an
+    /// error when none is in flight.
+    fn wait_pass(&mut self) -> Result<PickedRows, String> {
+        Err("no pass is in flight".into())
+    }
 }
 
 /// Host work handed to [`ForwardModel::forward_pick_overlapped`], run at most once: whoever
@@ -140,6 +160,15 @@ impl<T: ForwardModel + ?Sized> ForwardModel for Box<T> {
     }
     fn wait_decode(&mut self) -> Result<PickedRows, String> {
         (**self).wait_decode()
+    }
+    fn launches_pass(&self, picks: &[RowPick]) -> bool {
+        (**self).launches_pass(picks)
+    }
+    fn launch_pass(&mut self, chunks: &[SeqChunk<'_>], picks: &[RowPick]) -> Result<(), String> {
+        (**self).launch_pass(chunks, picks)
+    }
+    fn wait_pass(&mut self) -> Result<PickedRows, String> {
+        (**self).wait_pass()
     }
 }
 

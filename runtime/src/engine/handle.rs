@@ -50,6 +50,9 @@ pub struct EngineConfig {
     /// where the model can ([`super::ahead`]): the GPU no longer waits for the host between
     /// decode steps.
     pub decode_ahead: bool,
+    /// Launch each prefill pass before the one before it is waited for, where the model can
+    /// ([`super::prefill_ahead`]): the GPU no longer waits for the host between prefill passes.
+    pub prefill_ahead: bool,
     /// The model's context length (`max_position_embeddings`).
     pub context_len: usize,
     /// End-of-sequence token ids.
@@ -90,6 +93,7 @@ impl Default for EngineConfig {
             mixed_prefill: true,
             overlap_host: false,
             decode_ahead: false,
+            prefill_ahead: false,
             context_len: 2048,
             eos_ids: Vec::new(),
             trace: false,
@@ -143,6 +147,9 @@ pub struct EngineStats {
     pub busy_time: Duration,
     /// Host time of decode steps outside the forward pass, by phase (part of `busy_time`).
     pub decode_host: DecodeHostTimes,
+    /// Prefill passes launched before the pass ahead of them came back
+    /// ([`EngineConfig::prefill_ahead`]).
+    pub prefill_passes_ahead: u64,
     /// Prompt tokens of the requests queued so far.
     pub prompt_tokens: u64,
     /// Tokens generated and delivered so far.
@@ -260,6 +267,7 @@ impl Engine {
         core.set_mix_prefill(config.mixed_prefill);
         core.set_overlap_host(config.overlap_host);
         core.set_decode_ahead(config.decode_ahead);
+        core.set_prefill_ahead(config.prefill_ahead);
         core.deliver_on_own_thread();
         let mut machine = M::new();
         let mut journal = None;
@@ -522,6 +530,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
                     stats.forward_time = core.forward_time();
                     stats.decode_steps = core.decode_steps();
                     stats.decode_host = core.decode_host_times();
+                    stats.prefill_passes_ahead = core.prefill_passes_ahead();
                     (stats.checkpoints, stats.restores) = core.checkpoint_counts();
                     stats.checkpoint_time = core.checkpoint_time();
                     (stats.spec_proposed, stats.spec_accepted) = core.speculation_counts();
@@ -584,6 +593,7 @@ fn run_loop<M: Machine, F: ForwardModel>(
         spec_accepted,
         forward_time: core.forward_time(),
         decode_host: core.decode_host_times(),
+        prefill_passes_ahead: core.prefill_passes_ahead(),
         ..stats
     })
 }

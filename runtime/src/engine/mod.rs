@@ -33,6 +33,7 @@ pub mod outbox;
 pub mod output;
 pub mod overlap;
 pub mod pending;
+pub mod prefill_ahead;
 pub mod prefix_cache;
 mod prefix_core;
 pub mod request;

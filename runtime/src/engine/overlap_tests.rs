@@ -23,7 +23,8 @@ pub(super) const BS: usize = 16;
 pub(super) const EOS: u32 = 299;
 
 /// How a run's decode steps go: in turn, with their host work overlapped, or overlapped with
-/// each step's successor launched ahead ([`super::ahead`]).
+/// each step's successor launched ahead ([`super::ahead`]) and each prefill pass's successor
+/// too ([`super::prefill_ahead`]), as on a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
     InTurn,
@@ -130,6 +131,7 @@ pub(super) fn run_with<M: ForwardModel + 'static>(
             mixed_prefill: mixed,
             overlap_host: mode != Mode::InTurn,
             decode_ahead: mode == Mode::Ahead,
+            prefill_ahead: mode == Mode::Ahead,
             eos_ids: vec![EOS],
             ..EngineConfig::default()
         },
@@ -317,6 +319,7 @@ pub(super) fn run_checkpointed<M: ForwardModel + 'static>(
             mixed_prefill: false,
             overlap_host: true,
             decode_ahead: ahead,
+            prefill_ahead: ahead,
             ..EngineConfig::default()
         },
         Some(hook),

@@ -56,60 +56,60 @@ impl<F: ForwardModel> EngineCore<F> {
     }
 
     /// Runs every unprefilled sequence's pending tokens, at most `max_prefill_tokens` per forward
-    /// pass (long prompts run in chunks), and samples each one's next token when it completes.
+    /// pass (long prompts run in chunks), and samples each one's next token when it completes:
+    /// each pass launched before the one before it is waited for where the core is set so
+    /// ([`super::prefill_ahead`]), else one pass after the other.
     pub fn prefill(&mut self) -> Result<(), EngineError> {
-        while self.has_unprefilled() {
-            let mut budget = self.cfg.max_prefill_tokens.max(1);
-            // (running index, tokens to run this pass)
-            let mut plan: Vec<(usize, usize)> = Vec::new();
-            for (i, s) in self
-                .running
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| !s.prefilled)
-            {
-                if budget == 0 {
-                    break;
-                }
-                let take = (s.tokens.len() - s.computed).min(budget);
-                budget -= take;
-                plan.push((i, take));
+        if self.prefill_ahead {
+            return self.prefill_launching_ahead();
+        }
+        loop {
+            let plan = self.prefill_plan();
+            if plan.is_empty() {
+                self.end_unrunnable_prompts();
+                return Ok(());
             }
             let picks = self.prompt_picks(&plan);
-            let indices: Vec<usize> = plan.iter().map(|p| p.0).collect();
-            let block_size = self.cfg.block_size;
-            let Some(picked) = self.forward_rows(&indices, &picks, Pass::Pick, |running| {
-                plan.iter()
-                    .map(|&(i, take)| {
-                        let s = &running[i];
-                        SeqChunk {
-                            tokens: &s.tokens[s.computed..s.computed + take],
-                            start_pos: s.computed,
-                            block_table: &s.block_table[..(s.computed + take).div_ceil(block_size)],
-                        }
-                    })
-                    .collect()
-            }) else {
-                continue;
-            };
-            tracing::trace!(target: "sov::pass", "engine: prefill pass returned");
-            let now = Instant::now();
-            let inputs = self.row_inputs(&picked, &picks);
-            // Sequences whose prompt completed, with their row: (running index, row input).
-            let mut rows: Vec<(usize, RowInput<'_>)> = Vec::new();
-            for (&(i, take), input) in plan.iter().zip(inputs) {
-                let s = &mut self.running[i];
-                s.computed += take;
-                if s.computed == s.tokens.len() {
-                    s.prefilled = true;
-                    rows.push((i, input));
-                }
-            }
-            self.offer_full_blocks();
-            self.advance_and_retire(&rows, now);
-            tracing::trace!(target: "sov::pass", "engine: prefill rows advanced");
+            self.prefill_pass_in_turn(&plan, &picks);
         }
-        Ok(())
+    }
+
+    /// One prefill pass over `plan` (running index, tokens to run) with `picks`, waited for: the
+    /// rows whose prompt it completes are advanced (and retired when they finish); when it
+    /// fails, its sequences end with the error.
+    pub(crate) fn prefill_pass_in_turn(&mut self, plan: &[(usize, usize)], picks: &[RowPick]) {
+        let indices: Vec<usize> = plan.iter().map(|p| p.0).collect();
+        let block_size = self.cfg.block_size;
+        let Some(picked) = self.forward_rows(&indices, picks, Pass::Pick, |running| {
+            plan.iter()
+                .map(|&(i, take)| {
+                    let s = &running[i];
+                    SeqChunk {
+                        tokens: &s.tokens[s.computed..s.computed + take],
+                        start_pos: s.computed,
+                        block_table: &s.block_table[..(s.computed + take).div_ceil(block_size)],
+                    }
+                })
+                .collect()
+        }) else {
+            return;
+        };
+        tracing::trace!(target: "sov::pass", "engine: prefill pass returned");
+        let now = Instant::now();
+        let inputs = self.row_inputs(&picked, picks);
+        // Sequences whose prompt completed, with their row: (running index, row input).
+        let mut rows: Vec<(usize, RowInput<'_>)> = Vec::new();
+        for (&(i, take), input) in plan.iter().zip(inputs) {
+            let s = &mut self.running[i];
+            s.computed += take;
+            if s.computed == s.tokens.len() {
+                s.prefilled = true;
+                rows.push((i, input));
+            }
+        }
+        self.offer_full_blocks();
+        self.advance_and_retire(&rows, now);
+        tracing::trace!(target: "sov::pass", "engine: prefill rows advanced");
     }
 
     /// One decode forward over every prefilled running sequence: overlapped with the host work of

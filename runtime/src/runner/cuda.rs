@@ -4,9 +4,12 @@
 //! (`decode_launch`, its ids fed from the step before it, and `decode_wait`); any other
 //! step (a prefill pass, a mixed step) eagerly through the model's forward pass with the same
 //! device-side choice ([`step_pick`]), so a mixed step of a thousand decode rows downloads a
-//! thousand ids, not a thousand vocabulary-wide rows (128256 x 4 bytes each at Llama-3's size).
+//! thousand ids, not a thousand vocabulary-wide rows (128256 x 4 bytes each at Llama-3's size);
+//! such a pass whose every row is picked on the device (or needs no token) may also be launched
+//! without waiting for it ([`PassesAhead`]: prefill pass N + 1 before pass N's tokens return).
 
 use super::decode_graphs::DecodeGraphs;
+use super::passes_ahead::PassesAhead;
 use super::{RunnerBackend, RunnerOptions};
 use crate::backend::cuda::{CudaBackend, CudaBuffer, DrawRow, MAX_DRAW_VOCAB};
 use crate::backend::{Backend, DType};
@@ -16,9 +19,14 @@ use crate::model::{KvCache, LlamaModel, ModelError};
 
 impl RunnerBackend for CudaBackend {
     type Decode = DecodeGraphs;
+    type Passes = PassesAhead;
 
     fn new_decode(options: &RunnerOptions) -> DecodeGraphs {
         DecodeGraphs::with_graphs(options.cuda_graphs).drawing_on_device(options.device_draw)
+    }
+
+    fn new_passes() -> PassesAhead {
+        PassesAhead::default()
     }
 
     fn decode_pick(
@@ -110,6 +118,42 @@ impl RunnerBackend for CudaBackend {
             tokens: ids.into_iter().map(Some).collect(),
             logits: Vec::new(),
         })
+    }
+
+    /// The rows `decode_launches` takes, plus prompt chunks that need no token.
+    fn pass_launches(graphs: &DecodeGraphs, vocab: usize, picks: &[RowPick]) -> bool {
+        let draws_on_device = graphs.device_draw() && vocab <= MAX_DRAW_VOCAB;
+        !picks.is_empty()
+            && picks.iter().all(|p| match p {
+                RowPick::Argmax | RowPick::Skip => true,
+                RowPick::Draw(_) => draws_on_device,
+                RowPick::Logits => false,
+            })
+    }
+
+    fn pass_launch(
+        graphs: &DecodeGraphs,
+        passes: &mut PassesAhead,
+        model: &LlamaModel<Self>,
+        kv: &mut KvCache<Self>,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+    ) -> Result<(), ModelError> {
+        let vocab = model.config().vocab_size;
+        if picks.len() != chunks.len() || !Self::pass_launches(graphs, vocab, picks) {
+            return Err(ModelError::InvalidBatch(
+                "a pass launched ahead must pick its tokens on the device".into(),
+            ));
+        }
+        let draws = device_draws(picks, vocab, graphs.device_draw());
+        passes.launch(model, kv, chunks, picks, &draws)
+    }
+
+    fn pass_wait(
+        passes: &mut PassesAhead,
+        model: &LlamaModel<Self>,
+    ) -> Result<PickedRows, ModelError> {
+        passes.wait(model.backend())
     }
 
     fn step_pick(

@@ -17,6 +17,8 @@ pub struct LlamaRunner<B: RunnerBackend> {
     pub kv: KvCache<B>,
     /// The backend's decode fast path (the CUDA decode graphs), created empty.
     decode: B::Decode,
+    /// The eager passes launched ahead and not yet waited for.
+    passes: B::Passes,
 }
 
 impl<B: RunnerBackend> LlamaRunner<B> {
@@ -44,7 +46,12 @@ impl<B: RunnerBackend> LlamaRunner<B> {
         decode: B::Decode,
     ) -> Result<Self, ModelError> {
         let kv = model.new_kv_cache(num_blocks, block_size)?;
-        Ok(Self { model, kv, decode })
+        Ok(Self {
+            model,
+            kv,
+            decode,
+            passes: B::new_passes(),
+        })
     }
 }
 
@@ -144,6 +151,26 @@ impl<B: RunnerBackend> ForwardModel for LlamaRunner<B> {
 
     fn wait_decode(&mut self) -> Result<PickedRows, String> {
         B::decode_wait(&mut self.decode, &self.model).map_err(|e| e.to_string())
+    }
+
+    fn launches_pass(&self, picks: &[RowPick]) -> bool {
+        B::pass_launches(&self.decode, self.vocab_size(), picks)
+    }
+
+    fn launch_pass(&mut self, chunks: &[SeqChunk<'_>], picks: &[RowPick]) -> Result<(), String> {
+        B::pass_launch(
+            &self.decode,
+            &mut self.passes,
+            &self.model,
+            &mut self.kv,
+            chunks,
+            picks,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    fn wait_pass(&mut self) -> Result<PickedRows, String> {
+        B::pass_wait(&mut self.passes, &self.model).map_err(|e| e.to_string())
     }
 }
 

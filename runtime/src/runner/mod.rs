@@ -15,7 +15,9 @@
 //! `upload_u32_staged`, `download_u32_staged`, `download_f32_at`, `argmax_rows`). A decode step
 //! can also be launched and waited for apart ([`RunnerBackend::decode_launch`],
 //! [`RunnerBackend::decode_wait`]), so the engine can enqueue step N + 1 before step N's tokens
-//! come back (`engine::ahead`).
+//! come back (`engine::ahead`), and so can an eager pass ([`RunnerBackend::pass_launch`],
+//! [`RunnerBackend::pass_wait`]: prefill pass N + 1 enqueued before pass N's tokens come back,
+//! `engine::prefill_ahead`).
 //!
 //! Dependencies point one way: `runner` -> `model`, `backend`, and the engine's
 //! [`ForwardModel`] contract.
@@ -29,6 +31,7 @@ pub mod grammar_vocab;
 mod grammar_vocab_tests;
 mod kv_io;
 mod llama_runner;
+mod passes_ahead;
 pub mod tensor_parallel;
 #[cfg(test)]
 mod text_cost_tests;
@@ -78,8 +81,15 @@ pub trait RunnerBackend: Backend + crate::backend::kv_stage::KvStager {
     /// none).
     type Decode: Send;
 
+    /// State of the eager passes launched ahead ([`RunnerBackend::pass_launch`]), kept by the
+    /// runner across passes (`()` where the backend launches none).
+    type Passes: Send;
+
     /// The decode fast path's initial state under `options`.
     fn new_decode(options: &RunnerOptions) -> Self::Decode;
+
+    /// The initial state of the passes launched ahead: none in flight.
+    fn new_passes() -> Self::Passes;
 
     /// Runs `chunks` (a decode step: every chunk one new token, one pick per chunk) through the
     /// fast path and returns what `picks` asks of each row; None when this backend has no fast
@@ -143,6 +153,39 @@ pub trait RunnerBackend: Backend + crate::backend::kv_stage::KvStager {
         ))
     }
 
+    /// Whether [`RunnerBackend::pass_launch`] takes a pass with these picks on a model of
+    /// `vocab` tokens. Default: no, the backend answers each pass before the next.
+    fn pass_launches(decode: &Self::Decode, vocab: usize, picks: &[RowPick]) -> bool {
+        let _ = (decode, vocab, picks);
+        false
+    }
+
+    /// Enqueues an eager pass ([`RunnerBackend::step_pick`]'s, a prefill pass in the engine's
+    /// use) without waiting for it ([`ForwardModel::launch_pass`]'s contract); its picks come
+    /// back from [`RunnerBackend::pass_wait`]. The default has no such path.
+    fn pass_launch(
+        decode: &Self::Decode,
+        passes: &mut Self::Passes,
+        model: &LlamaModel<Self>,
+        kv: &mut KvCache<Self>,
+        chunks: &[SeqChunk<'_>],
+        picks: &[RowPick],
+    ) -> Result<(), ModelError> {
+        let _ = (decode, passes, model, kv, chunks, picks);
+        Err(ModelError::InvalidBatch(
+            "this backend does not launch passes ahead".into(),
+        ))
+    }
+
+    /// The picks of the oldest pass [`RunnerBackend::pass_launch`] enqueued, once it is done.
+    fn pass_wait(
+        passes: &mut Self::Passes,
+        model: &LlamaModel<Self>,
+    ) -> Result<PickedRows, ModelError> {
+        let _ = (passes, model);
+        Err(ModelError::InvalidBatch("no pass is in flight".into()))
+    }
+
     /// Runs any other step (a prefill, a mixed step; one pick per chunk) through
     /// [`LlamaModel::forward`]'s pass and returns what `picks` asks of each row, choosing the
     /// greedy ids where the logits are so only the ids and the sampled rows travel; None when
@@ -164,8 +207,11 @@ pub trait RunnerBackend: Backend + crate::backend::kv_stage::KvStager {
 /// has no launch cost a graph would save and no device round trip an on-device argmax would.
 impl RunnerBackend for CpuBackend {
     type Decode = ();
+    type Passes = ();
 
     fn new_decode(_options: &RunnerOptions) {}
+
+    fn new_passes() {}
 
     fn decode_pick(
         _decode: &mut (),
