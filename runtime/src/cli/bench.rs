@@ -82,6 +82,9 @@ pub struct BenchResult {
     /// Decode steps launched before the tokens of the step before them came back
     /// (`--no-decode-ahead` to turn off).
     pub decode_steps_ahead: u64,
+    /// Prefill passes launched before the pass ahead of them came back (`--no-prefill-ahead` to
+    /// turn off).
+    pub prefill_passes_ahead: u64,
     /// Tokens every prompt shares at its start (`--shared-prefix-tokens`).
     pub shared_prefix_tokens: usize,
     /// KV memory during the benchmark: preemptions, swaps, recomputations, prefix-cache hits.
@@ -369,6 +372,7 @@ fn measure(engine: &Engine, args: &BenchArgs, model_name: &str) -> anyhow::Resul
         )),
         host_overlapped_us: host.per_step_us(host.overlapped),
         decode_steps_ahead: host.ahead,
+        prefill_passes_ahead: after.prefill_passes_ahead - before.prefill_passes_ahead,
         shared_prefix_tokens: args.shared_prefix_tokens,
         kv: KvReport {
             prefix_cache: !args.model.no_prefix_cache,
@@ -470,6 +474,10 @@ fn print_report(r: &BenchResult) {
     line(
         "Decode steps launched ahead:",
         format!("{} of {}", r.decode_steps_ahead, r.decode_steps),
+    );
+    line(
+        "Prefill passes launched ahead:",
+        r.prefill_passes_ahead.to_string(),
     );
     let kv = &r.kv;
     println!("{:-^52}", "KV memory");
