@@ -82,8 +82,8 @@ pub struct BenchResult {
     /// Decode steps launched before the tokens of the step before them came back
     /// (`--no-decode-ahead` to turn off).
     pub decode_steps_ahead: u64,
-    /// Prefill passes launched before the pass ahead of them came back (`--no-prefill-ahead` to
-    /// turn off).
+    /// Prefill passes launched before the pass ahead of them came back (`--prefill-ahead` to
+    /// turn on).
     pub prefill_passes_ahead: u64,
     /// Tokens every prompt shares at its start (`--shared-prefix-tokens`).
     pub shared_prefix_tokens: usize,

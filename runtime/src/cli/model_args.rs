@@ -126,12 +126,12 @@ pub struct ModelArgs {
     /// same either way. Off with `--no-host-overlap` too.
     #[arg(long)]
     pub no_decode_ahead: bool,
-    /// Wait for each prefill pass's tokens before launching the next pass. By default a GPU
-    /// launches prefill pass N + 1 before pass N's tokens come back (a pass's inputs are prompt
-    /// tokens the host already has); outputs are the same either way. Off with
-    /// `--no-host-overlap` too.
+    /// On a GPU, launch prefill pass N + 1 before pass N's tokens come back (a pass's inputs are
+    /// prompt tokens the host already has), so the GPU does not wait for the host between
+    /// passes; outputs are the same either way. Off by default until measured on a GPU; no
+    /// effect with `--no-host-overlap`.
     #[arg(long)]
-    pub no_prefill_ahead: bool,
+    pub prefill_ahead: bool,
     /// Cap on the context length (default: the model's).
     #[arg(long)]
     pub max_context: Option<usize>,
@@ -289,9 +289,9 @@ impl ModelArgs {
     }
 
     /// Whether prefill passes launch their successor before their tokens come back on `device`:
-    /// wherever the host work overlaps, unless `--no-prefill-ahead`.
+    /// with `--prefill-ahead`, wherever the host work overlaps.
     pub fn prefill_ahead(&self, device: Device) -> bool {
-        self.overlap_host(device) && !self.no_prefill_ahead
+        self.overlap_host(device) && self.prefill_ahead
     }
 
     /// Whether prompts run in chunks inside decode steps on `device` (`--mixed-prefill`,
@@ -630,16 +630,16 @@ mod tests {
     }
 
     #[test]
-    fn prefill_passes_go_ahead_on_a_gpu_unless_turned_off() {
+    fn prefill_passes_go_ahead_on_a_gpu_when_asked() {
         let a = Cli::try_parse_from(["sov"]).unwrap().model;
-        assert!(!a.prefill_ahead(Device::Cpu));
-        assert!(a.prefill_ahead(Device::Cuda(0)));
-        let a = Cli::try_parse_from(["sov", "--no-prefill-ahead"])
+        assert!(!a.prefill_ahead(Device::Cuda(0)));
+        let a = Cli::try_parse_from(["sov", "--prefill-ahead"])
             .unwrap()
             .model;
-        assert!(!a.prefill_ahead(Device::Cuda(0)));
+        assert!(!a.prefill_ahead(Device::Cpu));
+        assert!(a.prefill_ahead(Device::Cuda(0)));
         assert!(a.decode_ahead(Device::Cuda(0)));
-        let a = Cli::try_parse_from(["sov", "--no-host-overlap"])
+        let a = Cli::try_parse_from(["sov", "--prefill-ahead", "--no-host-overlap"])
             .unwrap()
             .model;
         assert!(!a.prefill_ahead(Device::Cuda(0)));
