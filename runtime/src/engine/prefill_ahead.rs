@@ -21,7 +21,7 @@ use super::advance::RowInput;
 use super::core::EngineCore;
 use super::error::EngineError;
 use super::forward::{ForwardModel, RowPick};
-use crate::model::batch::SeqChunk;
+use super::step::prompt_chunks;
 
 /// A prefill pass launched and not yet waited for.
 pub(crate) struct PassInFlight {
@@ -107,18 +107,7 @@ impl<F: ForwardModel> EngineCore<F> {
         plan: &[(usize, usize)],
         picks: Vec<RowPick>,
     ) -> Option<PassInFlight> {
-        let block_size = self.cfg.block_size;
-        let chunks: Vec<SeqChunk<'_>> = plan
-            .iter()
-            .map(|&(i, take)| {
-                let s = &self.running[i];
-                SeqChunk {
-                    tokens: &s.tokens[s.computed..s.computed + take],
-                    start_pos: s.computed,
-                    block_table: &s.block_table[..(s.computed + take).div_ceil(block_size)],
-                }
-            })
-            .collect();
+        let chunks = prompt_chunks(&self.running, plan, self.cfg.block_size);
         let t_fwd = Instant::now();
         let launched = self.model.launch_pass(&chunks, &picks);
         self.forward_time += t_fwd.elapsed();

@@ -81,16 +81,7 @@ impl<F: ForwardModel> EngineCore<F> {
         let indices: Vec<usize> = plan.iter().map(|p| p.0).collect();
         let block_size = self.cfg.block_size;
         let Some(picked) = self.forward_rows(&indices, picks, Pass::Pick, |running| {
-            plan.iter()
-                .map(|&(i, take)| {
-                    let s = &running[i];
-                    SeqChunk {
-                        tokens: &s.tokens[s.computed..s.computed + take],
-                        start_pos: s.computed,
-                        block_table: &s.block_table[..(s.computed + take).div_ceil(block_size)],
-                    }
-                })
-                .collect()
+            prompt_chunks(running, plan, block_size)
         }) else {
             return;
         };
@@ -345,4 +336,23 @@ impl<F: ForwardModel> EngineCore<F> {
             (None, false) => None,
         }
     }
+}
+
+/// The chunks of a prompt plan (running index, tokens to run) over `running`: each sequence's
+/// next `take` tokens from its `computed` position, with the blocks they reach.
+pub(crate) fn prompt_chunks<'s>(
+    running: &'s [Sequence],
+    plan: &[(usize, usize)],
+    block_size: usize,
+) -> Vec<SeqChunk<'s>> {
+    plan.iter()
+        .map(|&(i, take)| {
+            let s = &running[i];
+            SeqChunk {
+                tokens: &s.tokens[s.computed..s.computed + take],
+                start_pos: s.computed,
+                block_table: &s.block_table[..(s.computed + take).div_ceil(block_size)],
+            }
+        })
+        .collect()
 }

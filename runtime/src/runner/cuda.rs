@@ -82,13 +82,7 @@ impl RunnerBackend for CudaBackend {
 
     /// Argmax rows, and drawn rows where the device draws them: rows whose ids alone come back.
     fn decode_launches(graphs: &DecodeGraphs, vocab: usize, picks: &[RowPick]) -> bool {
-        let draws_on_device = graphs.device_draw() && vocab <= MAX_DRAW_VOCAB;
-        !picks.is_empty()
-            && picks.iter().all(|p| match p {
-                RowPick::Argmax => true,
-                RowPick::Draw(_) => draws_on_device,
-                RowPick::Skip | RowPick::Logits => false,
-            })
+        picked_on_device(graphs, vocab, picks, false)
     }
 
     fn decode_launch(
@@ -122,13 +116,7 @@ impl RunnerBackend for CudaBackend {
 
     /// The rows `decode_launches` takes, plus prompt chunks that need no token.
     fn pass_launches(graphs: &DecodeGraphs, vocab: usize, picks: &[RowPick]) -> bool {
-        let draws_on_device = graphs.device_draw() && vocab <= MAX_DRAW_VOCAB;
-        !picks.is_empty()
-            && picks.iter().all(|p| match p {
-                RowPick::Argmax | RowPick::Skip => true,
-                RowPick::Draw(_) => draws_on_device,
-                RowPick::Logits => false,
-            })
+        picked_on_device(graphs, vocab, picks, true)
     }
 
     fn pass_launch(
@@ -229,6 +217,19 @@ fn step_pick(
         }
     }
     Ok(out)
+}
+
+/// Whether `picks` (at least one) are all answered by ids alone: argmax rows, drawn rows where
+/// the device draws them, and with `skips` rows that want no token.
+fn picked_on_device(graphs: &DecodeGraphs, vocab: usize, picks: &[RowPick], skips: bool) -> bool {
+    let draws_on_device = graphs.device_draw() && vocab <= MAX_DRAW_VOCAB;
+    !picks.is_empty()
+        && picks.iter().all(|p| match p {
+            RowPick::Argmax => true,
+            RowPick::Skip => skips,
+            RowPick::Draw(_) => draws_on_device,
+            RowPick::Logits => false,
+        })
 }
 
 /// The `Draw` rows of `picks` as the device draws them (`(row, draw)`), or none when `on_device`
