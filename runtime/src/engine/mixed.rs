@@ -11,7 +11,6 @@
 
 use std::time::Instant;
 
-use super::advance::RowInput;
 use super::core::{EngineCore, Pass};
 use super::error::EngineError;
 use super::forward::ForwardModel;
@@ -95,16 +94,7 @@ impl<F: ForwardModel> EngineCore<F> {
         };
         let now = Instant::now();
         let inputs = self.row_inputs(&picked, &picks);
-        // Sequences whose pending tokens all ran, with their row: (running index, row input).
-        let mut rows: Vec<(usize, RowInput<'_>)> = Vec::with_capacity(plan.len());
-        for (&(i, take), input) in plan.iter().zip(inputs) {
-            let s = &mut self.running[i];
-            s.computed += take;
-            if s.computed == s.tokens.len() {
-                s.prefilled = true;
-                rows.push((i, input));
-            }
-        }
+        let rows = self.run_chunks(&plan, inputs);
         self.finish_step(&rows, now, t_tokens);
         Ok(())
     }

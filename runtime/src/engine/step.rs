@@ -88,8 +88,22 @@ impl<F: ForwardModel> EngineCore<F> {
         tracing::trace!(target: "sov::pass", "engine: prefill pass returned");
         let now = Instant::now();
         let inputs = self.row_inputs(&picked, picks);
-        // Sequences whose prompt completed, with their row: (running index, row input).
-        let mut rows: Vec<(usize, RowInput<'_>)> = Vec::new();
+        let rows = self.run_chunks(plan, inputs);
+        self.offer_full_blocks();
+        self.advance_and_retire(&rows, now);
+        tracing::trace!(target: "sov::pass", "engine: prefill rows advanced");
+    }
+
+    /// Moves each planned sequence's `computed` past the chunk it ran (`plan`: running index,
+    /// tokens run) and marks it prefilled when that reaches its last token; returns the rows
+    /// that ended their pending tokens, with their inputs (running index, row input), the ones
+    /// that take a next token.
+    pub(crate) fn run_chunks<'a>(
+        &mut self,
+        plan: &[(usize, usize)],
+        inputs: Vec<RowInput<'a>>,
+    ) -> Vec<(usize, RowInput<'a>)> {
+        let mut rows = Vec::with_capacity(plan.len());
         for (&(i, take), input) in plan.iter().zip(inputs) {
             let s = &mut self.running[i];
             s.computed += take;
@@ -98,9 +112,7 @@ impl<F: ForwardModel> EngineCore<F> {
                 rows.push((i, input));
             }
         }
-        self.offer_full_blocks();
-        self.advance_and_retire(&rows, now);
-        tracing::trace!(target: "sov::pass", "engine: prefill rows advanced");
+        rows
     }
 
     /// One decode forward over every prefilled running sequence: overlapped with the host work of
