@@ -10,7 +10,7 @@
 # Run both parts on the same card (one warm lease) and quote them together; the runtime's
 # BENCHMARKS.md ("GPU: issue 20's report") has the table this fills.
 # Usage (repository root, on the GPU machine):
-#   [SOV=.gpu/sov] [KV_MB=60000] kernels/bench/gpu-report.sh sov
+#   [SOV=.gpu/sov] [KV_MB=60000] [SOV_FLAGS="--prefill-ahead"] kernels/bench/gpu-report.sh sov
 #   GPT_FAST_DIR=DIR kernels/bench/gpu-report.sh anchors
 # Logs to $OUT/gpu-report-PART.log (or ./gpu-report-PART.log).
 set -o pipefail
@@ -24,8 +24,8 @@ C="--model random:llama3-8b --device cuda --input-len 128 --output-len 256 --ign
 case "$PART" in
   sov)
     for q in "" "--quantization fp8 --kv-dtype fp8"; do
-      run "$SOV" bench $C --kv-memory-mb 24000 --sweep 1,16,64,256 $q
-      run "$SOV" bench $C --kv-memory-mb "${KV_MB:-60000}" --num-prompts 1000 --max-batch 1024 $q
+      run "$SOV" bench $C --kv-memory-mb 24000 --sweep 1,16,64,256 $q ${SOV_FLAGS:-}
+      run "$SOV" bench $C --kv-memory-mb "${KV_MB:-60000}" --num-prompts 1000 --max-batch 1024 $q ${SOV_FLAGS:-}
     done
     ;;
   anchors)
