@@ -16,6 +16,7 @@ use super::gemm_pinned::{PinnedGemm, WORKSPACE_BYTES};
 use super::modules::ModuleCache;
 use super::tuning::CudaTuning;
 use super::tuning::Quantization;
+use super::upload_ring::{STAGED_UPLOAD_MAX_BYTES, UploadRing};
 use crate::backend::{BackendError, DType, check_buffer};
 
 /// The CUDA backend: one device, one stream, the kernel cache and scratch memory.
@@ -59,6 +60,8 @@ pub struct CudaBackend {
     /// FP8 products through cuBLASLt ([`super::gemm_fp8`]); `None` unless
     /// [`CudaTuning::quantization`] is FP8.
     pub(super) fp8: Option<Fp8Gemm>,
+    /// Page-locked staging of small uploads ([`super::upload_ring`]).
+    pub(super) uploads: Mutex<UploadRing>,
 }
 
 /// Growable device scratch buffers, reused across ops (stream order makes reuse safe).
@@ -178,6 +181,7 @@ impl CudaBackend {
             pinned: None,
             det_picks: SmallPicks::default(),
             fp8: None,
+            uploads: Mutex::new(UploadRing::default()),
         };
         backend.keep_freed_memory()?;
         if backend.tuning.deterministic {
@@ -243,15 +247,41 @@ impl CudaBackend {
         dtype: DType,
         len: usize,
     ) -> Result<CudaBuffer, BackendError> {
+        self.alloc_with(dtype, len, |bytes| self.stream.alloc_zeros::<u8>(bytes))
+    }
+
+    /// Allocates `len` elements of `dtype` and leaves them as they were (no memset).
+    ///
+    /// # Safety
+    /// The caller writes every element (in stream order) before anything reads one.
+    pub(super) unsafe fn alloc_unwritten(
+        &self,
+        dtype: DType,
+        len: usize,
+    ) -> Result<CudaBuffer, BackendError> {
+        // SAFETY: the caller's contract: every byte is written before it is read.
+        self.alloc_with(dtype, len, |bytes| unsafe {
+            self.stream.alloc::<u8>(bytes)
+        })
+    }
+
+    /// `len` elements of `dtype` (at least one) from `alloc`, retried once after handing the
+    /// pool's idle memory back when the device is out of memory.
+    fn alloc_with(
+        &self,
+        dtype: DType,
+        len: usize,
+        alloc: impl Fn(usize) -> Result<cudarc::driver::CudaSlice<u8>, cudarc::driver::DriverError>,
+    ) -> Result<CudaBuffer, BackendError> {
         let bytes = len.max(1) * dtype.size_bytes();
         let oom =
             |e: &cudarc::driver::DriverError| e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY;
-        let mem = match self.stream.alloc_zeros::<u8>(bytes) {
+        let mem = match alloc(bytes) {
             // Memory the pool kept (mem_pool.rs) may be what is missing outside it: hand it
             // back and try once more.
             Err(e) if oom(&e) => {
                 self.release_idle_memory()?;
-                self.stream.alloc_zeros::<u8>(bytes)
+                alloc(bytes)
             }
             other => other,
         }
@@ -265,12 +295,41 @@ impl CudaBackend {
         Ok(CudaBuffer { dtype, len, mem })
     }
 
-    /// Uploads raw little-endian bytes as a buffer of `dtype`.
+    /// Whether the backend's stream is capturing a graph (a staged copy enqueued now would be
+    /// replayed from its staging slot long after the slot was reused).
+    fn capturing(&self) -> Result<bool, BackendError> {
+        let status = self.stream.capture_status().map_err(driver_err)?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Uploads raw little-endian bytes as a buffer of `dtype` (`bytes.len() / size` elements).
+    /// Uploads of up to [`STAGED_UPLOAD_MAX_BYTES`] outside a graph capture go through the
+    /// staging ring ([`super::upload_ring`]) and return without waiting for the stream; the
+    /// others copy from pageable memory into a zeroed buffer.
     pub(super) fn upload_bytes(
         &self,
         dtype: DType,
         bytes: &[u8],
     ) -> Result<CudaBuffer, BackendError> {
+        let len = bytes.len() / dtype.size_bytes();
+        let bytes = &bytes[..len * dtype.size_bytes()];
+        if len == 0 || bytes.len() > STAGED_UPLOAD_MAX_BYTES || self.capturing()? {
+            return self.upload_pageable(dtype, bytes);
+        }
+        // SAFETY: every byte of the buffer is written by the copy enqueued next, which runs in
+        // stream order before anything enqueued after it can read the buffer.
+        let buf = unsafe { self.alloc_unwritten(dtype, len)? };
+        let mut ring = self
+            .uploads
+            .lock()
+            .map_err(|_| BackendError::Device("upload ring lock poisoned".into()))?;
+        ring.stage(&self.ctx, &self.stream, buf.ptr(), bytes)?;
+        Ok(buf)
+    }
+
+    /// Uploads `bytes` (whole elements of `dtype`) into a zeroed buffer, copying from pageable
+    /// memory (large uploads; [`Self::upload_bytes`] picks).
+    fn upload_pageable(&self, dtype: DType, bytes: &[u8]) -> Result<CudaBuffer, BackendError> {
         let len = bytes.len() / dtype.size_bytes();
         let mut buf = self.alloc_zeroed(dtype, len)?;
         if !bytes.is_empty() {

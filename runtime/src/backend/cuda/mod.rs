@@ -55,6 +55,7 @@ mod sampling;
 mod staging;
 mod step_io;
 mod tuning;
+mod upload_ring;
 
 #[cfg(test)]
 mod bench;
@@ -76,6 +77,8 @@ mod kv_e4m3_tests;
 mod reference;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod upload_ring_tests;
 
 pub use buffer::CudaBuffer;
 pub use device::{CudaBackend, probe};
