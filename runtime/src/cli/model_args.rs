@@ -128,8 +128,8 @@ pub struct ModelArgs {
     pub no_decode_ahead: bool,
     /// On a GPU, launch prefill pass N + 1 before pass N's tokens come back (a pass's inputs are
     /// prompt tokens the host already has), so the GPU does not wait for the host between
-    /// passes; outputs are the same either way. Off by default until measured on a GPU; no
-    /// effect with `--no-host-overlap`.
+    /// passes; outputs are the same either way. Off by default: level with it on an H100 at
+    /// 1000 requests (`runtime/BENCHMARKS.md`); no effect with `--no-host-overlap`.
     #[arg(long)]
     pub prefill_ahead: bool,
     /// Cap on the context length (default: the model's).
