@@ -67,10 +67,11 @@ impl UploadRing {
         bytes: &[u8],
     ) -> Result<(), BackendError> {
         let at = self.next;
-        self.next = (at + 1) % SLOTS;
         if self.slots.len() <= at {
             self.slots.push(Slot::new(ctx, bytes.len())?);
         }
+        // Moved on only once slot `at` exists: a slot that failed to be made is tried again.
+        self.next = (at + 1) % SLOTS;
         let slot = &mut self.slots[at];
         slot.done.synchronize().map_err(driver_err)?;
         if slot.host.len() < bytes.len() {
